@@ -1,0 +1,108 @@
+"""A plan: the chosen allocation, its placement, its predicted performance and how it was solved."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from .alp import Prediction
+from .allocation import Allocation, Placement
+
+
+def _num(value: float | None) -> float | None:
+    """JSON-safe number with 9 significant digits (stable across runs; no NaN/Infinity)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.9g}")
+
+
+def prediction_to_json(prediction: Prediction) -> dict:
+    """The `workflows` and `llms` sections of a plan (field names fixed by the plan format)."""
+    workflows = [
+        {
+            "name": w.name,
+            "arrival_rate": _num(w.arrival_rate_rps),
+            "latency_s": _num(w.latency_s),
+            "max_throughput_rps": _num(w.max_throughput_rps),
+            "bottleneck": w.bottleneck,
+            "latency_slo_s": _num(w.latency_slo_s),
+            "meets_slo": w.meets_slo,
+            "stages": [
+                {
+                    "llm": s.llm,
+                    "invocations": _num(s.invocations),
+                    "parallelism": _num(s.parallelism),
+                    "latency_contribution_s": _num(s.latency_contribution_s),
+                }
+                for s in w.stages
+            ],
+        }
+        for w in prediction.workflows
+    ]
+    llms = [
+        {
+            "name": p.llm,
+            "model": p.model,
+            "gpu_type": p.gpu_type,
+            "tp": p.tp,
+            "fraction": _num(p.fraction),
+            "replicas": p.replicas,
+            "gpus": _num(p.gpus),
+            "per_replica_rate": _num(p.per_replica_rate_rps),
+            "offered_rate_rps": _num(p.offered_rate_rps),
+            "latency_s": _num(p.latency_s),
+            "capacity_rps": _num(p.capacity_rps),
+            "utilization": _num(p.utilization),
+            "overloaded": p.overloaded,
+        }
+        for p in prediction.llms
+    ]
+    return {"workflows": workflows, "llms": llms}
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    backend: str
+    wall_time_s: float
+    iterations: int = 1  # allocation solves, one more per placement cut
+    cuts: int = 0
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: str  # "optimal" or "feasible"
+    objective: str
+    objective_value: float
+    bound: float
+    gap: float
+    solver: SolverInfo
+    allocation: Allocation
+    prediction: Prediction
+    placement: Placement
+    extras: tuple[tuple[str, float], ...] = field(default_factory=tuple)  # objective-specific numbers
+    instance: str | None = None  # the instance file the plan was made from
+
+    def to_json(self, include_wall_time: bool = True) -> dict:
+        solver = {"backend": self.solver.backend, "wall_time_s": _num(self.solver.wall_time_s) if include_wall_time else None}
+        solver.update({"iterations": self.solver.iterations, "cuts": self.solver.cuts})
+        if self.solver.notes:
+            solver["notes"] = list(self.solver.notes)
+        out: dict = {
+            "status": self.status,
+            "objective": self.objective,
+            "objective_value": _num(self.objective_value),
+            "bound": _num(self.bound),
+            "gap": _num(self.gap),
+            "solver": solver,
+        }
+        out.update({key: _num(value) for key, value in self.extras})
+        out["instance"] = self.instance
+        out["fractions_per_gpu"] = self.allocation.fractions_per_gpu
+        out.update(prediction_to_json(self.prediction))
+        out["placement"] = self.placement.to_json()
+        return out
+
+    def dumps(self, include_wall_time: bool = True) -> str:
+        return json.dumps(self.to_json(include_wall_time), indent=2) + "\n"

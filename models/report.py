@@ -1,0 +1,109 @@
+"""Readable tables of plans and predictions (rich). Every number's unit is in its column label."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Group
+from rich.table import Table
+
+from .alp import Prediction
+from .plan import Plan
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return "overloaded"
+    return f"{value:.{digits}f}"
+
+
+def workflow_table(prediction: Prediction) -> Table:
+    table = Table(title="Workflows")
+    for column in ("workflow", "arrival_rps", "latency_s", "max_throughput_rps", "bottleneck", "slo_s", "meets_slo"):
+        table.add_column(column, justify="left" if column in ("workflow", "bottleneck") else "right")
+    for w in prediction.workflows:
+        meets = "-" if w.meets_slo is None else ("yes" if w.meets_slo else "NO")
+        table.add_row(
+            w.name,
+            _fmt(w.arrival_rate_rps),
+            _fmt(w.latency_s),
+            _fmt(w.max_throughput_rps),
+            w.bottleneck,
+            _fmt(w.latency_slo_s),
+            meets,
+        )
+    return table
+
+
+def stage_table(prediction: Prediction) -> Table:
+    table = Table(title="Latency contributions")
+    for column in ("workflow", "llm", "invocations", "parallelism", "contribution_s", "share_%"):
+        table.add_column(column, justify="left" if column in ("workflow", "llm") else "right")
+    for w in prediction.workflows:
+        for s in w.stages:
+            share = 100 * s.latency_contribution_s / w.latency_s if w.latency_s and math.isfinite(w.latency_s) else None
+            table.add_row(
+                w.name, s.llm, _fmt(s.invocations, 2), _fmt(s.parallelism, 2), _fmt(s.latency_contribution_s), _fmt(share, 1)
+            )
+    return table
+
+
+def llm_table(prediction: Prediction) -> Table:
+    table = Table(title="LLM allocation")
+    columns = (
+        "llm", "gpu_type", "tp", "fraction", "replicas", "gpus", "offered_rps", "per_replica_rps",
+        "capacity_rps", "utilization_%", "latency_s",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("llm", "gpu_type") else "right")
+    for p in prediction.llms:
+        table.add_row(
+            p.llm,
+            p.gpu_type,
+            str(p.tp),
+            _fmt(p.fraction, 2),
+            str(p.replicas),
+            _fmt(p.gpus, 2),
+            _fmt(p.offered_rate_rps),
+            _fmt(p.per_replica_rate_rps),
+            _fmt(p.capacity_rps),
+            _fmt(100 * p.utilization, 1),
+            _fmt(p.latency_s),
+        )
+    return table
+
+
+def placement_table(plan: Plan) -> Table:
+    table = Table(title="Placement")
+    for column in ("llm", "replica", "node", "gpus", "fraction_per_gpu"):
+        table.add_column(column, justify="left" if column in ("llm", "node", "gpus") else "right")
+    f = plan.placement.fractions_per_gpu
+    for r in plan.placement.replicas:
+        table.add_row(r.llm, str(r.replica), r.node, ",".join(str(s.gpu) for s in r.shards), _fmt(r.shards[0].units / f, 2))
+    return table
+
+
+def plan_summary(plan: Plan) -> str:
+    gap = "-" if plan.gap is None or not math.isfinite(plan.gap) else f"{100 * plan.gap:.3f}%"
+    bound = "-" if not math.isfinite(plan.bound) else f"{plan.bound:.6g}"
+    return (
+        f"status: {plan.status}   objective: {plan.objective} = {plan.objective_value:.6g}   bound: {bound}   "
+        f"gap: {gap}   backend: {plan.solver.backend}   wall_time_s: {plan.solver.wall_time_s:.3f}   "
+        f"gpus_used: {plan.allocation.gpus():g}"
+    )
+
+
+def plan_view(plan: Plan) -> Group:
+    return Group(
+        plan_summary(plan),
+        workflow_table(plan.prediction),
+        stage_table(plan.prediction),
+        llm_table(plan.prediction),
+        placement_table(plan),
+    )
+
+
+def prediction_view(prediction: Prediction) -> Group:
+    return Group(workflow_table(prediction), stage_table(prediction), llm_table(prediction))

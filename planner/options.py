@@ -1,0 +1,141 @@
+"""Per-LLM candidate configurations (gpu_type, tp, share, replicas) with their predicted latency.
+
+Every choice the planner can make for one LLM is an `Option`. Because an LLM's latency depends only
+on its own configuration (its per-replica rate is its offered load over its replicas), the latency of
+each option is computed once, exactly, from the profile curve: the solver never interpolates.
+
+Dominance pruning (exact): option (s, d) of a (gpu_type, tp) is dropped when another option
+(s', d') with s' <= s and d' <= d has latency <= its latency. Fewer or smaller shards of the same
+shape are never harder to place and use no more GPU, so some optimal plan avoids dominated options.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from scepsy.models.alp import replica_curve
+from scepsy.models.instance import Cluster, Instance, Llm
+
+LATENCY_TOLERANCE = 1e-12
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Restrictions of the configuration space (ablations and baselines)."""
+
+    whole_gpus_only: bool = False
+    tp_one_only: bool = False
+    gpu_types: tuple[str, ...] | None = None  # None: every gpu type of the cluster
+
+
+@dataclass(frozen=True)
+class Option:
+    llm: str
+    gpu_type: str
+    tp: int
+    share: int
+    replicas: int
+    latency_s: float
+    capacity_rps: float
+
+    @property
+    def units(self) -> int:
+        return self.tp * self.share * self.replicas
+
+    @property
+    def shape(self) -> tuple[str, int, int]:
+        return (self.gpu_type, self.tp, self.share)
+
+
+def max_replicas(cluster: Cluster, gpu_type: str, tp: int, share: int) -> int:
+    """Most replicas of one shape that fit the cluster alone (exact per NVLink domain).
+
+    In a domain whose GPUs hold c_i shards each, n replicas of tp shards on distinct GPUs fit iff
+    sum_i min(c_i, n) >= n * tp (fill GPUs in blocks, deal replicas round-robin).
+    """
+    total = 0
+    for domain in cluster.domains():
+        if domain.gpu_type != gpu_type or domain.size < tp:
+            continue
+        slots = [cluster.free_units(domain.node, g) // share for g in domain.gpus]
+        n = sum(slots) // tp
+        while n > 0 and sum(min(c, n) for c in slots) < n * tp:
+            n -= 1
+        total += n
+    return total
+
+
+def shares_for(cluster: Cluster, space: SearchSpace) -> range:
+    f = cluster.fractions_per_gpu
+    return range(f, f + 1) if space.whole_gpus_only else range(1, f + 1)
+
+
+def tp_degrees_for(instance: Instance, llm: Llm, gpu_type: str, space: SearchSpace) -> list[int]:
+    largest = instance.cluster.largest_domain(gpu_type)
+    return [
+        t
+        for t in llm.tp_degrees
+        if t <= largest and llm.profile.has(gpu_type, t) and (t == 1 or not space.tp_one_only)
+    ]
+
+
+def gpu_types_for(instance: Instance, space: SearchSpace) -> list[str]:
+    types = instance.cluster.used_gpu_types()
+    return [g for g in types if space.gpu_types is None or g in space.gpu_types]
+
+
+def _pareto(candidates: dict[int, tuple[np.ndarray, np.ndarray]]) -> list[tuple[int, int, float]]:
+    """Keep (share, replicas, latency) points not dominated by a smaller-or-equal (share, replicas)."""
+    if not candidates:
+        return []
+    top = max(int(d[-1]) for d, _ in candidates.values())
+    best_before = np.full(top + 2, np.inf)  # best latency over smaller shares with <= d replicas
+    kept: list[tuple[int, int, float]] = []
+    for share in sorted(candidates):
+        replicas, latencies = candidates[share]
+        row = np.full(top + 2, np.inf)
+        row[replicas] = latencies
+        row_prefix = np.minimum.accumulate(row)
+        for d, latency in zip(replicas.tolist(), latencies.tolist()):
+            threshold = min(best_before[d], row_prefix[d - 1])
+            if latency < threshold * (1 - LATENCY_TOLERANCE):  # inf threshold: nothing dominates
+                kept.append((share, d, latency))
+        best_before = np.minimum(best_before, row_prefix)
+    return kept
+
+
+def llm_options(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(), prune: bool = True) -> list[Option]:
+    """All feasible options of one LLM (memory, profile, throughput), dominance-pruned if `prune`."""
+    cluster = instance.cluster
+    offered = instance.offered_rate_rps(llm.name)
+    options: list[Option] = []
+    for gpu_type in gpu_types_for(instance, space):
+        for tp in tp_degrees_for(instance, llm, gpu_type, space):
+            candidates: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+            capacities: dict[int, float] = {}
+            for share in shares_for(cluster, space):
+                curve = replica_curve(instance, llm, gpu_type, tp, share)
+                if curve is None:
+                    continue
+                usable = instance.max_utilization * curve.capacity_rps
+                d_min = max(1, math.ceil(offered / usable * (1 - 1e-9)))
+                d_max = max_replicas(cluster, gpu_type, tp, share)
+                if d_min > d_max:
+                    continue
+                replicas = np.arange(d_min, d_max + 1)
+                latencies = np.asarray(curve.latency_s(offered / replicas, instance.latency_metric), dtype=float)
+                candidates[share] = (replicas, latencies)
+                capacities[share] = curve.capacity_rps
+            points = _pareto(candidates) if prune else [
+                (s, int(d), float(l)) for s, (ds, ls) in sorted(candidates.items()) for d, l in zip(ds, ls)
+            ]
+            options += [Option(llm.name, gpu_type, tp, s, d, lat, capacities[s]) for s, d, lat in points]
+    options.sort(key=lambda o: (o.gpu_type, o.tp, o.share, o.replicas))
+    return options
+
+
+def all_options(instance: Instance, space: SearchSpace = SearchSpace(), prune: bool = True) -> dict[str, list[Option]]:
+    return {llm.name: llm_options(instance, llm, space, prune) for llm in instance.llms}

@@ -1,0 +1,197 @@
+"""Exact placeability of an allocation: can every replica's tp shards go on tp distinct GPUs of one
+NVLink domain of one node, with at most the free units of each GPU used?
+
+`check_placement` first tries a best-fit greedy; if that fails it solves an exact CP-SAT model that
+works on counts instead of individual replicas:
+
+    n[j, k]  replicas of shape k = (gpu_type, tp, share) in NVLink domain j      (integer >= 0)
+    c[i, k]  shards of shape k on GPU i                                         (integer >= 0)
+
+    sum_j n[j, k]            = R_k                  every replica placed
+    sum_{i in j} c[i, k]     = tp_k * n[j, k]       a domain holds the shards of its replicas
+    c[i, k]                 <= n[j(i), k]           at most one shard of a replica per GPU
+    sum_k share_k * c[i, k] <= free_i               GPU capacity in units of 1/F
+
+The counts are exact: given c[i, k] <= n, list GPU i c[i, k] times in GPU order and deal the n
+replicas round-robin (replica r takes positions r, r + n, ...); a GPU's block is at most n long,
+so each replica's shards land on distinct GPUs. That is how a count solution is decoded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from scepsy.models.allocation import Allocation, Placement, ReplicaPlacement, Shard
+from scepsy.models.instance import Cluster, Domain
+
+Shape = tuple[str, int, int]  # (gpu_type, tp, share units per shard)
+
+
+@dataclass(frozen=True)
+class PlacementCheck:
+    placement: Placement | None
+    proven: bool  # False when the exact model hit its time limit undecided
+
+    @property
+    def placeable(self) -> bool:
+        return self.placement is not None
+
+
+def replica_list(allocation: Allocation) -> list[tuple[str, int, Shape]]:
+    """(llm, replica index, shape) of every replica, in allocation order."""
+    return [(c.llm, r, c.shape) for c in allocation.llms for r in range(c.replicas)]
+
+
+def shape_counts(allocation: Allocation) -> dict[Shape, int]:
+    counts: dict[Shape, int] = {}
+    for choice in allocation.llms:
+        counts[choice.shape] = counts.get(choice.shape, 0) + choice.replicas
+    return counts
+
+
+def _free(cluster: Cluster) -> dict[tuple[str, int], int]:
+    return {(n.name, g): cluster.free_units(n.name, g) for n in cluster.nodes for g in range(n.gpus)}
+
+
+def greedy_placement(cluster: Cluster, allocation: Allocation) -> Placement | None:
+    """Best fit, most constrained first (larger tp, then larger share); None if it gets stuck."""
+    free = _free(cluster)
+    domains = cluster.domains()
+    order = sorted(replica_list(allocation), key=lambda r: (-r[2][1], -r[2][2], r[0], r[1]))
+    placed: list[ReplicaPlacement] = []
+    for llm, replica, (gpu_type, tp, share) in order:
+        best: tuple[int, int, Domain, list[int]] | None = None
+        for index, domain in enumerate(domains):
+            if domain.gpu_type != gpu_type or domain.size < tp:
+                continue
+            fitting = sorted((free[(domain.node, g)], g) for g in domain.gpus if free[(domain.node, g)] >= share)
+            if len(fitting) < tp:
+                continue
+            chosen = fitting[:tp]
+            leftover = sum(units - share for units, _ in chosen)
+            if best is None or (leftover, index) < (best[0], best[1]):
+                best = (leftover, index, domain, sorted(g for _, g in chosen))
+        if best is None:
+            return None
+        _, _, domain, gpus = best
+        for g in gpus:
+            free[(domain.node, g)] -= share
+        placed.append(ReplicaPlacement(llm, replica, domain.node, tuple(Shard(g, share) for g in gpus)))
+    return Placement(cluster.fractions_per_gpu, tuple(sorted(placed, key=lambda r: (r.llm, r.replica))))
+
+
+def exact_placement(cluster: Cluster, allocation: Allocation, time_limit_s: float = 10.0) -> PlacementCheck:
+    """Decide placeability exactly with the count model; decode a placement when one exists."""
+    counts = shape_counts(allocation)
+    shapes = sorted(counts)
+    domains = [d for d in cluster.domains() if any(d.gpu_type == k[0] and d.size >= k[1] for k in shapes)]
+    free = _free(cluster)
+    model = cp_model.CpModel()
+
+    # n[j, k]: replicas of shape k in domain j (only where the domain has the type and the size)
+    n = {
+        (j, k): model.NewIntVar(0, counts[k], f"n[{j},{k}]")
+        for j, domain in enumerate(domains)
+        for k in shapes
+        if domain.gpu_type == k[0] and domain.size >= k[1]
+    }
+    # c[i, k]: shards of shape k on GPU i of domain j
+    c = {
+        (j, g, k): model.NewIntVar(0, counts[k], f"c[{j},{g},{k}]")
+        for (j, k) in n
+        for g in domains[j].gpus
+        if free[(domains[j].node, g)] >= k[2]
+    }
+    # every replica placed
+    for k in shapes:
+        model.Add(sum(v for (j, kk), v in n.items() if kk == k) == counts[k])
+    # a domain holds all shards of its replicas, at most one per GPU per replica
+    for (j, k), v in n.items():
+        model.Add(sum(c[(j, g, k)] for g in domains[j].gpus if (j, g, k) in c) == k[1] * v)
+        for g in domains[j].gpus:
+            if (j, g, k) in c:
+                model.Add(c[(j, g, k)] <= v)
+    # GPU capacity
+    for j, domain in enumerate(domains):
+        for g in domain.gpus:
+            terms = [k[2] * c[(j, g, k)] for k in shapes if (j, g, k) in c]
+            if terms:
+                model.Add(sum(terms) <= free[(domain.node, g)])
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    solver.parameters.random_seed = 0
+    status = solver.Solve(model)
+    if status == cp_model.INFEASIBLE:
+        return PlacementCheck(None, True)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return PlacementCheck(None, False)
+
+    # decode: deal each domain's replicas of a shape round-robin over its GPU blocks
+    pending = {k: [(llm, r) for llm, r, shape in replica_list(allocation) if shape == k] for k in shapes}
+    placed: list[ReplicaPlacement] = []
+    for (j, k), v in sorted(n.items()):
+        count = solver.Value(v)
+        if count == 0:
+            continue
+        positions = [g for g in domains[j].gpus if (j, g, k) in c for _ in range(solver.Value(c[(j, g, k)]))]
+        for r in range(count):
+            llm, replica = pending[k].pop(0)
+            gpus = sorted(positions[r + t * count] for t in range(k[1]))
+            placed.append(ReplicaPlacement(llm, replica, domains[j].node, tuple(Shard(g, k[2]) for g in gpus)))
+    placement = Placement(cluster.fractions_per_gpu, tuple(sorted(placed, key=lambda r: (r.llm, r.replica))))
+    return PlacementCheck(placement, True)
+
+
+def check_placement(cluster: Cluster, allocation: Allocation, time_limit_s: float = 10.0) -> PlacementCheck:
+    placement = greedy_placement(cluster, allocation)
+    if placement is not None:
+        return PlacementCheck(placement, True)
+    return exact_placement(cluster, allocation, time_limit_s)
+
+
+def validate_placement(cluster: Cluster, allocation: Allocation, placement: Placement) -> list[str]:
+    """Independent checker: every problem with a placement, as sentences (empty list: valid)."""
+    problems: list[str] = []
+    used = {key: 0 for key in _free(cluster)}
+    nodes = {n.name: n for n in cluster.nodes}
+    expected = {(llm, r): shape for llm, r, shape in replica_list(allocation)}
+    seen: set[tuple[str, int]] = set()
+    for rp in placement.replicas:
+        key = (rp.llm, rp.replica)
+        if key not in expected:
+            problems.append(f"replica {key} is not in the allocation")
+            continue
+        if key in seen:
+            problems.append(f"replica {key} placed twice")
+        seen.add(key)
+        gpu_type, tp, share = expected[key]
+        node = nodes.get(rp.node)
+        if node is None:
+            problems.append(f"replica {key} on unknown node {rp.node}")
+            continue
+        if node.gpu_type != gpu_type:
+            problems.append(f"replica {key} needs {gpu_type} but {rp.node} has {node.gpu_type}")
+        gpus = [s.gpu for s in rp.shards]
+        if len(gpus) != tp or len(set(gpus)) != tp:
+            problems.append(f"replica {key} needs {tp} distinct GPUs, got {gpus}")
+        if not any(set(gpus) <= set(d) for d in node.domains):
+            problems.append(f"replica {key} spans NVLink domains on {rp.node}: {gpus}")
+        for shard in rp.shards:
+            if shard.units != share:
+                problems.append(f"replica {key} shard has {shard.units} units, expected {share}")
+            if (rp.node, shard.gpu) not in used:
+                problems.append(f"replica {key} on missing GPU {rp.node}/{shard.gpu}")
+                continue
+            used[(rp.node, shard.gpu)] += shard.units
+    for key in expected:
+        if key not in seen:
+            problems.append(f"replica {key} not placed")
+    free = _free(cluster)
+    for key, units in used.items():
+        if units > free[key]:
+            problems.append(f"GPU {key[0]}/{key[1]} holds {units} units but has {free[key]} free")
+    return problems

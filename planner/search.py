@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from scepsy.models.allocation import Allocation
+from scepsy.models.allocation import Allocation, LlmAllocation
 from scepsy.models.alp import predict
 from scepsy.models.errors import InfeasibleError, ScepsyError
 from scepsy.models.instance import Cluster, Instance
@@ -46,7 +46,7 @@ class PlanSettings:
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     workers: int = 1
     space: SearchSpace = field(default_factory=SearchSpace)
-    warm_start: bool = True
+    warm_start: bool = False  # enumerate as the first hint (the cheapest placeable plan always is)
     # exact placement counts inside the allocation model up to this many (GPU, shape) pairs;
     # beyond it, valid inequalities and lazy placement cuts
     placement_counts_limit: int = 4000
@@ -72,7 +72,9 @@ def references(instance: Instance, settings: PlanSettings, placer: Placer) -> di
     """
     if len(instance.workflows) < 2:
         return None
-    exact = settings if settings.backend in ("cpsat", "bruteforce") else replace(settings, backend="cpsat")
+    backend = settings.backend if settings.backend in ("cpsat", "bruteforce") else "cpsat"
+    # each solo solve gets a share of the time limit, leaving the largest share to the joint solve
+    exact = replace(settings, backend=backend, time_limit_s=settings.time_limit_s / (len(instance.workflows) + 1))
     refs = {}
     for workflow in instance.workflows:
         if workflow.latency_slo_s is not None:
@@ -121,11 +123,13 @@ def _solve_cpsat(
 ) -> _Outcome | None:
     counts = cpsat.counts_model_size(instance.cluster, options) <= settings.placement_counts_limit
     am = cpsat.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
-    hint = None
+    fallback = _cheapest_placeable(instance, options, placer)
+    warm = fallback
     if settings.warm_start and _small(instance):
-        warm = solve_enumerate(instance, objective, settings.space, placer)
-        if warm is not None and _hintable(am, warm.allocation):
-            hint = cpsat.hint_for(am, warm.allocation)
+        enumerated = solve_enumerate(instance, objective, settings.space, placer)
+        if enumerated is not None and _hintable(am, enumerated.allocation):
+            warm = (enumerated.allocation, PlacementCheck(enumerated.placement, True))
+    hint = cpsat.hint_for(am, warm[0]) if warm is not None else None
     loop = _CutLoop(am, instance.cluster, placer, settings.workers, deadline)
     best: tuple[Allocation, PlacementCheck] | None = None
     first: cpsat.StageResult | None = None
@@ -141,11 +145,17 @@ def _solve_cpsat(
             break
         cpsat.fix_stage(am, stage, result.value)
         hint = cpsat.hint_for(am, allocation)
+    notes: tuple[str, ...] = ()
+    if best is None and warm is not None:  # time limit before CP-SAT's first solution: the warm start
+        values = objective.values({m: _latency_of(options, warm[0], m) for m in options})
+        notes = ("time limit reached before the solver's first plan; returning the warm start",)
+        return _Outcome(warm[0], warm[1], "feasible", values, math.nan, loop.solves, am.cuts, notes)
     if best is None:
         raise SolveTimeoutError(
             f"no placeable plan found within the time limit of {settings.time_limit_s:g} s; raise --time-limit-s"
         )
-    notes = ("a placement check hit its time limit and was treated as unplaceable",) if loop.unproven else ()
+    if loop.unproven:
+        notes = ("a placement check hit its time limit and was treated as unplaceable",)
     status = "optimal" if first.status == "optimal" and not loop.unproven else "feasible"
     values = objective.values({m: _latency_of(options, best[0], m) for m in options})
     bound = first.bound * am.stages[0].unit
@@ -157,6 +167,18 @@ def _latency_of(options: dict[str, list[Option]], allocation: Allocation, llm: s
     return next(
         o.latency_s for o in options[llm] if (o.gpu_type, o.tp, o.share, o.replicas) == (c.gpu_type, c.tp, c.share, c.replicas)
     )
+
+
+def _cheapest_placeable(instance: Instance, options: dict[str, list[Option]], placer: Placer):
+    """Each LLM's option with the fewest GPU units (then least latency), if that places: a plan to
+    fall back on and a first hint for the solver."""
+    cheapest = {m: min(opts, key=lambda o: (o.units, o.latency_s)) for m, opts in options.items()}
+    allocation = Allocation(
+        instance.cluster.fractions_per_gpu,
+        tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in cheapest.values()),
+    )
+    check = placer(instance.cluster, allocation)
+    return (allocation, check) if check.placeable else None
 
 
 def _small(instance: Instance) -> bool:

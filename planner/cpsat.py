@@ -6,34 +6,42 @@ Sets
     M             LLMs
     O_m           options of LLM m: (gpu type g, tp t, share s, replicas d), feasible for memory,
                   profile and throughput, dominance-pruned (planner/options.py)
-    G             gpu types;  T_g  tp degrees used on type g
+    K             replica shapes k = (g, t, s);  J  NVLink domains;  I_j  GPUs of domain j
     W             workflows
 Parameters
-    F             share units per GPU
+    F             share units per GPU;  c_i  free units of GPU i
     L_o           latency of one call of m under option o [s] (profile curve at Lambda_m / d)
     c_wm          n_wm / p_wm, latency weight of LLM m in workflow w [-]
     ref_w         reference latency of workflow w [s] (several workflows only)
     pi_w          lambda_w / sum lambda, request weight of workflow w [-]
-    U_g           free units of type g;  U_g^t  free units in NVLink domains of size >= t
-    B_g^t         GPUs of type g in domains of size >= t with more than F/2 units free
+    I_g^t         GPUs of type g in NVLink domains of size >= t
+    w(s), W(c)    bin-packing weights: w(s) = [s >= b] + (floor(F/b) - 1)[s >= a] for a + b > F,
+                  a >= b;  W(c) = the most weight of shards that fit c units (knapsack)
 Variables
     x[m, o]       1 if LLM m runs option o                                        {0, 1}
+    n[j, k]       replicas of shape k in domain j       (placement counts, small clusters)
+    c[j, i, k]    shards of shape k on GPU i of domain j (placement counts, small clusters)
     z             egalitarian latency ratio (several workflows)                   integer, scaled
 Constraints
-    sum_o x[m, o] = 1                                         one configuration per LLM
-    sum_{m,o: g_o = g} t s d x[m, o] <= U_g                   share units per gpu type
-    sum_{m,o: g_o = g, t_o >= t} t s d x[m, o] <= U_g^t       TP replicas live in domains of size >= t
-    sum_{m,o: g_o = g, t_o >= t, s_o > F/2} t d x[m, o] <= B_g^t   two shards above F/2 never share a GPU
-    placement cuts (lazy): for an allocation found unplaceable with cumulative shape counts
-        R*_{g,t,s} = #replicas of type g, tp t and share >= s, forbid every allocation with
-        R_{g,t,s} >= R*_{g,t,s} for all (g, t, s) in its support (it would be at least as hard)
+    sum_o x[m, o] = 1                                             one configuration per LLM
+    sum_{m,o: g_o = g, t_o >= t} t s d x[m, o] <= sum_{i in I_g^t} c_i
+                                              share units of TP >= t replicas fit domains >= t
+    sum_{m,o: g_o = g, t_o >= t} t d w(s_o) x[m, o] <= sum_{i in I_g^t} W(c_i)
+                                              shards that cannot share a GPU need their own
+    placement counts (clusters with at most 1000 (GPU, shape) pairs; exact):
+        sum_j n[j, k] = R_k := sum_{m,o: shape k} d_o x[m, o]     every replica in a domain
+        sum_{i in I_j} c[j, i, k] = t_k n[j, k],  c[j, i, k] <= n[j, k]   tp distinct GPUs
+        sum_k s_k c[j, i, k] <= c_i                               GPU capacity
+    placement cuts (lazy, larger clusters): for an allocation found unplaceable with cumulative
+        shape counts R*_{g,t,s} = #replicas of type g, tp t and share >= s, forbid every allocation
+        with R_{g,t,s} >= R*_{g,t,s} for all (g, t, s) in its support (it is at least as hard)
 Objective (lexicographic stages, each solved with the previous ones fixed at their optimum)
     one workflow:   min sum_{m,o} c_m L_o x[m, o]                              [s]
     several:        min z,  z >= sum_{m,o} c_wm L_o / ref_w x[m, o]  for all w  [-]
                     then min sum_w pi_w sum_{m,o} c_wm L_o x[m, o]             [s]
     finally:        min sum_{m,o} t s d x[m, o]                                [units]
-Integer scaling: every stage's coefficients are rounded to a grid of 1e-5 / |M| of a lower bound
-of that stage's optimum, so rounding moves the optimum by at most 2e-5 of its value (<< 0.1%).
+Integer scaling: each stage's coefficients are rounded to a grid of 1e-5 of the sum of the per-LLM
+minima over |M|, so rounding moves a stage's optimum by at most 1e-5 of its value (<< 0.1%).
 """
 
 from __future__ import annotations
@@ -314,7 +322,8 @@ def solve_stage(
     solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
-    solver.parameters.cp_model_probing_level = 0  # probing costs more than it saves on these models
+    # presolve costs more than it saves on these models (measured in bench/solver_scaling.py)
+    solver.parameters.cp_model_presolve = False
     if workers > 1:
         solver.parameters.interleave_search = True  # deterministic whatever the thread timing
     status = solver.Solve(am.model)

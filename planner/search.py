@@ -49,7 +49,7 @@ class PlanSettings:
     warm_start: bool = False  # enumerate as the first hint (the cheapest placeable plan always is)
     # exact placement counts inside the allocation model up to this many (GPU, shape) pairs;
     # beyond it, valid inequalities and lazy placement cuts
-    placement_counts_limit: int = 4000
+    placement_counts_limit: int = 1000
 
 
 @dataclass(frozen=True)

@@ -348,11 +348,24 @@ def file_name(obj: dict) -> str:
     return f"{rank * 10:02d}-{kind.lower()}-{obj['metadata']['name']}.yaml"
 
 
-class _Dumper(yaml.SafeDumper):
-    """yaml.safe_dump's dumper without anchors/aliases: every object reads on its own."""
+# yaml.safe_dump's dumper (libyaml's emitter when PyYAML has it: 30x faster, same text), without
+# anchors/aliases so that every object reads on its own
+_SafeBase = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(_SafeBase):
+    """Safe dumper without anchors/aliases."""
 
     def ignore_aliases(self, data) -> bool:
         return True
+
+
+def _represent_str(dumper, data: str):
+    style = "|" if "\n" in data else None  # embedded files (device plugin configs) as literal blocks
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
 
 
 def dump(obj: dict) -> str:

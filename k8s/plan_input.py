@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from scepsy.models.errors import InputError
@@ -71,8 +72,19 @@ class PlacedPlan:
     workflows: tuple[PlannedWorkflow, ...]
     replicas: tuple[PlacedReplica, ...]  # sorted by (llm, replica)
 
+    @cached_property
+    def _llms_by_name(self) -> dict[str, PlannedLlm]:
+        return {m.name: m for m in self.llms}
+
+    @cached_property
+    def _uuids_by_node(self) -> dict[str, tuple[str, ...] | None]:
+        return {n.name: n.gpu_uuids for n in self.instance.cluster.nodes}
+
     def llm(self, name: str) -> PlannedLlm:
-        return next(m for m in self.llms if m.name == name)
+        return self._llms_by_name[name]
+
+    def gpu_uuids(self, node: str) -> tuple[str, ...] | None:
+        return self._uuids_by_node[node]
 
     def gpu_memory_gib(self, llm: str) -> float:
         return float(self.instance.cluster.gpu_types[self.llm(llm).gpu_type].memory_gib)

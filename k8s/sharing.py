@@ -75,7 +75,7 @@ def resource_api_version(kubernetes_version: tuple[int, int]) -> str:
 
 
 def _uuids(plan: PlacedPlan, node: str, gpus: tuple[int, ...]) -> list[str] | None:
-    uuids = plan.instance.cluster.node(node).gpu_uuids
+    uuids = plan.gpu_uuids(node)
     return [uuids[g] for g in gpus] if uuids is not None else None
 
 

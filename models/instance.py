@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .errors import InputError
 from .profile import LlmProfile, load_profile
 
-OBJECTIVES = ("min_latency",)
 LatencyMetric = Literal["mean", "p50", "p90", "p99"]
+ObjectiveName = Literal["min_latency", "max_throughput", "min_gpus", "min_cost"]
+Welfare = Literal["egalitarian", "social"]
 
 
 class _Spec(BaseModel):
@@ -76,6 +77,7 @@ class WorkflowSpec(_Spec):
     name: str = Field(min_length=1)
     arrival_rate: float = Field(gt=0, description="workflow requests per second")
     latency_slo_s: float | None = Field(default=None, gt=0)
+    weight: float = Field(default=1.0, gt=0, description="importance of this workflow when several share a cluster")
     stages: list[StageSpec] = Field(min_length=1)
 
 
@@ -83,7 +85,8 @@ class InstanceSpec(_Spec):
     cluster: ClusterSpec
     llms: list[LlmSpec] = Field(min_length=1)
     workflows: list[WorkflowSpec] = Field(min_length=1)
-    objective: Literal["min_latency"] = "min_latency"
+    objective: ObjectiveName = "min_latency"
+    welfare: Welfare = "egalitarian"
     latency_metric: LatencyMetric = "mean"
     max_utilization: float = Field(default=1.0, gt=0, le=1)
 
@@ -156,6 +159,7 @@ class Workflow:
     arrival_rate: float
     stages: tuple[Stage, ...]
     latency_slo_s: float | None = None
+    weight: float = 1.0
 
     def stage(self, llm: str) -> Stage | None:
         return next((s for s in self.stages if s.llm == llm), None)
@@ -185,6 +189,7 @@ class Instance:
     latency_metric: str = "mean"
     max_utilization: float = 1.0
     source: str | None = None
+    welfare: str = "egalitarian"
 
     def llm(self, name: str) -> Llm:
         for llm in self.llms:
@@ -195,6 +200,17 @@ class Instance:
     def offered_rate_rps(self, llm: str) -> float:
         """Lambda_m: the LLM-level arrival rate, summed over the workflows that call it."""
         return sum(w.arrival_rate * s.invocations for w in self.workflows for s in w.stages if s.llm == llm)
+
+    def with_objective(self, objective: str, welfare: str | None = None) -> "Instance":
+        """The instance with another objective (and welfare); min_cost needs every price."""
+        if objective == "min_cost":
+            for name in self.cluster.used_gpu_types():
+                if self.cluster.gpu_types[name].cost_per_hour is None:
+                    raise InputError(
+                        self.source, f"cluster.gpu_types.{name}.cost_per_hour", "objective min_cost needs a price per GPU hour",
+                        "add cost_per_hour to every gpu type in use, or use objective min_gpus",
+                    )
+        return replace(self, objective=objective, welfare=welfare or self.welfare)
 
     def with_arrival_rates(self, rates: Mapping[str, float]) -> "Instance":
         workflows = tuple(replace(w, arrival_rate=rates.get(w.name, w.arrival_rate)) for w in self.workflows)
@@ -429,7 +445,7 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
             seen.add(stage.llm)
         used |= seen
         stages = tuple(Stage(s.llm, s.invocations, s.parallelism) for s in wf.stages)
-        workflows.append(Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s))
+        workflows.append(Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s, wf.weight))
     for i, name in enumerate(llm_names):
         if name not in used:
             raise InputError(source, f"llms[{i}] ({name})", "no workflow calls this llm", "add it to a workflow's stages or remove it")
@@ -442,7 +458,8 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
         latency_metric=spec.latency_metric,
         max_utilization=spec.max_utilization,
         source=source,
-    )
+        welfare=spec.welfare,
+    ).with_objective(spec.objective)
 
 
 def load_instance(path: Path | str) -> Instance:

@@ -7,6 +7,8 @@ L(r) = L0 * (1 + 2 (r/T)^3) up to T, with one unstable row above T as a real swe
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 
@@ -75,19 +77,35 @@ def random_instance(
     n_workflows: int = 1,
     load: float = 0.5,
     tp_choices: tuple[int, ...] = (1, 2, 4),
+    second_type_nodes: int = 0,
+    slo_factor: float | None = None,
+    objective: str = "min_latency",
+    welfare: str = "egalitarian",
 ) -> Instance:
     """A random instance; `load` scales arrival rates against the cluster's capacity (>1 is often
-    infeasible). LLM memory needs vary so that some need TP or large shares."""
+    infeasible). LLM memory needs vary so that some need TP or large shares. With
+    `second_type_nodes`, a second GPU type "H" (twice the memory, 1.6x faster) joins the cluster,
+    both with prices; with `slo_factor`, every workflow gets latency_slo_s = slo_factor times its
+    latency with every LLM at light load on one whole GPU of type G."""
     rng = np.random.default_rng(seed)
     domains = domains if domains is not None else [list(range(gpus_per_node))]
-    cluster = synthetic_cluster(nodes, gpus_per_node, domains, fractions_per_gpu)
+    extra = {"H": (second_type_nodes, 80.0)} if second_type_nodes else None
+    cluster = synthetic_cluster(nodes, gpus_per_node, domains, fractions_per_gpu, extra_types=extra)
+    prices = {"G": 1.0, "H": round(float(rng.uniform(1.2, 2.5)), 2)}
+    cluster = replace(cluster, gpu_types={g: t.model_copy(update={"cost_per_hour": prices[g]}) for g, t in cluster.gpu_types.items()})
     largest = max((len(d) for d in domains), default=1)
     fractions = sorted({1.0, 0.5} | {round(k / fractions_per_gpu, 6) for k in (1, fractions_per_gpu // 2) if k >= 1})
-    total_gpus = nodes * gpus_per_node
+    total_gpus = (nodes + second_type_nodes) * gpus_per_node
+    light: dict[str, float] = {}
     llms = []
     for i in range(n_llms):
         tps = tuple(t for t in tp_choices if t <= largest and (t == 1 or rng.random() < 0.7)) or (1,)
-        frame = _profile_frame("G", tps, fractions, float(rng.uniform(0.05, 2.0)), float(rng.uniform(2.0, 40.0)))
+        base_latency, base_rate = float(rng.uniform(0.05, 2.0)), float(rng.uniform(2.0, 40.0))
+        frame = _profile_frame("G", tps, fractions, base_latency, base_rate)
+        if second_type_nodes:
+            fast = _profile_frame("H", tps, fractions, base_latency / 1.6, base_rate * 1.6)
+            frame = pd.concat([frame, fast], ignore_index=True)
+        light[f"m{i}"] = base_latency
         need = float(rng.choice([0.1, 0.3, 0.6, 0.9, 1.4])) * 40.0  # GiB; 1.4 x 40 needs tp >= 2
         llms.append(
             Llm(
@@ -109,7 +127,14 @@ def random_instance(
         )
         stages = tuple(Stage(s.llm, s.invocations, float(rng.uniform(1.0, s.invocations))) for s in stages)
         rate = load * total_gpus * 10.0 / sum(s.invocations for s in stages) / max(1, n_workflows)
-        workflows.append(Workflow(f"w{w}", round(float(rate * rng.uniform(0.5, 1.5)), 4), stages))
+        slo = None
+        if slo_factor is not None:
+            slo = round(slo_factor * sum(light[s.llm] * s.invocations / s.parallelism for s in stages), 4)
+        weight = round(float(rng.choice([1.0, 1.0, 2.0])), 1)
+        workflows.append(Workflow(f"w{w}", round(float(rate * rng.uniform(0.5, 1.5)), 4), stages, slo, weight))
     used_llms = {s.llm for w in workflows for s in w.stages}
     llms = [m for m in llms if m.name in used_llms]
-    return Instance(cluster=cluster, llms=tuple(llms), workflows=tuple(workflows), source=f"<random seed={seed}>")
+    return Instance(
+        cluster=cluster, llms=tuple(llms), workflows=tuple(workflows), objective=objective, welfare=welfare,
+        source=f"<random seed={seed}>",
+    )

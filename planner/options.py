@@ -139,3 +139,23 @@ def llm_options(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace()
 
 def all_options(instance: Instance, space: SearchSpace = SearchSpace(), prune: bool = True) -> dict[str, list[Option]]:
     return {llm.name: llm_options(instance, llm, space, prune) for llm in instance.llms}
+
+
+def max_servable(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace()) -> tuple[float, str]:
+    """The most requests/s the whole cluster could serve for this LLM alone (at max_utilization),
+    and the configuration that does it; (0.0, "") when no configuration holds the model."""
+    cluster = instance.cluster
+    best_rate, best_config = 0.0, ""
+    for gpu_type in gpu_types_for(instance, space):
+        for tp in tp_degrees_for(instance, llm, gpu_type, space):
+            for share in shares_for(cluster, space):
+                curve = replica_curve(instance, llm, gpu_type, tp, share)
+                if curve is None:
+                    continue
+                replicas = max_replicas(cluster, gpu_type, tp, share)
+                rate = replicas * curve.capacity_rps * instance.max_utilization
+                if rate > best_rate:
+                    fraction = share / cluster.fractions_per_gpu
+                    best_rate = rate
+                    best_config = f"{replicas} replicas of {gpu_type} tp={tp} fraction={fraction:g}"
+    return best_rate, best_config

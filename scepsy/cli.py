@@ -33,7 +33,9 @@ stderr = Console(stderr=True)
 InstanceArg = Annotated[Path, typer.Argument(help="Instance YAML (cluster, llms, workflows).", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON result to this file.")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="Allocation search: cpsat, enumerate or bruteforce.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="Allocation search: cpsat, milp, enumerate or bruteforce.")]
+ObjectiveOpt = Annotated[Optional[str], typer.Option("--objective", help="Override the instance's objective: min_latency, max_throughput, min_gpus or min_cost.")]
+WelfareOpt = Annotated[Optional[str], typer.Option("--welfare", help="Override how several workflows combine: egalitarian or social.")]
 TimeLimitOpt = Annotated[float, typer.Option("--time-limit-s", min=0.01, help="Stop searching after this many seconds and return the best plan with its gap.")]
 WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Solver threads (results stay deterministic).")]
 KubeconfigOpt = Annotated[Optional[Path], typer.Option("--kubeconfig", help="Kubeconfig file (default: $KUBECONFIG or ~/.kube/config).")]
@@ -72,6 +74,19 @@ def _working(message: str):
         yield
 
 
+def _load(path: Path, objective: Optional[str] = None, welfare: Optional[str] = None):
+    """Load an instance, with the objective and welfare overridden from the command line."""
+    from scepsy.models.instance import load_instance
+    from scepsy.planner.objective import OBJECTIVES, WELFARES
+
+    if objective is not None and objective not in OBJECTIVES:
+        raise InputError(None, "--objective", f"unknown objective {objective!r}", f"use one of: {', '.join(OBJECTIVES)}")
+    if welfare is not None and welfare not in WELFARES:
+        raise InputError(None, "--welfare", f"unknown welfare {welfare!r}", f"use one of: {', '.join(WELFARES)}")
+    loaded = load_instance(path)
+    return loaded.with_objective(objective or loaded.objective, welfare)
+
+
 def _emit_json(data: dict, out: Optional[Path], to_stdout: bool) -> None:
     text = json.dumps(data, indent=2) + "\n"
     if out is not None:
@@ -90,18 +105,17 @@ def plan(
     backend: BackendOpt = "cpsat",
     time_limit_s: TimeLimitOpt = 60.0,
     workers: WorkersOpt = 1,
+    objective: ObjectiveOpt = None,
+    welfare: WelfareOpt = None,
     json_output: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
     """Choose GPU type, fraction, TP degree and replicas for every LLM, placed on the cluster."""
-    from scepsy.models.instance import load_instance
     from scepsy.models.report import plan_view
-    from scepsy.planner.search import BACKENDS, PlanSettings, make_plan
+    from scepsy.planner.search import PlanSettings, make_plan
 
     with _errors():
-        if backend not in BACKENDS:
-            raise InputError(None, "--backend", f"unknown backend {backend!r}", f"use one of: {', '.join(BACKENDS)}")
-        loaded = load_instance(instance)
+        loaded = _load(instance, objective, welfare)
         settings = PlanSettings(backend=backend, time_limit_s=time_limit_s, workers=workers)
         with _working(f"planning {instance} with {backend}"):
             result = make_plan(loaded, settings)

@@ -219,6 +219,32 @@ class Instance:
     def scaled(self, load_factor: float) -> "Instance":
         return self.with_arrival_rates({w.name: w.arrival_rate * load_factor for w in self.workflows})
 
+    def with_total_rate(self, total_rps: float) -> "Instance":
+        """The workflows' arrival rates scaled so that they sum to `total_rps` (same mix)."""
+        current = sum(w.arrival_rate for w in self.workflows)
+        return self.scaled(total_rps / current)
+
+    def with_cluster_size(self, gpus: int) -> "Instance":
+        """The cluster resized to `gpus` GPUs: whole copies of its node kinds, taken in turn in the
+        order the nodes are listed (one kind: gpus / gpus-per-node nodes). Reservations are dropped."""
+        kinds: list[Node] = []
+        for node in self.cluster.nodes:
+            if not any((k.gpu_type, k.gpus, k.domains) == (node.gpu_type, node.gpus, node.domains) for k in kinds):
+                kinds.append(node)
+        nodes: list[Node] = []
+        total, turn = 0, 0
+        while total < gpus:
+            kind = kinds[turn % len(kinds)]
+            index = sum(1 for n in nodes if n.gpu_type == kind.gpu_type)
+            nodes.append(Node(f"{kind.gpu_type.lower()}-{index}", kind.gpu_type, kind.gpus, kind.domains))
+            total += kind.gpus
+            turn += 1
+        if total != gpus:
+            sizes = ", ".join(str(k.gpus) for k in kinds)
+            raise InputError(self.source, "--clusters", f"{gpus} GPUs is not a whole number of nodes (node sizes: {sizes})",
+                             "use cluster sizes made of whole nodes")
+        return replace(self, cluster=replace(self.cluster, nodes=tuple(nodes), reserved_units={}))
+
     def only_workflow(self, name: str) -> "Instance":
         """The instance with one workflow and just the LLMs it calls (its load alone on the cluster)."""
         workflow = next(w for w in self.workflows if w.name == name)

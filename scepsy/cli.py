@@ -249,6 +249,62 @@ def status(
         stdout.print(table)
 
 
+@app.command()
+def whatif(
+    instance: InstanceArg,
+    rates: Annotated[str, typer.Option("--rates", help="Total arrival rates, req/s: start:stop:step (inclusive) or a list a,b,c.")],
+    clusters: Annotated[str, typer.Option("--clusters", help="Cluster sizes in GPUs (whole nodes of the instance's node kinds), e.g. 4,8,16.")],
+    objective: ObjectiveOpt = None,
+    backend: BackendOpt = "cpsat",
+    time_limit_s: TimeLimitOpt = 60.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Grid points planned in parallel processes.")] = 1,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Tidy table, .csv or .parquet (one row per point and LLM).")] = None,
+    plots: Annotated[Optional[Path], typer.Option("--plots", help="Directory for the PNG plots.")] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Plan a grid of arrival rates and cluster sizes: what load needs which cluster."""
+    from rich.progress import Progress
+
+    from scepsy.planner.search import PlanSettings
+    from scepsy.planner.whatif import cheapest_clusters, parse_clusters, parse_rates, plot_grid, run_grid, write_table
+
+    with _errors():
+        loaded = _load(instance, objective)
+        rate_list, sizes = parse_rates(rates), parse_clusters(clusters)
+        settings = PlanSettings(backend=backend, time_limit_s=time_limit_s)
+        with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as bar:
+            task = bar.add_task("planning the grid", total=len(rate_list) * len(sizes))
+            frame = run_grid(loaded, rate_list, sizes, settings, workers, lambda done, total: bar.update(task, completed=done))
+        if out is not None:
+            write_table(frame, out)
+        if plots is not None:
+            for path in plot_grid(frame, plots):
+                stderr.print(f"wrote {path}")
+        if json_output:
+            sys.stdout.write(frame.to_json(orient="records", indent=2) + "\n")
+        else:
+            stdout.print(_grid_table(frame, cheapest_clusters(frame)))
+
+
+def _grid_table(frame, best):
+    from rich.table import Table
+
+    table = Table(title="What-if grid (one line per point)")
+    for column in ("rate_rps", "cluster_gpus", "feasible", "latency_s", "max_throughput_rps", "gpus_used", "cheapest"):
+        table.add_column(column, justify="right")
+    cheapest = set(zip(best["rate_rps"], best["cluster_gpus"]))
+    for _, row in frame.drop_duplicates(["rate_rps", "cluster_gpus"]).iterrows():
+        ok = bool(row["feasible"])
+        table.add_row(
+            f"{row['rate_rps']:g}", str(row["cluster_gpus"]), "yes" if ok else "no",
+            f"{row['workflow_latency_s']:.3f}" if ok else "-",
+            f"{row['workflow_max_throughput_rps']:.3f}" if ok else "-",
+            f"{int(row['gpus_used'])}" if ok else "-",
+            "*" if (row["rate_rps"], row["cluster_gpus"]) in cheapest else "",
+        )
+    return table
+
+
 def main() -> None:
     app()
 

@@ -48,3 +48,46 @@ def timed(fn, repeats: int):
         results.append(fn())
         times.append(time.perf_counter() - start)
     return statistics.median(times), results
+
+
+H100 = load_instance(REPO / "instances" / "combined-8xh100.yaml")
+
+
+def large_instance(gpus: int, n_llms: int = 10, fractions_per_gpu: int = 10, load: float = 0.5) -> Instance:
+    """Issue 7's scale benchmark: `gpus` GPUs in nodes of 8, half H100 SXM (one NVSwitch domain per
+    node) and half RTX A6000 (NVLink pairs), `n_llms` LLMs (copies of the paper's five) in three
+    workflows: beam search, RAG, and an agent calling the copies. Rates scale with the cluster."""
+    from scepsy.models.instance import GpuTypeSpec, Node
+    from scepsy.models.instance import Cluster
+
+    nodes = []
+    for k in range(gpus // 8):
+        if k % 2 == 0:
+            nodes.append(Node(f"h100-{k // 2}", "H100", 8, ((0, 1, 2, 3, 4, 5, 6, 7),)))
+        else:
+            nodes.append(Node(f"a6000-{k // 2}", "A6000", 8, ((0, 1), (2, 3), (4, 5), (6, 7))))
+    cluster = Cluster(
+        fractions_per_gpu,
+        {"H100": GpuTypeSpec(memory_gib=80.0, cost_per_hour=4.0), "A6000": GpuTypeSpec(memory_gib=48.0, cost_per_hour=0.8)},
+        tuple(nodes),
+    )
+    order = ["gen", "ver", "embed", "rerank", "rag-gen"]
+    llms = []
+    for k in range(n_llms):
+        base = BASE_LLMS[order[k % 5]]
+        llms.append(replace(base, name=base.name if k < 5 else f"{base.name}-{k // 5}"))
+    names = {m.name for m in llms}
+    per_gpu = {"beam": 0.6, "rag": 1.6, "agent": 0.3}
+    stages = {
+        "beam": BEAM.workflows[0].stages,
+        "rag": RAG.workflows[0].stages,
+        "agent": tuple(Stage(f"{s.llm}-1", s.invocations / 2, s.parallelism / 2 if s.parallelism >= 2 else 1.0)
+                       for s in BEAM.workflows[0].stages + RAG.workflows[0].stages),
+    }
+    workflows = []
+    for name, chain in stages.items():
+        kept = tuple(s for s in chain if s.llm in names)
+        if kept:
+            workflows.append(Workflow(name, round(per_gpu[name] * gpus * load, 6), kept))
+    return Instance(cluster, tuple(llms), tuple(workflows), max_utilization=0.9,
+                    source=f"<large {gpus} gpus {n_llms} llms F={fractions_per_gpu}>")

@@ -61,12 +61,20 @@ def free_in_domains(cluster: Cluster, gpu_type: str, tp: int) -> list[int]:
     ]
 
 
+FULL_PACKING_MAX_OPTIONS = 20_000
+
+
 def capacity_rows(cluster: Cluster, options: dict[str, list[Option]]) -> list[Row]:
     """Share units of replicas with tp >= t fit the domains of size >= t, and the bin-packing
-    inequalities over the same GPUs (per gpu type and TP degree in use)."""
+    inequalities over the same GPUs (per gpu type and TP degree in use). Beyond
+    FULL_PACKING_MAX_OPTIONS options only the rows of shards above half a GPU are kept (each row
+    spans every option, and large clusters have the slack that makes the others rarely bind)."""
     rows: list[Row] = []
     all_items = items(options)
-    weights = packing_weights(cluster.fractions_per_gpu)
+    f = cluster.fractions_per_gpu
+    weights = packing_weights(f)
+    if len(all_items) > FULL_PACKING_MAX_OPTIONS:
+        weights = [w for w in weights if max(w) == 1 and w.index(1) * 2 > f]
     for gpu_type in sorted({o.gpu_type for _, _, o in all_items}):
         for t in sorted({o.tp for _, _, o in all_items if o.gpu_type == gpu_type}):
             free = free_in_domains(cluster, gpu_type, t)

@@ -35,6 +35,14 @@ BACKENDS = ("cpsat", "milp", "enumerate", "bruteforce")
 EXACT_BACKENDS = ("cpsat", "milp", "bruteforce")
 DEFAULT_TIME_LIMIT_S = 60.0
 WARM_START_MAX_UNITS = 400  # enumerate as a CP-SAT hint only where it is quick
+# Large instances (many thousands of options, e.g. 1024 GPUs): options whose latency is within
+# AUTO_EPSILON of a cheaper kept option are dropped (the bound is lowered to match), and a coarse
+# model (COARSE_EPSILON) is solved first to hint the full one.
+AUTO_EPSILON_OPTIONS = 20_000
+AUTO_EPSILON = 1e-3
+COARSE_OPTIONS = 30_000
+COARSE_EPSILON = 1e-2
+COARSE_TIME_SHARE = 0.4
 
 Placer = Callable[[Cluster, Allocation], PlacementCheck]
 
@@ -56,6 +64,9 @@ class PlanSettings:
     # beyond it, valid inequalities and lazy placement cuts
     placement_counts_limit: int = 1000
     load_tolerance: float = 1e-3  # max_throughput: relative width of the final bisection bracket
+    # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
+    # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
+    epsilon: float | None = None
 
 
 @dataclass(frozen=True)
@@ -176,18 +187,39 @@ def _in_options(options, allocation: Allocation) -> bool:
     )
 
 
-def _solve_model(instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float):
-    """CP-SAT or MILP: lexicographic stages with the lazy cut loop, from a warm start."""
-    backend = cpsat if settings.backend == "cpsat" else milp
-    counts = cpsat.counts_model_size(instance.cluster, options) <= settings.placement_counts_limit
-    model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
-    warm = cheapest_placeable(instance, options, placer) if objective.within_limits(
-        {m: min(opts, key=lambda o: (o.units, o.latency_s)).latency_s for m, opts in options.items()}
-    ) else None
+def _warm_start(instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float):
+    """A placeable plan to hint the solver and fall back on: from a coarse model on large
+    instances, the paper's enumeration if asked for, else the cheapest placeable plan."""
+    if sum(map(len, options.values())) > COARSE_OPTIONS:
+        coarse = all_options(instance, settings.space, epsilon=COARSE_EPSILON)
+        budget = time.perf_counter() + COARSE_TIME_SHARE * max(deadline - time.perf_counter(), 0.0)
+        try:
+            found = _solve_model(instance, coarse, objective, settings, placer, budget, epsilon=COARSE_EPSILON, coarse=False)
+        except (InfeasibleError, SolveTimeoutError):
+            found = None
+        if found is not None and _in_options(options, found.allocation):
+            return found.allocation, found.placement_check
     if settings.warm_start and _small(instance) and objective.latency_only:
         enumerated = solve_enumerate(instance, objective, settings.space, placer)
         if enumerated is not None and _in_options(options, enumerated.allocation):
-            warm = (enumerated.allocation, PlacementCheck(enumerated.placement, True))
+            return enumerated.allocation, PlacementCheck(enumerated.placement, True)
+    cheapest = {m: min(opts, key=lambda o: (o.units, o.latency_s)).latency_s for m, opts in options.items()}
+    return cheapest_placeable(instance, options, placer) if objective.within_limits(cheapest) else None
+
+
+def _solve_model(
+    instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float,
+    epsilon: float = 0.0, coarse: bool = True,
+):
+    """CP-SAT or MILP: lexicographic stages with the lazy cut loop, from a warm start."""
+    backend = cpsat if settings.backend == "cpsat" else milp
+    counts = cpsat.counts_model_size(instance.cluster, options) <= settings.placement_counts_limit
+    warm = (
+        _warm_start(instance, options, objective, settings, placer, deadline)
+        if coarse
+        else cheapest_placeable(instance, options, placer)
+    )
+    model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
     hint = warm[0] if warm is not None else None
     solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h)  # noqa: E731
     loop = _CutLoop(model, solve, backend.add_placement_cut, instance.cluster, placer, deadline)
@@ -216,24 +248,42 @@ def _solve_model(instance, options, objective: Objective, settings: PlanSettings
     if loop.unproven:
         notes = ("a placement check hit its time limit and was treated as unplaceable",)
     values = _values(objective, options, instance.cluster, best[0], best[1].placement)
-    status = "optimal" if first.status == "optimal" and not loop.unproven else "feasible"
+    status = "optimal" if first.status == "optimal" and not loop.unproven and epsilon == 0 else "feasible"
     bound = first.bound * model.stages[0].unit
+    if epsilon > 0:  # kept options are within 1/(1 - epsilon) of the dropped ones
+        bound *= 1 - epsilon
+        notes += (f"options pruned within a latency factor 1/(1 - {epsilon:g}); the bound accounts for it",)
     if isinstance(objective.stages[0], GpuCount) and not model.exact_gpus and values[0] > bound + 1e-9:
         status = "feasible"  # the model's GPU count was a lower bound the placement could not reach
         notes += ("GPU count bounded by share units on this cluster size; the placement needs more",)
     elif status == "optimal":
         bound = values[0]  # within the integer scaling tolerance (planner/cpsat.py)
+    bound = min(bound, values[0])
     return Outcome(best[0], best[1], status, values, bound, loop.solves, model.cuts, notes)
+
+
+def _options(instance: Instance, settings: PlanSettings, objective: Objective) -> tuple[dict[str, list[Option]], float]:
+    """The options and the pruning epsilon used (bruteforce: every option, unpruned). Latency
+    limits (SLOs) or GPU stages turn the automatic epsilon off: a slightly slower kept option
+    could miss an SLO that a dropped one meets."""
+    if settings.backend == "bruteforce":
+        return all_options(instance, settings.space, prune=False), 0.0
+    if settings.epsilon is not None:
+        return all_options(instance, settings.space, epsilon=settings.epsilon), settings.epsilon
+    options = all_options(instance, settings.space)
+    if sum(map(len, options.values())) > AUTO_EPSILON_OPTIONS and objective.latency_only and not objective.latency_limits:
+        return all_options(instance, settings.space, epsilon=AUTO_EPSILON), AUTO_EPSILON
+    return options, 0.0
 
 
 def solve_at_load(instance: Instance, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float) -> Outcome:
     """Search the allocation of `instance` (at its own rates) for `objective`."""
     placer = _placer_for(objective, placer)
-    options = all_options(instance, settings.space, prune=settings.backend != "bruteforce")
+    options, epsilon = _options(instance, settings, objective)
     outcome = None
     if all(options.values()):
         if settings.backend in ("cpsat", "milp"):
-            outcome = _solve_model(instance, options, objective, settings, placer, deadline)
+            outcome = _solve_model(instance, options, objective, settings, placer, deadline, epsilon)
         elif settings.backend == "enumerate":
             found = solve_enumerate(instance, objective, settings.space, placer)
             if found is not None:

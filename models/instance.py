@@ -219,6 +219,11 @@ class Instance:
     def scaled(self, load_factor: float) -> "Instance":
         return self.with_arrival_rates({w.name: w.arrival_rate * load_factor for w in self.workflows})
 
+    def with_latency_slos(self, slos: Mapping[str, float]) -> "Instance":
+        """The instance with these workflows' latency_slo_s set (seconds)."""
+        workflows = tuple(replace(w, latency_slo_s=slos.get(w.name, w.latency_slo_s)) for w in self.workflows)
+        return replace(self, workflows=workflows)
+
     def with_total_rate(self, total_rps: float) -> "Instance":
         """The workflows' arrival rates scaled so that they sum to `total_rps` (same mix)."""
         current = sum(w.arrival_rate for w in self.workflows)

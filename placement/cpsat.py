@@ -177,7 +177,11 @@ def build_placement_model(cluster: Cluster, allocation: Allocation, current: Pla
 
     # every replica in one eligible domain (none eligible: infeasible, diagnosed by the caller)
     for m in llms:
-        model.Add(sum(n[(j, m.llm)] for j in range(len(domains)) if (j, m.llm) in n) == m.replicas)
+        eligible = [n[(j, m.llm)] for j in range(len(domains)) if (j, m.llm) in n]
+        if eligible:
+            model.Add(sum(eligible) == m.replicas)
+        else:
+            model.AddBoolOr([])  # the empty clause: no placement
 
     kept_on_gpu: dict[tuple[Gpu, str], list[Var]] = defaultdict(list)
     kept_in_domain: dict[tuple[int, str], list[Var]] = defaultdict(list)

@@ -25,6 +25,15 @@ def _gpus(units: int, f: int) -> str:
 
 
 def explain_unplaceable(cluster: Cluster, allocation: Allocation) -> str:
+    """The first necessary condition that fails, else the exact model's verdict (module docstring)."""
+    return necessary_condition_violated(cluster, allocation) or (
+        "the replicas cannot be packed together (the exact placement model proves it): TP replicas and "
+        "shares fragment the NVLink domains; add GPUs or NVLink-connected nodes, or change the allocation"
+    )
+
+
+def necessary_condition_violated(cluster: Cluster, allocation: Allocation) -> str | None:
+    """Checks 1-5 of the module docstring; None when all hold."""
     f = cluster.fractions_per_gpu
     domains = cluster.domains()
     for c in allocation.llms:
@@ -71,7 +80,4 @@ def explain_unplaceable(cluster: Cluster, allocation: Allocation) -> str:
                     f"on {gpu_type}, shards of at least {big / f:g} GPU leave no room for another of at least "
                     f"{small / f:g}: counting them, the shards need more GPUs than the {len(frees)} there are"
                 )
-    return (
-        "the replicas cannot be packed together (the exact placement model proves it): TP replicas and "
-        "shares fragment the NVLink domains; add GPUs or NVLink-connected nodes, or change the allocation"
-    )
+    return None

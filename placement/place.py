@@ -32,7 +32,7 @@ from scepsy.planner.placeability import PlacementCheck, exact_placement, validat
 from scepsy.planner.search import PlanSettings, Placer, make_plan
 
 from .cpsat import CpsatOutcome, build_placement_model, solve_placement
-from .diagnose import explain_unplaceable
+from .diagnose import explain_unplaceable, necessary_condition_violated
 from .heuristic import heuristic_placement
 from .objective import evaluate
 
@@ -128,6 +128,9 @@ def place(
         raise ValueError(f"unknown placement method {settings.method!r}; use one of {', '.join(METHODS)}")
     start = time.perf_counter()
     deadline = start + settings.time_limit_s
+    violated = necessary_condition_violated(cluster, allocation)
+    if violated is not None:  # a proof by itself, before any search
+        raise PlacementInfeasibleError(f"the allocation cannot be placed: {violated}")
     notes: list[str] = []
     heuristic = heuristic_placement(cluster, allocation, current)
     if heuristic.placement is None:

@@ -135,11 +135,12 @@ def gpu_type_name(nvml_name: str) -> str:
 
     "NVIDIA H100 80GB HBM3" -> H100, "NVIDIA A100-SXM4-80GB" -> A100, "NVIDIA A100 80GB PCIe" ->
     A100-PCIe, "NVIDIA H100 NVL" -> H100-NVL, "NVIDIA RTX A6000" -> A6000, "NVIDIA GeForce RTX 4090"
-    -> RTX-4090, "Tesla V100-SXM2-16GB" -> V100, "NVIDIA L40S" -> L40S."""
+    -> RTX-4090, "NVIDIA RTX 6000 Ada Generation" -> RTX-6000-Ada, "Tesla V100-SXM2-16GB" -> V100,
+    "NVIDIA L40S" -> L40S. `scepsy topology --gpu-type` overrides it."""
     words = [w for w in re.split(r"\s+", nvml_name.strip()) if w and w not in ("NVIDIA", "Tesla", "Quadro")]
     if words[:1] == ["GeForce"]:
         words = words[1:]
-    if len(words) >= 2 and words[0] == "RTX" and re.match(r"^[A-Z]\d", words[1]):  # RTX A6000, RTX 6000 Ada
+    if len(words) >= 2 and words[0] == "RTX" and re.match(r"^[A-Z]\d", words[1]):  # RTX A6000 -> A6000
         words = words[1:]
     model = words[0].split("-")[0] if words else "GPU"
     if model == "RTX" and len(words) > 1:

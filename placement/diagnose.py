@@ -14,6 +14,8 @@ otherwise the exact model proved that the replicas cannot be packed together.
 
 from __future__ import annotations
 
+from collections import Counter
+
 from scepsy.models.allocation import Allocation
 from scepsy.models.instance import Cluster
 from scepsy.planner.cpsat import gpu_weight_capacity, packing_weights
@@ -69,15 +71,15 @@ def necessary_condition_violated(cluster: Cluster, allocation: Allocation) -> st
                     f"the replicas with tp >= {t} on {gpu_type} need {_gpus(wide, f)} GPUs inside NVLink domains of "
                     f"at least {t} GPUs, which have {_gpus(room, f)} free"
                 )
-        frees = [cluster.free_units(n.name, g) for n in cluster.nodes if n.gpu_type == gpu_type for g in range(n.gpus)]
+        frees = Counter(cluster.free_units(n.name, g) for n in cluster.nodes if n.gpu_type == gpu_type for g in range(n.gpus))
         for weight in packing_weights(f):
             load = sum(c.tp * c.replicas * weight[c.share] for c in choices)
-            capacity = sum(gpu_weight_capacity(weight, units) for units in frees)
+            capacity = sum(k * gpu_weight_capacity(weight, units) for units, k in frees.items())
             if load > capacity and weight[f] > 1:
                 big = min(s for s in range(1, f + 1) if weight[s] == weight[f])
                 small = min(s for s in range(1, f + 1) if weight[s] > 0)
                 return (
                     f"on {gpu_type}, shards of at least {big / f:g} GPU leave no room for another of at least "
-                    f"{small / f:g}: counting them, the shards need more GPUs than the {len(frees)} there are"
+                    f"{small / f:g}: counting them, the shards need more GPUs than the {frees.total()} there are"
                 )
     return None

@@ -168,7 +168,8 @@ def build_placement_model(cluster: Cluster, allocation: Allocation, current: Pla
                 if slot == 0:
                     continue
                 if m.llm in whole:
-                    x.setdefault(i, model.NewBoolVar(f"x[{i[0]}/{i[1]}]"))
+                    if i not in x:
+                        x[i] = model.NewBoolVar(f"x[{i[0]}/{i[1]}]")
                 else:
                     upper[(i, m.llm)] = min(slot, most)
                     c[(i, m.llm)] = model.NewIntVar(0, upper[(i, m.llm)], f"c[{i[0]}/{i[1]},{m.llm}]")

@@ -103,16 +103,11 @@ def _cpsat_method(cluster, allocation, settings, current, heuristic, hint, notes
     bounds = tuple((s.name, s.bound) for s in outcome.stages if s.bound is not None)
     gap, gap_stage = _gap(outcome)
     status = "optimal" if outcome.status == "optimal" else "feasible"
-    if outcome.placement is None:
-        if seed is None:
-            raise _undecided(settings)
-        notes.append("time limit reached before the solver's first placement; returning the heuristic's")
-        return seed, status, bounds, gap, gap_stage
-    chosen = outcome.placement
-    if seed is not None and evaluate(cluster, allocation, seed, current).key() < evaluate(cluster, allocation, chosen, current).key():
-        notes.append("the solver's best within the time limit was worse than its hint; returning the hint")
-        chosen = seed
-    return chosen, status, bounds, gap, gap_stage
+    if outcome.placement is None:  # no start and no solution in time
+        raise _undecided(settings)
+    if any(stage.status == "unknown" for stage in outcome.stages):
+        notes.append("a stage hit the time limit before the solver's first solution; kept the best placement so far")
+    return outcome.placement, status, bounds, gap, gap_stage  # the pool's best: never worse than the seed
 
 
 def place(

@@ -184,6 +184,18 @@ def test_every_placement_valid_and_cpsat_never_worse(seed):
         assert bounds == {"free_domains": o.free_domains, "free_gpus": o.free_gpus, "shared_gpus": o.shared_gpus}
 
 
+@pytest.mark.parametrize("name", ["beam-4xa6000", "beam-16xa6000", "rag-8xa6000", "rag-16xa6000", "combined-8xh100"])
+def test_shipped_plans_are_placed_validly_by_both_methods(name):
+    instance = load_instance(INSTANCES / f"{name}.yaml")
+    allocation = make_plan(instance, PlanSettings(), feasibility_placer()).allocation
+    heuristic = place(instance.cluster, allocation, HEURISTIC)
+    exact = place(instance.cluster, allocation, EXACT)
+    for result in (heuristic, exact):
+        assert validate_placement(instance.cluster, allocation, result.placement) == []
+    assert exact.info.status == "optimal"
+    assert exact.info.objective.key() <= heuristic.info.objective.key()
+
+
 def test_cpsat_strictly_better_somewhere():
     better = 0
     for seed in range(12):

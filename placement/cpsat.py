@@ -194,11 +194,13 @@ def build_placement_model(cluster: Cluster, allocation: Allocation, current: Pla
             (kept_whole[(cand.node, g)] if cand.llm in whole else kept_on_gpu[((cand.node, g), cand.llm)]).append(var)
 
     # whole shards: one GPU each, as many per domain as its whole-GPU replicas have shards
-    for j, domain in enumerate(domains):
-        gpus = [(domain.node, g) for g in domain.gpus if (domain.node, g) in x]
-        replicas = [(tp[m], var) for (jj, m), var in n.items() if jj == j and m in whole] if gpus else []
-        if replicas:
-            model.Add(sum(x[i] for i in gpus) == _sum(replicas))
+    whole_in_domain: dict[int, list[tuple[int, Var]]] = defaultdict(list)
+    for (j, m), var in n.items():
+        if m in whole:
+            whole_in_domain[j].append((tp[m], var))
+    for j, replicas in whole_in_domain.items():
+        gpus = [(domains[j].node, g) for g in domains[j].gpus if (domains[j].node, g) in x]
+        model.Add(sum(x[i] for i in gpus) == _sum(replicas))
     for i, kept in kept_whole.items():
         model.Add(sum(kept) <= x[i])  # a kept whole-GPU replica's GPUs carry whole shards
     for (j, m), kept in kept_in_domain.items():

@@ -41,6 +41,9 @@ WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Solver thread
 KubeconfigOpt = Annotated[Optional[Path], typer.Option("--kubeconfig", help="Kubeconfig file (default: $KUBECONFIG or ~/.kube/config).")]
 ContextOpt = Annotated[Optional[str], typer.Option("--context", help="Kubeconfig context (default: the current one).")]
 NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the deployment.")]
+PlacementOpt = Annotated[str, typer.Option("--placement", help="Placement: cpsat (exact, least fragmented, the heuristic as hint) or heuristic (the paper's).")]
+PlacementTimeLimitOpt = Annotated[float, typer.Option("--placement-time-limit-s", min=0.01, help="Stop the placement search after this many seconds and keep the best placement with its gap.")]
+CurrentOpt = Annotated[Optional[Path], typer.Option("--current", help="Re-plan: the running placement (a previous plan JSON or its placement list); replicas that can stay where they are, stay.")]
 
 
 def _fail(error: ScepsyError) -> None:
@@ -99,11 +102,22 @@ def _emit_json(data: dict, out: Optional[Path], to_stdout: bool) -> None:
         sys.stdout.write(text)
 
 
+def _placement_settings(placement: str, time_limit_s: float, workers: int):
+    from scepsy.placement.place import METHODS, PlacementSettings
+
+    if placement not in METHODS:
+        raise InputError(None, "--placement", f"unknown placement method {placement!r}", f"use one of: {', '.join(METHODS)}")
+    return PlacementSettings(method=placement, time_limit_s=time_limit_s, workers=workers)
+
+
 @app.command()
 def plan(
     instance: InstanceArg,
     backend: BackendOpt = "cpsat",
     time_limit_s: TimeLimitOpt = 60.0,
+    placement: PlacementOpt = "cpsat",
+    placement_time_limit_s: PlacementTimeLimitOpt = 10.0,
+    current: CurrentOpt = None,
     workers: WorkersOpt = 1,
     objective: ObjectiveOpt = None,
     welfare: WelfareOpt = None,
@@ -112,16 +126,95 @@ def plan(
 ) -> None:
     """Choose GPU type, fraction, TP degree and replicas for every LLM, placed on the cluster."""
     from scepsy.models.report import plan_view
-    from scepsy.planner.search import PlanSettings, make_plan
+    from scepsy.placement.current import load_current
+    from scepsy.placement.place import plan_and_place
+    from scepsy.planner.search import PlanSettings
 
     with _errors():
+        placing = _placement_settings(placement, placement_time_limit_s, workers)
         loaded = _load(instance, objective, welfare)
+        running = load_current(current, loaded.cluster.fractions_per_gpu) if current is not None else None
         settings = PlanSettings(backend=backend, time_limit_s=time_limit_s, workers=workers)
-        with _working(f"planning {instance} with {backend}"):
-            result = make_plan(loaded, settings)
+        with _working(f"planning {instance} with {backend}, placing with {placement}"):
+            result = plan_and_place(loaded, settings, placing, running)
         _emit_json(result.to_json(), out, json_output)
         if not json_output:
             stdout.print(plan_view(result))
+
+
+@app.command()
+def place(
+    instance: InstanceArg,
+    allocation: Annotated[Path, typer.Option("--allocation", help="Allocation YAML (or a plan JSON): llms: [{name, gpu_type, tp, fraction, replicas}].")],
+    placement: PlacementOpt = "cpsat",
+    placement_time_limit_s: PlacementTimeLimitOpt = 10.0,
+    current: CurrentOpt = None,
+    workers: WorkersOpt = 1,
+    json_output: JsonOpt = False,
+    out: OutOpt = None,
+) -> None:
+    """Place a given allocation on the cluster (what-if); exit code 3 with the reason if it cannot be placed."""
+    from scepsy.models.allocation import load_allocation
+    from scepsy.models.instance import load_instance
+    from scepsy.models.report import placement_view
+    from scepsy.placement.current import load_current
+    from scepsy.placement.place import place as run_place
+
+    with _errors():
+        placing = _placement_settings(placement, placement_time_limit_s, workers)
+        loaded = load_instance(instance)
+        known = {m.name: set(loaded.cluster.gpu_types) for m in loaded.llms}
+        chosen = load_allocation(allocation, loaded.cluster.fractions_per_gpu, known)
+        running = load_current(current, loaded.cluster.fractions_per_gpu) if current is not None else None
+        with _working(f"placing {allocation} with {placement}"):
+            result = run_place(loaded.cluster, chosen, placing, running)
+        f = chosen.fractions_per_gpu
+        document = {
+            "instance": str(instance),
+            "fractions_per_gpu": f,
+            "llms": [
+                {"name": c.llm, "gpu_type": c.gpu_type, "tp": c.tp, "fraction": round(c.share / f, 9), "replicas": c.replicas}
+                for c in chosen.llms
+            ],
+            "placement_solver": result.info.to_json(),
+            "placement": result.placement.to_json(),
+            "fragmentation": [entry.to_json() for entry in result.fragmentation],
+        }
+        _emit_json(document, out, json_output)
+        if not json_output:
+            stdout.print(placement_view(result.placement, result.info, result.fragmentation))
+
+
+@app.command()
+def topology(
+    node_name: Annotated[Optional[str], typer.Option("--node-name", help="Node name in the cluster file (default: this host's name, as Kubernetes uses it).")] = None,
+    gpu_type: Annotated[Optional[str], typer.Option("--gpu-type", help="GPU type name (default: derived from the NVML product name, e.g. H100, A6000).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the node entry (YAML) to this file.")] = None,
+    record: Annotated[Optional[Path], typer.Option("--record", help="Also save NVML's raw answers (JSON) to this file, for a bug report or --replay.")] = None,
+    replay: Annotated[Optional[Path], typer.Option("--replay", help="Read NVML answers saved with --record instead of this machine's NVML.")] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Read this GPU node's topology from NVML and write its cluster-file entry (GPUs, NVLink domains, UUIDs)."""
+    from scepsy.placement.topology import RecordedNvml, discover, real_nvml, record as record_answers
+
+    with _errors():
+        nvml = RecordedNvml.from_file(replay) if replay is not None else real_nvml()
+        found = discover(nvml, node_name, gpu_type)
+        if record is not None:
+            _emit_json(record_answers(nvml), record, False)
+        text = found.to_yaml()
+        if out is not None:
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(text)
+            except OSError as exc:
+                raise InputError(str(out), None, f"cannot write ({exc.strerror})", "choose a writable --out path") from None
+        if json_output:
+            _emit_json(found.to_json(), None, True)
+        else:
+            sys.stdout.write(text)
+        for warning in found.warnings:
+            stderr.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()

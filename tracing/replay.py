@@ -25,8 +25,10 @@ request's arrival to its last response at the lightest rate: the last request ne
 on an idle engine, so it does not count against throughput. Latency is per call (send to last
 byte): mean, p50, p90, p99 of the completed calls.
 
-Sweep. `rates="auto"` starts at 0.2 / (mean traced call latency), doubles the rate until saturation,
-then bisects twice between the last stable and the first saturated rate. A point is saturated when
+Sweep. `rates="auto"` first probes the idle engine's service time S (`probe_service_time`: a dozen
+calls one at a time), starts at 0.2 / S, doubles the rate until saturation, then bisects twice
+between the last stable and the first saturated rate (a batching engine takes many times 1 / S,
+which the doubling finds). A point is saturated when
 throughput < 0.95 * arrival_rate or its mean latency exceeds ten times the lightest point's; an
 explicit rate list stops at the first saturated point too. Each row of the result is one point in
 the core profile format (models/profile.py), labelled with the given gpu_type, tp and fraction.
@@ -281,11 +283,31 @@ class SweepSettings:
     model: str | None = None
 
 
-def auto_start_rate(calls: Iterable[CallRecord], llm: str) -> float:
-    latencies = [c.latency_s for c in calls if c.llm == llm and c.outcome == "ok" and c.latency_s > 0]
-    if not latencies:
-        return 1.0
-    return AUTO_LIGHT_UTILIZATION / float(np.mean(latencies))
+async def probe_service_time(requests: Sequence[ReplayRequest], endpoint: str, calls: int = 12, timeout_s: float = 600.0) -> float:
+    """Mean latency of `calls` replayed calls sent one at a time, s: one call's service time on an
+    idle engine. Calls are taken round robin across requests (request 0's first call, request 1's
+    first call, ...), so consecutive calls share no more prompt prefix than unrelated requests do."""
+    order = []
+    depth = 0
+    while len(order) < calls and depth < max(len(r.calls) for r in requests):
+        order += [r.calls[depth] for r in requests if depth < len(r.calls)]
+        depth += 1
+    order = order[:calls]
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0)) as client:
+        replayer = _Replayer(endpoint, client, None)
+        loop = asyncio.get_running_loop()
+        for call in order:
+            started = loop.time()
+            if not await replayer._send(call):
+                raise InputError(None, "--endpoint", f"the endpoint rejected a replayed call ({replayer.first_error})",
+                                 "check the endpoint URL and that it serves this LLM's requests")
+            replayer.latencies.append(loop.time() - started)
+    return float(np.mean(replayer.latencies))
+
+
+def auto_start_rate(service_time_s: float) -> float:
+    """Light load for the auto sweep: 20% of what an engine serving one call at a time could take."""
+    return AUTO_LIGHT_UTILIZATION / service_time_s
 
 
 class Sweep:

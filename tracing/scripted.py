@@ -10,6 +10,9 @@ every case the proxy must pass through unchanged:
     X-Script-Break-After: 3     stream this many events, then drop the connection
     X-Script-Usage: 0           streams carry no usage chunk even when asked for one
 
+With `serial=True` non-streamed generations are served one at a time (an asyncio lock), so the
+server saturates at 1 / service time like a single llama.cpp slot.
+
 It is a real HTTP server (Starlette under uvicorn), not a mock of one: it is used where the
 behaviour under test is the proxy's, and a real engine would make the test slow or could not be
 made to fail on demand. Every response carries an `x-script-request` header echoing the request body
@@ -32,11 +35,14 @@ def _tokens(count: int) -> list[str]:
 
 
 class ScriptedEngine:
-    def __init__(self, first_token_delay_s: float = 0.0, token_delay_s: float = 0.0, model: str = "scripted"):
+    def __init__(self, first_token_delay_s: float = 0.0, token_delay_s: float = 0.0, model: str = "scripted",
+                 serial: bool = False):
         self.first_token_delay_s = first_token_delay_s
         self.token_delay_s = token_delay_s
         self.model = model
-        self.received: list[dict] = []  # (path, headers, body) of every request, in arrival order
+        self.serial = serial  # serve one generation at a time, like llama.cpp (capacity 1 / service time)
+        self._lock: asyncio.Lock | None = None
+        self.received: list[dict] = []  # (path, headers, body, time) of every request, in arrival order
 
     def app(self) -> Starlette:
         return Starlette(
@@ -52,7 +58,8 @@ class ScriptedEngine:
 
     async def _prelude(self, request: Request) -> tuple[dict, Response | None]:
         body = await request.body()
-        self.received.append({"path": request.url.path, "headers": dict(request.headers), "body": body})
+        self.received.append({"path": request.url.path, "headers": dict(request.headers), "body": body,
+                              "time": asyncio.get_running_loop().time()})
         delay = float(request.headers.get("x-script-delay-s", "0"))
         if delay:
             await asyncio.sleep(delay)
@@ -72,9 +79,14 @@ class ScriptedEngine:
         tokens = _tokens(int(payload.get("max_tokens") or 16))
         prompt_tokens = len(json.dumps(payload.get("messages") or payload.get("prompt") or "").split())
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(tokens), "total_tokens": prompt_tokens + len(tokens)}
-        ident = f"cmpl-{len(self.received)}"
+        ident = "cmpl-scripted"
         if not payload.get("stream"):
-            await asyncio.sleep(self.first_token_delay_s + self.token_delay_s * max(len(tokens) - 1, 0))
+            if self.serial:
+                self._lock = self._lock or asyncio.Lock()
+                async with self._lock:
+                    await asyncio.sleep(self.first_token_delay_s + self.token_delay_s * max(len(tokens) - 1, 0))
+            else:
+                await asyncio.sleep(self.first_token_delay_s + self.token_delay_s * max(len(tokens) - 1, 0))
             text = "".join(tokens)
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": text}} if chat else {"text": text})

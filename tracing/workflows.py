@@ -110,7 +110,7 @@ class BeamSearch:
     expansions: int = 2
     max_steps: int = 3
     gen_max_tokens: int = 16
-    ver_max_tokens: int = 2
+    ver_max_tokens: int = 1
     temperature: float = 0.8
     api_key: str = "scepsy-example"
     timeout_s: float = 300.0
@@ -136,12 +136,12 @@ class BeamSearch:
 
     def _generate(self, state: BeamState) -> BeamState:
         beam = state["beams"][0]
-        so_far = "\n".join(beam["steps"]) or "(no steps yet)"
+        so_far = "\n".join(beam["steps"]) or "-"
         response = self.gen.chat.completions.create(
             model=self.generator,
             messages=[
-                {"role": "system", "content": "Solve the problem one short step at a time. Say 'the answer is' when done."},
-                {"role": "user", "content": f"Problem: {state['question']}\nSteps so far:\n{so_far}\nWrite the next step."},
+                {"role": "system", "content": "Solve it step by step. Say 'the answer is' at the end."},
+                {"role": "user", "content": f"Q: {state['question']}\nSteps:\n{so_far}\nNext step:"},
             ],
             max_tokens=self.gen_max_tokens,
             temperature=self.temperature,
@@ -164,8 +164,7 @@ class BeamSearch:
         response = self.ver.chat.completions.create(
             model=self.verifier,
             messages=[
-                {"role": "system", "content": "You grade solution steps. Reply with one number from 1 to 10."},
-                {"role": "user", "content": f"Problem: {state['question']}\nSolution:\n" + "\n".join(proposal["steps"]) + "\nScore of the last step (1-10):"},
+                {"role": "user", "content": f"Q: {state['question']}\nSteps:\n" + "\n".join(proposal["steps"]) + "\nRate the last step 1-10:"},
             ],
             max_tokens=self.ver_max_tokens,
             temperature=0.0,
@@ -338,9 +337,18 @@ class Rag:
 # Load generation
 
 
-def run_open_loop(workflow, rate_rps: float, count: int, seed: int = 0, questions=QUESTIONS) -> list[RequestResult]:
+def _request_template(i: int, seed: int, distinct: int | None, questions) -> tuple[str, int]:
+    """Request i's (question, sampling seed): request i repeats request i mod `distinct`."""
+    j = i % distinct if distinct else i
+    return questions[j % len(questions)], seed * 10_000 + j
+
+
+def run_open_loop(workflow, rate_rps: float, count: int, seed: int = 0, questions=QUESTIONS,
+                  questions_per_seed: int | None = None) -> list[RequestResult]:
     """Start `count` workflow requests as a Poisson process of `rate_rps` (seeded); wait for all.
 
+    Request i asks questions[j % len(questions)] with sampling seed `seed * 10000 + j`, where
+    j = i mod `questions_per_seed` (or i): the same (question, seed) pairs as `run_closed_loop`.
     Requests run in threads (each a LangGraph invocation with its own fan-out), so a slow request
     never delays the next arrival. A request that fails is returned with its error, not raised.
     """
@@ -352,8 +360,9 @@ def run_open_loop(workflow, rate_rps: float, count: int, seed: int = 0, question
 
     def one(i: int) -> RequestResult:
         workflow_id = f"{workflow.name}-{seed}-{i}"
+        question, request_seed = _request_template(i, seed, questions_per_seed, questions)
         try:
-            return workflow.run(questions[i % len(questions)], seed=seed * 10_000 + i, workflow_id=workflow_id)
+            return workflow.run(question, seed=request_seed, workflow_id=workflow_id)
         except Exception as exc:  # noqa: BLE001 - reported per request
             return RequestResult(workflow_id, math.nan, "", 0, f"{type(exc).__name__}: {exc}")
 
@@ -370,7 +379,8 @@ def run_open_loop(workflow, rate_rps: float, count: int, seed: int = 0, question
 
 def run_closed_loop(workflow, count: int, seed: int = 0, questions=QUESTIONS) -> list[RequestResult]:
     """Run `count` workflow requests one after the other (tracing at light load)."""
-    return [
-        workflow.run(questions[i % len(questions)], seed=seed * 10_000 + i, workflow_id=f"{workflow.name}-trace-{seed}-{i}")
-        for i in range(count)
-    ]
+    results = []
+    for i in range(count):
+        question, request_seed = _request_template(i, seed, None, questions)
+        results.append(workflow.run(question, seed=request_seed, workflow_id=f"{workflow.name}-trace-{seed}-{i}"))
+    return results

@@ -169,6 +169,9 @@ def run_e2e(s: E2ESettings, log=print) -> dict:
                                     questions_per_seed=s.trace_requests)
         run_store.close()
         timings["run_s"] = time.perf_counter() - t
+    run_stats = aggregate(read_store(s.out_dir / "run.db")).workflow("beam")
+    measured_contributions = {x.llm: x.busy_time_s["mean"] for x in run_stats.llms}
+    measured_call_latency = {x.llm: x.call_latency_s["mean"] for x in run_stats.llms}
     errors = [r.error for r in results if r.error]
     latencies = [r.latency_s for r in results if not r.error]
     measured = statistics.mean(latencies) if latencies else math.nan
@@ -185,6 +188,9 @@ def run_e2e(s: E2ESettings, log=print) -> dict:
         "predicted_latency_s": predicted.latency_s,
         "predicted_contributions_s": {st.llm: st.latency_contribution_s for st in predicted.stages},
         "measured_mean_latency_s": measured,
+        "measured_contributions_s": measured_contributions,  # mean busy time per request, per LLM
+        "measured_call_latency_s": measured_call_latency,
+        "predicted_call_latency_s": {p.llm: p.latency_s for p in plan.prediction.llms},
         "measured_requests": len(latencies),
         "failed_requests": len(errors),
         "first_error": errors[0] if errors else None,

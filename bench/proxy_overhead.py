@@ -7,6 +7,9 @@ alternating rounds; per request we measure the time to the first byte (TTFB) and
 byte (total). Reported: medians and p99 of both paths, their differences (the added latency) and
 ratios. Targets: added median < 1 ms, added p99 < 5 ms, zero lost records.
 
+The proxy's CPU time per request (from /proc) is reported too: unlike latency it does not depend
+on what else runs on the machine.
+
 Scenarios: `sequential` (one request at a time: the proxy's own per-request cost) and
 `concurrent` (`--streams` streams at once, 200 by default: the cost under load, where a Python
 proxy shares 2 cores with the upstream and the client).
@@ -91,6 +94,14 @@ async def _batch(url: str, body: dict, count: int, concurrent: bool) -> list[tup
         return [await _one(client, url, body) for _ in range(count)]
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (Linux /proc), to report the proxy's own cost."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _stats(samples: list[float]) -> dict:
     values = np.asarray(samples) * 1000
     return {"median_ms": float(np.median(values)), "p99_ms": float(np.percentile(values, 99)), "mean_ms": float(values.mean())}
@@ -106,14 +117,22 @@ def run(streams: int, rounds: int, tokens: int, token_delay_s: float, sequential
         body = {"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": tokens, "stream": True}
         sent = 2 * rounds  # the warm-up requests
         results: dict[str, dict[str, list]] = {}
+        cpu_ms: dict[str, dict[str, float]] = {}
         try:
             for scenario, count, concurrent in (("sequential", sequential, False), ("concurrent", streams, True)):
                 paths = {"direct": [], "proxy": []}
+                cpu = {"direct": 0.0, "proxy": 0.0}
                 for _ in range(rounds):
+                    before = _cpu_s(upstream.pid)
                     paths["direct"] += asyncio.run(_batch(upstream_url + "/v1/chat/completions", body, count, concurrent))
+                    cpu["direct"] += _cpu_s(upstream.pid) - before
+                    before = _cpu_s(proxy.pid)
                     paths["proxy"] += asyncio.run(_batch(proxy_url + "/v1/chat/completions", body, count, concurrent))
+                    cpu["proxy"] += _cpu_s(proxy.pid) - before
                     sent += count
                 results[scenario] = paths
+                cpu_ms[scenario] = {"upstream_cpu_ms_per_request": 1000 * cpu["direct"] / (rounds * (count + 1)),
+                                    "proxy_cpu_ms_per_request": 1000 * cpu["proxy"] / (rounds * (count + 1))}
             sent += rounds  # sequential and concurrent warm-ups through the proxy
         finally:
             proxy.terminate()
@@ -142,6 +161,7 @@ def run(streams: int, rounds: int, tokens: int, token_delay_s: float, sequential
                 "ratio_median": proxied["median_ms"] / direct["median_ms"],
                 "ratio_p99": proxied["p99_ms"] / direct["p99_ms"],
             }
+        entry.update(cpu_ms[scenario])
         report[scenario] = entry
     return report
 
@@ -170,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"proxy median {e['proxy']['median_ms']:8.2f} ms p99 {e['proxy']['p99_ms']:8.2f} ms | "
                   f"added median {e['added_median_ms']:+7.2f} ms p99 {e['added_p99_ms']:+7.2f} ms | "
                   f"ratio median {e['ratio_median']:.3f} p99 {e['ratio_p99']:.3f}")
+        e = report[scenario]
+        print(f"{scenario:10s} cpu   proxy {e['proxy_cpu_ms_per_request']:.2f} ms per request "
+              f"(the scripted upstream: {e['upstream_cpu_ms_per_request']:.2f} ms)")
     print(f"records: {report['records']} of {report['proxied_requests']} proxied requests ({report['lost_records']} lost)")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

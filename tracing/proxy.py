@@ -1,4 +1,4 @@
-"""The tracing proxy: a transparent reverse proxy in front of OpenAI-compatible engines.
+"""The tracing proxy: a transparent reverse proxy in front of OpenAI-compatible engines (Starlette, aiohttp).
 
 Routing. A request for `/<llm>/v1/<endpoint>` goes to the upstream named `<llm>`; a request for
 `/v1/<endpoint>` goes to the upstream whose name equals the body's `model` field, or to the only
@@ -7,7 +7,8 @@ upstream when there is one. Endpoints: chat/completions, completions, embeddings
 every upstream). Anything else is answered 404 with a JSON error.
 
 Transparency. The request body is forwarded unchanged, with the client's headers except hop-by-hop
-ones and `Accept-Encoding` (set to `identity`, so the proxy can read usage from the response).
+ones and `Accept-Encoding` (set to `identity`, so the proxy can read usage from the response); the
+proxy adds none of its own (no User-Agent, Accept or Content-Type defaults).
 The response status, headers and body bytes go back unchanged, each chunk as soon as it arrives
 (no buffering). An unreachable upstream is answered 502, an upstream that does not answer within
 `timeout_s` is answered 504, both with a JSON error; an upstream that breaks a stream midway makes
@@ -33,8 +34,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Mapping
 
-import anyio
-import httpx
+import aiohttp
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -169,20 +169,28 @@ class _Call:
 
 
 class ProxyEndpoint:
-    """The ASGI endpoint that forwards one request and records it."""
+    """The ASGI endpoint that forwards one request and records it.
+
+    Upstream requests go through one aiohttp session (its C HTTP parser keeps the cost per
+    streamed chunk low); its read timeout applies between chunks, so a long stream that keeps
+    sending never times out.
+    """
 
     def __init__(self, config: ProxyConfig):
         self.config = config
-        self.client: httpx.AsyncClient | None = None
+        self.session: aiohttp.ClientSession | None = None
 
     def open(self) -> None:
-        timeout = httpx.Timeout(self.config.timeout_s, connect=self.config.connect_timeout_s)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1000, keepalive_expiry=60)
-        self.client = httpx.AsyncClient(timeout=timeout, limits=limits, follow_redirects=False)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s, sock_read=self.config.timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=None)
+        self.session = aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Content-Type", "Accept"),
+        )
 
     async def close(self) -> None:
-        if self.client is not None:
-            await self.client.aclose()
+        if self.session is not None:
+            await self.session.close()
 
     def route(self, path: str, body: bytes) -> tuple[str | None, str, str | None]:
         """(llm or None for all, upstream path, error message or None)."""
@@ -212,6 +220,12 @@ class ProxyEndpoint:
             f"cannot route model {model!r}: use a path prefix /<llm>/v1/... or a model field naming one of: {', '.join(names)}"
         )
 
+    @staticmethod
+    def _upstream_headers(request: Request) -> list[tuple[str, str]]:
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        headers.append(("accept-encoding", "identity"))
+        return headers
+
     async def __call__(self, scope, receive, send) -> None:
         start_s = self.config.clock.now()
         request = Request(scope, receive)
@@ -223,12 +237,10 @@ class ProxyEndpoint:
         if llm is None:
             await self._list_models(request, send)
             return
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
-        headers.append(("accept-encoding", "identity"))
         url = self.config.upstreams[llm] + upstream_path
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
-        upstream = self.client.build_request(request.method, url, headers=headers, content=body)
+        upstream = (request.method, url, self._upstream_headers(request), body)
         if upstream_path == "/v1/models":
             await self._forward_untraced(upstream, send)
             return
@@ -239,94 +251,93 @@ class ProxyEndpoint:
             if self.config.store is not None:
                 self.config.store.put(call.record())
 
-    async def _forward(self, call: _Call, upstream: httpx.Request, receive, send) -> None:
+    async def _open(self, upstream: tuple) -> aiohttp.ClientResponse:
+        method, url, headers, body = upstream
+        return await self.session.request(method, url, headers=headers, data=body or None, allow_redirects=False)
+
+    async def _forward(self, call: _Call, upstream: tuple, receive, send) -> None:
         try:
-            response = await self.client.send(upstream, stream=True)
-        except httpx.TimeoutException as exc:
+            response = await self._open(upstream)
+        except asyncio.TimeoutError as exc:
             call.status, call.outcome, call.error = 504, "timeout", f"upstream timeout: {type(exc).__name__}"
             await _send_whole(send, *_json_error(504, f"upstream {call.llm} did not answer in time", "upstream_timeout"))
             return
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             call.status, call.outcome, call.error = 502, "upstream_error", f"{type(exc).__name__}: {exc}"
             await _send_whole(send, *_json_error(502, f"upstream {call.llm} unreachable: {type(exc).__name__}", "upstream_error"))
             return
-        call.status = response.status_code
+        call.status = response.status
         call.event_stream = response.headers.get("content-type", "").startswith("text/event-stream")
         completed = False
-        disconnected = False
         try:
-            headers = [(k, v) for k, v in response.headers.raw if k.decode("latin-1").lower() not in RESPONSE_DROP]
-            await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-
-            async def stream() -> None:
-                nonlocal completed
-                try:
-                    async for chunk in response.aiter_raw():
-                        if chunk:
-                            call.chunk_times.append(self.config.clock.now())
-                            call.chunks.append(chunk)
-                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                except httpx.TimeoutException as exc:
-                    call.outcome, call.error = "timeout", f"upstream stalled: {type(exc).__name__}"
-                    return
-                except httpx.HTTPError as exc:
-                    call.outcome, call.error = "upstream_error", f"{type(exc).__name__}: {exc}"
-                    return
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
-                completed = True
-
-            async def listen() -> None:
-                nonlocal disconnected
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        disconnected = True
-                        return
-
-            async with anyio.create_task_group() as group:
-
-                async def run(func) -> None:
-                    try:
-                        await func()
-                    finally:
-                        group.cancel_scope.cancel()
-
-                group.start_soon(run, stream)
-                await run(listen)
+            headers = [(k, v) for k, v in response.raw_headers if k.decode("latin-1").lower() not in RESPONSE_DROP]
+            await send({"type": "http.response.start", "status": response.status, "headers": headers})
+            streaming = asyncio.ensure_future(self._stream(call, response, send))
+            listening = asyncio.ensure_future(_wait_for_disconnect(receive))
+            try:
+                await asyncio.wait((streaming, listening), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in (streaming, listening):
+                    task.cancel()
+                await asyncio.gather(streaming, listening, return_exceptions=True)
+            completed = streaming.done() and not streaming.cancelled() and streaming.result()
+            if not completed and listening.done() and not listening.cancelled() and call.outcome == "ok":
+                call.outcome, call.error = "client_disconnect", "the client closed the connection before the end"
         except OSError as exc:  # the client's socket failed under us
             if call.outcome == "ok":
                 call.outcome, call.error = "client_disconnect", f"{type(exc).__name__}: {exc}"
         finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
-        if not completed and disconnected and call.outcome == "ok":
-            call.outcome, call.error = "client_disconnect", "the client closed the connection before the end"
+            if completed:
+                response.release()
+            else:
+                response.close()  # drop the upstream connection: the rest of the body is unwanted
         # A stream the upstream broke: return without completing the response, so the server drops
         # the client's connection and the client sees the failure.
 
-    async def _forward_untraced(self, upstream: httpx.Request, send) -> None:
+    async def _stream(self, call: _Call, response: aiohttp.ClientResponse, send) -> bool:
+        """Pass the body on chunk by chunk; True when it was passed on whole."""
+        clock, chunks, times = self.config.clock, call.chunks, call.chunk_times
         try:
-            response = await self.client.send(upstream)
-        except httpx.TimeoutException:
+            async for chunk in response.content.iter_any():
+                if chunk:
+                    times.append(clock.now())
+                    chunks.append(chunk)
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except asyncio.TimeoutError as exc:
+            call.outcome, call.error = "timeout", f"upstream stalled: {type(exc).__name__}"
+            return False
+        except (aiohttp.ClientError, OSError) as exc:
+            call.outcome, call.error = "upstream_error", f"{type(exc).__name__}: {exc}"
+            return False
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return True
+
+    async def _forward_untraced(self, upstream: tuple, send) -> None:
+        try:
+            async with await self._open(upstream) as response:
+                content = await response.read()
+                headers = [(k, v) for k, v in response.raw_headers if k.decode("latin-1").lower() not in RESPONSE_DROP]
+                status = response.status
+        except asyncio.TimeoutError:
             await _send_whole(send, *_json_error(504, "upstream did not answer in time", "upstream_timeout"))
             return
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, OSError) as exc:
             await _send_whole(send, *_json_error(502, f"upstream unreachable: {type(exc).__name__}", "upstream_error"))
             return
-        headers = [(k, v) for k, v in response.headers.raw if k.decode("latin-1").lower() not in RESPONSE_DROP]
-        await _send_whole(send, response.status_code, headers, response.content)
+        await _send_whole(send, status, headers, content)
 
     async def _list_models(self, request: Request, send) -> None:
         """GET /v1/models without a prefix: the union of every upstream's list (in name order)."""
-        headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+        headers = self._upstream_headers(request)
 
         async def one(name: str) -> list[dict]:
             try:
-                response = await self.client.get(self.config.upstreams[name] + "/v1/models", headers=headers)
-                data = response.json().get("data") if response.status_code == 200 else None
+                async with self.session.get(self.config.upstreams[name] + "/v1/models", headers=headers) as response:
+                    payload = json.loads(await response.read()) if response.status == 200 else None
+                data = payload.get("data") if isinstance(payload, dict) else None
                 if isinstance(data, list):
                     return data
-            except (httpx.HTTPError, ValueError, AttributeError):
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError):
                 pass
             return [{"id": name, "object": "model", "owned_by": "scepsy-proxy"}]
 
@@ -334,6 +345,13 @@ class ProxyEndpoint:
         lists = await asyncio.gather(*(one(name) for name in names))
         body = json.dumps({"object": "list", "data": [m for models in lists for m in models]}).encode()
         await _send_whole(send, 200, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body)
+
+
+async def _wait_for_disconnect(receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 def create_app(config: ProxyConfig) -> Starlette:

@@ -11,8 +11,10 @@ workflow. The run:
 4. writes an instance -- one nominal "cpu" node with one "GPU" standing for the machine's two
    cores, fractions_per_gpu 2, so each single-threaded server is a 0.5 fraction -- and plans it with
    scepsy's CP-SAT planner at the workflow rate `load` x the pipeline's max throughput;
-5. runs the same workflow requests open loop (Poisson arrivals) at that rate through the proxy and
-   compares the measured mean latency with the Aggregate LLM Pipeline's prediction.
+5. runs the same workflow requests open loop at that rate through the proxy and compares the
+   measured mean latency with the Aggregate LLM Pipeline's prediction.
+
+Arrivals are uniform (requests 1 / rate apart) in the profiles and in the run, `arrivals` to change.
 
 The trace and the run use the same (question, seed) pairs, so they are the same workload; the
 run is the prediction's test, not its input.
@@ -63,6 +65,9 @@ class E2ESettings:
     max_steps: int = 2
     gen_max_tokens: int = 8
     seed: int = 0
+    # Workflow requests 1 / rate apart, in the profiles and in the run alike: with a dozen requests
+    # per phase, Poisson bursts alone move the mean latency by tens of percent (docs/tracing.md)
+    arrivals: str = "uniform"
     # CP-SAT wrongly reports this 1-GPU, F=2 instance infeasible (reported to the lead); the exact
     # brute force gives the same plan CP-SAT should
     backend: str = "bruteforce"
@@ -83,7 +88,8 @@ async def _profile(traces, servers: dict[str, LlamaServer], s: E2ESettings, log)
         service[llm] = await probe_service_time(requests, server.url)
         log(f"{llm}: idle service time {service[llm]:.3f} s")
         rates = tuple(f / service[llm] for f in s.profile_loads)
-        settings = SweepSettings(rates_rps=rates, duration_s=0.0, min_requests=s.profile_requests, seed=s.seed)
+        settings = SweepSettings(rates_rps=rates, duration_s=0.0, min_requests=s.profile_requests, seed=s.seed,
+                                 arrivals=s.arrivals)
         points[llm] = await Sweep(requests, server.url, settings, rates[0]).run()
     return points, service
 
@@ -169,7 +175,7 @@ def run_e2e(s: E2ESettings, log=print) -> dict:
         run_store = TraceStore(s.out_dir / "run.db")
         with ServerThread(create_app(ProxyConfig({"gen": gen.url, "ver": ver.url}, store=run_store))) as proxy:
             results = run_open_loop(_workflow(proxy.url, s), rate, s.run_requests, seed=s.seed,
-                                    questions_per_seed=s.trace_requests)
+                                    questions_per_seed=s.trace_requests, arrivals=s.arrivals)
         run_store.close()
         timings["run_s"] = time.perf_counter() - t
     run_stats = aggregate(read_store(s.out_dir / "run.db")).workflow("beam")
@@ -211,8 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trace-requests", type=int, default=E2ESettings.trace_requests)
     parser.add_argument("--run-requests", type=int, default=E2ESettings.run_requests)
     parser.add_argument("--load", type=float, default=E2ESettings.load)
+    parser.add_argument("--arrivals", choices=("uniform", "poisson"), default=E2ESettings.arrivals)
     args = parser.parse_args(argv)
-    settings = E2ESettings(out_dir=args.out_dir, trace_requests=args.trace_requests, run_requests=args.run_requests, load=args.load)
+    settings = E2ESettings(out_dir=args.out_dir, trace_requests=args.trace_requests, run_requests=args.run_requests,
+                           load=args.load, arrivals=args.arrivals)
     report = run_e2e(settings)
     print(f"predicted mean latency_s {report['predicted_latency_s']:.3f}  measured mean latency_s "
           f"{report['measured_mean_latency_s']:.3f} over {report['measured_requests']} requests  "

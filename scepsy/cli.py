@@ -286,6 +286,7 @@ def profile(
     min_requests: Annotated[int, typer.Option("--min-requests", min=1, help="At least this many workflow requests per rate point.")] = 5,
     model: Annotated[Optional[str], typer.Option("--model", help="Replace the `model` field of replayed requests (the engine's served name).")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the arrival process and request order.")] = 0,
+    arrivals: Annotated[str, typer.Option("--arrivals", help="Workflow request arrivals: poisson, or uniform (1 / rate apart).")] = "poisson",
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Per-call timeout.")] = 600.0,
     json_output: JsonOpt = False,
 ) -> None:
@@ -300,8 +301,10 @@ def profile(
     with _errors():
         if not 0 < fraction <= 1:
             raise InputError(None, "--fraction", f"{fraction} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
+        if arrivals not in ("poisson", "uniform"):
+            raise InputError(None, "--arrivals", f"unknown arrival process {arrivals!r}", "use poisson or uniform")
         settings = SweepSettings(rates_rps=_parse_rates(rates), duration_s=duration_s, min_requests=min_requests,
-                                 seed=seed, timeout_s=timeout_s, model=model)
+                                 seed=seed, timeout_s=timeout_s, model=model, arrivals=arrivals)
         calls = load_traces(traces)
         requests = replay_requests(calls, llm, model)
         start_rate = 1.0

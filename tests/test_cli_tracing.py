@@ -77,3 +77,44 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path):
     write_store(tmp_path / "u.db", [c.__class__(**{**c.__dict__, "workflow_id": None}) for c in beam_trace(1)])
     result = runner.invoke(app, ["aggregate", str(tmp_path / "u.db")])
     assert result.exit_code == 2 and "X-Workflow-Id" in result.output
+
+
+def test_proxy_command_serves_records_and_shuts_down_cleanly(tmp_path):
+    """`scepsy proxy` as a user runs it: a process on loopback; Ctrl-C flushes every record."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from scepsy.tracing.llamacpp import free_port
+    from scepsy.tracing.store import read_store
+
+    engine = ScriptedEngine()
+    with ServerThread(engine.app()) as server:
+        port = free_port()
+        store = tmp_path / "traces.db"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "scepsy.cli", "proxy", "--upstream", f"gen={server.url}", "--port", str(port), "--store", str(store)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    httpx.get(url + "/v1/models", timeout=0.5)
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            for i in range(5):
+                response = httpx.post(url + "/v1/chat/completions", headers={"X-Workflow-Id": f"w{i}"},
+                                      json={"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+                assert response.status_code == 200
+        finally:
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err.decode()
+    assert "recorded 5 calls" in err.decode()
+    assert sorted(c.workflow_id for c in read_store(store)) == [f"w{i}" for i in range(5)]

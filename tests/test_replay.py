@@ -107,3 +107,16 @@ def test_merge_keeps_other_configurations():
     new = old.iloc[[0]].assign(latency_mean=9.0)
     merged = merge_profile_rows(old, new)
     assert sorted(zip(merged["tp"], merged["latency_mean"])) == [(1, 9.0), (2, 2.0)]
+
+
+def test_arrival_processes():
+    import random
+
+    from scepsy.tracing.replay import arrival_times
+
+    assert arrival_times(4, 2.0, "uniform", random.Random(0)) == [0.0, 0.5, 1.0, 1.5]
+    poisson = arrival_times(2000, 2.0, "poisson", random.Random(0))
+    assert poisson == arrival_times(2000, 2.0, "poisson", random.Random(0))  # seeded
+    assert poisson[-1] / 1999 == pytest.approx(0.5, rel=0.1)
+    with pytest.raises(InputError, match="poisson or uniform"):
+        arrival_times(2, 1.0, "bursty", random.Random(0))

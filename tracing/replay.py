@@ -13,7 +13,7 @@ recorded call (of any LLM). A gap (start_c - end_d) is the time the workflow spe
 LLMs, tools) and is kept as it was traced; fan-outs are replayed concurrently as traced.
 
 Load. At a target LLM arrival rate lambda (calls/s), workflow requests arrive as a Poisson process
-(seeded) of rate lambda / n, n = mean calls per replayed request; requests are drawn in a seeded
+(seeded; or uniformly spaced, `arrivals="uniform"`) of rate lambda / n, n = mean calls per replayed request; requests are drawn in a seeded
 shuffled cycle; each point runs max(min_requests, ceil(lambda / n * duration_s)) requests. With the
 last arrival at a_last, the point's offered rate is
 
@@ -221,6 +221,7 @@ async def _run_point(
     tail_s: float | None,
     timeout_s: float,
     on_call: Callable[[], None] | None,
+    process: str = "poisson",
 ) -> PointResult:
     rng = random.Random(seed)
     n_mean = mean_calls_per_request(requests)
@@ -232,9 +233,7 @@ async def _run_point(
         rng.shuffle(cycle)
         order += cycle
     order = order[:count]
-    arrivals = [0.0]
-    for _ in range(count - 1):
-        arrivals.append(arrivals[-1] + rng.expovariate(workflow_rate))
+    arrivals = arrival_times(count, workflow_rate, process, rng)
     total_calls = sum(len(r.calls) for r in order)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), limits=limits) as client:
@@ -267,6 +266,19 @@ async def _run_point(
     )
 
 
+ARRIVAL_PROCESSES = ("poisson", "uniform")
+
+
+def arrival_times(count: int, rate: float, process: str, rng: random.Random) -> list[float]:
+    """`count` arrival times from 0 at `rate`/s: Poisson (exponential gaps) or uniform (1 / rate apart)."""
+    if process not in ARRIVAL_PROCESSES:
+        raise InputError(None, "--arrivals", f"unknown arrival process {process!r}", "use poisson or uniform")
+    times = [0.0]
+    for _ in range(count - 1):
+        times.append(times[-1] + (rng.expovariate(rate) if process == "poisson" else 1.0 / rate))
+    return times
+
+
 def _saturated(point: PointResult, light_latency_s: float | None) -> bool:
     if point.completed == 0 or point.throughput_rps < STABLE_THROUGHPUT_RATIO * point.arrival_rate_rps:
         return True
@@ -281,6 +293,7 @@ class SweepSettings:
     seed: int = 0
     timeout_s: float = 600.0
     model: str | None = None
+    arrivals: str = "poisson"  # or "uniform": workflow requests exactly 1 / rate apart
 
 
 async def probe_service_time(requests: Sequence[ReplayRequest], endpoint: str, calls: int = 12, timeout_s: float = 600.0) -> float:
@@ -330,6 +343,7 @@ class Sweep:
         point = await _run_point(
             self.requests, self.endpoint, rate, self.settings.duration_s, self.settings.min_requests,
             self.settings.seed + len(self.points), light.tail_s if light else None, self.settings.timeout_s, on_call,
+            self.settings.arrivals,
         )
         if point.completed == 0:
             raise InputError(None, "--endpoint", f"the endpoint completed no call at {rate:g} calls/s ({point.first_error})",

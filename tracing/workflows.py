@@ -344,8 +344,9 @@ def _request_template(i: int, seed: int, distinct: int | None, questions) -> tup
 
 
 def run_open_loop(workflow, rate_rps: float, count: int, seed: int = 0, questions=QUESTIONS,
-                  questions_per_seed: int | None = None) -> list[RequestResult]:
-    """Start `count` workflow requests as a Poisson process of `rate_rps` (seeded); wait for all.
+                  questions_per_seed: int | None = None, arrivals: str = "poisson") -> list[RequestResult]:
+    """Start `count` workflow requests as a Poisson process of `rate_rps` (seeded; or 1 / rate_rps
+    apart with `arrivals="uniform"`); wait for all.
 
     Request i asks questions[j % len(questions)] with sampling seed `seed * 10000 + j`, where
     j = i mod `questions_per_seed` (or i): the same (question, seed) pairs as `run_closed_loop`.
@@ -353,10 +354,12 @@ def run_open_loop(workflow, rate_rps: float, count: int, seed: int = 0, question
     never delays the next arrival. A request that fails is returned with its error, not raised.
     """
     rng = random.Random(seed)
-    arrivals, t = [], 0.0
+    if arrivals not in ("poisson", "uniform"):
+        raise ValueError(f"unknown arrival process {arrivals!r}; use poisson or uniform")
+    times, t = [], 0.0
     for _ in range(count):
-        arrivals.append(t)
-        t += rng.expovariate(rate_rps)
+        times.append(t)
+        t += rng.expovariate(rate_rps) if arrivals == "poisson" else 1.0 / rate_rps
 
     def one(i: int) -> RequestResult:
         workflow_id = f"{workflow.name}-{seed}-{i}"
@@ -369,7 +372,7 @@ def run_open_loop(workflow, rate_rps: float, count: int, seed: int = 0, question
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(4, count)) as pool:
         futures = []
-        for i, arrival in enumerate(arrivals):
+        for i, arrival in enumerate(times):
             delay = start + arrival - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)

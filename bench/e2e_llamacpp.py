@@ -116,8 +116,9 @@ def _instance_yaml(stages: list[dict], rate: float, profiles: dict[str, Path]) -
 def run_e2e(s: E2ESettings, log=print) -> dict:
     s.out_dir.mkdir(parents=True, exist_ok=True)
     store_path = s.out_dir / "traces.db"
-    for suffix in ("", "-wal", "-shm"):
-        Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+    for name in ("traces.db", "run.db"):  # earlier runs' calls would mix with this run's ids
+        for suffix in ("", "-wal", "-shm"):
+            (s.out_dir / f"{name}{suffix}").unlink(missing_ok=True)
     timings = {}
     t0 = time.perf_counter()
     gen_cpus, ver_cpus = one_cpu_each(2)

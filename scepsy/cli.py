@@ -335,7 +335,7 @@ def profile(
             table = Table(title=f"Replay profile of {llm} ({gpu_type}, tp={tp}, fraction={fraction:g}) -> {out}")
             for column in ("arrival_rate_rps", "throughput_rps", "calls", "failed", "latency_mean_s", "latency_p99_s", "saturated"):
                 table.add_column(column, justify="right")
-            for p in data:
+            for p in sorted(data, key=lambda p: p["arrival_rate_rps"]):
                 table.add_row(f"{p['arrival_rate_rps']:.3f}", f"{p['throughput_rps']:.3f}", str(p["calls"]), str(p["failed"]),
                               f"{p['latency_mean_s']:.3f}", f"{p['latency_p99_s']:.3f}", "yes" if p["saturated"] else "no")
             stdout.print(table)

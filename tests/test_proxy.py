@@ -14,7 +14,7 @@ import pytest
 from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app, workflow_request_id
 from scepsy.tracing.store import TraceStore, read_store
 
-from conftest import Recorder, wait_for
+from tracing_fixtures import Recorder, engine, proxied, wait_for  # noqa: F401 - fixtures
 
 CHAT = {"model": "gen", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}
 

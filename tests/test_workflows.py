@@ -5,7 +5,7 @@ from __future__ import annotations
 from scepsy.tracing.stats import aggregate
 from scepsy.tracing.workflows import BeamSearch, Rag, run_open_loop
 
-from conftest import wait_for
+from tracing_fixtures import Recorder, engine, proxied, wait_for  # noqa: F401 - fixtures
 
 
 def test_beam_search_structure_through_the_proxy(proxied):
@@ -24,7 +24,7 @@ def test_beam_search_structure_through_the_proxy(proxied):
 
 
 def test_rag_structure_and_open_loop_runner(engine):
-    from conftest import Recorder
+
     from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app
 
     recorder = Recorder()

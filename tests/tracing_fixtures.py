@@ -1,4 +1,8 @@
-"""Shared fixtures: real HTTP servers on loopback (uvicorn in threads)."""
+"""Fixtures of the tracing tests: real HTTP servers on loopback (uvicorn in threads).
+
+A plain module (not conftest.py) so that it merges with any project-wide conftest; test modules
+import the fixtures they use.
+"""
 
 from __future__ import annotations
 

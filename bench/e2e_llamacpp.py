@@ -70,7 +70,7 @@ class E2ESettings:
     arrivals: str = "uniform"
     # CP-SAT wrongly reports this 1-GPU, F=2 instance infeasible (reported to the lead); the exact
     # brute force gives the same plan CP-SAT should
-    backend: str = "bruteforce"
+    backend: str = "cpsat"
 
 
 def _workflow(proxy_url: str, s: E2ESettings) -> BeamSearch:

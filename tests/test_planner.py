@@ -186,7 +186,7 @@ def test_two_halves_of_one_gpu(write_instance):
         doc["cluster"]["nodes"] = [{"name": "cpu", "gpu_type": "A6000", "gpus": 1}]
         for llm in doc["llms"]:
             llm.update(weights_gib=0.1, min_kv_gib=0.1, tp_degrees=[1])
-        doc["workflows"][0]["arrival_rate"] = 0.3
+        doc["workflows"][0]["arrival_rate"] = 0.2
         doc["workflows"][0]["stages"] = [
             {"llm": "gen", "invocations": 4.0, "parallelism": 1.72}, {"llm": "ver", "invocations": 4.0, "parallelism": 1.65},
         ]

@@ -65,19 +65,13 @@ from ortools.sat.python import cp_model
 
 from scepsy.models.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance import Cluster, Domain
+from scepsy.planner.cpsat import STATUS_NAMES
 from scepsy.planner.formulation import packing_weights
 
 from .current import Candidate, keep_candidates, movable_replicas
 from .heuristic import first_fit_placement
 from .objective import Spot, evaluate, number_replicas
 
-STATUS_NAMES = {
-    cp_model.OPTIMAL: "optimal",
-    cp_model.FEASIBLE: "feasible",
-    cp_model.INFEASIBLE: "infeasible",
-    cp_model.MODEL_INVALID: "model_invalid",
-    cp_model.UNKNOWN: "unknown",
-}
 Gpu = tuple[str, int]  # (node, gpu index)
 Var = cp_model.IntVar
 

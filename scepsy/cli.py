@@ -90,14 +90,18 @@ def _load(path: Path, objective: Optional[str] = None, welfare: Optional[str] = 
     return loaded.with_objective(objective or loaded.objective, welfare)
 
 
+def _write_text(out: Path, text: str) -> None:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    except OSError as exc:
+        raise InputError(str(out), None, f"cannot write ({exc.strerror})", "choose a writable --out path") from None
+
+
 def _emit_json(data: dict, out: Optional[Path], to_stdout: bool) -> None:
     text = json.dumps(data, indent=2) + "\n"
     if out is not None:
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
-        except OSError as exc:
-            raise InputError(str(out), None, f"cannot write ({exc.strerror})", "choose a writable --out path") from None
+        _write_text(out, text)
     if to_stdout:
         sys.stdout.write(text)
 
@@ -204,11 +208,7 @@ def topology(
             _emit_json(record_answers(nvml), record, False)
         text = found.to_yaml()
         if out is not None:
-            try:
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_text(text)
-            except OSError as exc:
-                raise InputError(str(out), None, f"cannot write ({exc.strerror})", "choose a writable --out path") from None
+            _write_text(out, text)
         if json_output:
             _emit_json(found.to_json(), None, True)
         else:

@@ -283,8 +283,10 @@ def solve_stage(
     solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
-    # presolve costs more than it saves on these models (measured in bench/solver_scaling.py)
+    # presolve and probing cost more than they save on these models (bench/solver_scaling.py):
+    # probing alone added seconds and millions of binary clauses at 128 GPUs
     solver.parameters.cp_model_presolve = False
+    solver.parameters.cp_model_probing_level = 0
     if workers > 1:
         solver.parameters.interleave_search = True  # deterministic whatever the thread timing
     status = solver.Solve(am.model)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -43,6 +44,7 @@ AUTO_EPSILON = 1e-3
 COARSE_OPTIONS = 30_000
 COARSE_EPSILON = 1e-2
 COARSE_TIME_SHARE = 0.4
+REFERENCE_THREADS = 2
 
 Placer = Callable[[Cluster, Allocation], PlacementCheck]
 
@@ -96,18 +98,26 @@ def check_backend(instance: Instance, settings: PlanSettings) -> None:
 def references(instance: Instance, settings: PlanSettings, placer: Placer) -> dict[str, float] | None:
     """ref_w for the egalitarian stage: latency_slo_s, else the workflow's own optimum alone on
     the cluster (its LLMs only, at its own rate), always from an exact backend so that every
-    backend optimises the same objective."""
+    backend optimises the same objective. The solo problems are independent: they are solved side
+    by side (CP-SAT releases the interpreter while it searches)."""
     if not needs_references(instance, instance.objective):
         return None
     backend = settings.backend if settings.backend in EXACT_BACKENDS else "cpsat"
     # each solo solve gets a share of the time limit, leaving the largest share to the joint solve
     exact = replace(settings, backend=backend, time_limit_s=settings.time_limit_s / (len(instance.workflows) + 1))
-    refs = {}
-    for workflow in instance.workflows:
-        if workflow.latency_slo_s is None:
-            alone = replace(instance.only_workflow(workflow.name), objective="min_latency")
-            refs[workflow.name] = make_plan(alone, exact, placer).prediction.workflow(workflow.name).latency_s
-    return refs
+    alone = [w.name for w in instance.workflows if w.latency_slo_s is None]
+    with ThreadPoolExecutor(max_workers=REFERENCE_THREADS) as pool:
+        latencies = pool.map(lambda name: _solo_latency(instance, name, exact, placer), alone)
+        return dict(zip(alone, latencies))
+
+
+def _solo_latency(instance: Instance, workflow: str, settings: PlanSettings, placer: Placer) -> float:
+    """The optimal latency of one workflow alone on the cluster (the latency stage only)."""
+    alone = replace(instance.only_workflow(workflow), objective="min_latency")
+    objective = build_objective(alone)
+    objective = replace(objective, stages=objective.stages[:1])
+    deadline = time.perf_counter() + settings.time_limit_s
+    return solve_at_load(alone, objective, settings, placer, deadline).values[0]
 
 
 def _placer_for(objective: Objective, placer: Placer) -> Placer:

@@ -1,0 +1,305 @@
+"""Synthesized per-replica profiles: a discrete-event simulation of one replica under Poisson load.
+
+For each (tp, fraction) of one model on one GPU type, `synthesize` finds the replica's saturation
+throughput (a closed loop that keeps the engine full), then sweeps the arrival rate from light
+load (5% of it) to past saturation (120%), simulating `requests_per_point` Poisson arrivals per
+rate on models/replica.py. Every rate point becomes one profile row (models/profile.py format):
+
+    throughput   completions per second while arrivals last, after the first `warmup_fraction`
+                 of the requests (the replica's steady-state output rate)
+    latency_*    arrival-to-completion latency of the requests after the warm-up: mean, p50, p90, p99
+
+Rows whose throughput falls below 0.95 x rate are written too: they mark saturation, and the
+profile loader drops them. All rate points replay the same requests and the same exponential
+gaps scaled by 1/rate (common random numbers, normalised so that the realised rate is the nominal
+one), so the curve is smooth in the rate and stability is judged against the rate actually offered.
+
+Request lengths come from a `RequestSource`:
+  - `fixed:P,C`                prompt P tokens, completion C tokens (C = 0 for encoders)
+  - `azure:conv`, `azure:code` the Azure LLM inference traces (2023), read from
+                               ../shared/data/azure-llm-inference-2023/ (see `find_azure_trace`)
+  - PATH.csv                   a CSV with ContextTokens,GeneratedTokens columns (Azure format)
+  - PATH.jsonl                 one call per line: {"prompt_tokens", "completion_tokens"} and
+                               optionally "cached_tokens" (prefix-cache hits seen in the trace),
+                               "sequences" (pairs in one reranker call) and "llm" (with `llm=`, only
+                               that LLM's calls are used). `scepsy simulate --calls-out` writes it.
+A request longer than the model's context or than the replica's KV cache is clipped to fit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from .catalog import GpuCard, ModelCard
+from .engine import DEFAULT_SETTINGS, Engine, EngineSettings
+from .errors import InputError
+from .profile import PROFILE_COLUMNS, STABLE_THROUGHPUT_RATIO
+from .replica import ReplicaSim, Request
+
+AZURE_DIR = Path("shared") / "data" / "azure-llm-inference-2023"
+AZURE_FILES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
+RATE_POINTS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.2)
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    sequences: int = 1
+
+
+@dataclass(frozen=True)
+class RequestSource:
+    """A pool of request shapes to sample from (with replacement)."""
+
+    name: str
+    shapes: tuple[RequestShape, ...]
+
+    def sample(self, rng: random.Random, n: int) -> list[RequestShape]:
+        if len(self.shapes) == 1:
+            return [self.shapes[0]] * n
+        return [self.shapes[rng.randrange(len(self.shapes))] for _ in range(n)]
+
+    @property
+    def mean_prompt_tokens(self) -> float:
+        return float(np.mean([s.prompt_tokens for s in self.shapes]))
+
+    @property
+    def mean_completion_tokens(self) -> float:
+        return float(np.mean([s.completion_tokens for s in self.shapes]))
+
+
+def find_azure_trace(kind: str, start: Path | None = None) -> Path | None:
+    """The Azure trace file of `kind` (conv or code) in `shared/data/...` next to the repository
+    or any folder above it (a git worktree sits deeper than the main checkout); None if absent."""
+    here = (start or Path(__file__)).resolve()
+    for folder in here.parents:
+        candidate = folder / AZURE_DIR / AZURE_FILES[kind]
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _azure_source(path: Path, name: str) -> RequestSource:
+    try:
+        frame = pd.read_csv(path, usecols=["ContextTokens", "GeneratedTokens"])
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise InputError(str(path), None, f"not an Azure trace CSV ({exc})", "give a CSV with ContextTokens,GeneratedTokens") from None
+    shapes = tuple(
+        RequestShape(int(max(p, 1)), int(max(c, 1)))
+        for p, c in zip(frame["ContextTokens"].to_numpy(), frame["GeneratedTokens"].to_numpy())
+    )
+    if not shapes:
+        raise InputError(str(path), None, "the trace has no rows", "give a non-empty trace")
+    return RequestSource(name, shapes)
+
+
+def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
+    shapes = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise InputError(str(path), None, f"cannot read ({exc.strerror})", "check the --requests path") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if llm is not None and record.get("llm") != llm:
+                continue
+            shapes.append(
+                RequestShape(
+                    int(record["prompt_tokens"]),
+                    int(record["completion_tokens"]),
+                    int(record.get("cached_tokens", 0) or 0),
+                    int(record.get("sequences", 1) or 1),
+                )
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            raise InputError(
+                str(path), f"line {number}", "not a JSON object with integer prompt_tokens and completion_tokens",
+                'write one {"prompt_tokens": P, "completion_tokens": C} per line',
+            ) from None
+    if not shapes:
+        which = f" of llm {llm!r}" if llm else ""
+        raise InputError(str(path), None, f"no calls{which} in the file", "check --llm and the trace")
+    return RequestSource(f"{path.name}" + (f" ({llm})" if llm else ""), tuple(shapes))
+
+
+def load_request_source(spec: str, llm: str | None = None) -> RequestSource:
+    """Parse a --requests value (see the module doc)."""
+    if spec.startswith("fixed:"):
+        try:
+            prompt, completion = (int(x) for x in spec[len("fixed:"):].split(","))
+        except ValueError:
+            raise InputError(None, "--requests", f"bad fixed lengths {spec!r}", "write fixed:PROMPT,COMPLETION, e.g. fixed:512,128") from None
+        if prompt < 1 or completion < 0:
+            raise InputError(None, "--requests", "lengths must be prompt >= 1, completion >= 0", "fix the numbers")
+        return RequestSource(spec, (RequestShape(prompt, completion),))
+    if spec.startswith("azure:"):
+        kind = spec[len("azure:"):]
+        if kind not in AZURE_FILES:
+            raise InputError(None, "--requests", f"unknown Azure trace {kind!r}", "use azure:conv or azure:code")
+        path = find_azure_trace(kind)
+        if path is None:
+            raise InputError(
+                None, "--requests", f"the Azure trace is not in ../{AZURE_DIR}",
+                "pass the CSV path instead, or use fixed:P,C",
+            )
+        return _azure_source(path, spec)
+    path = Path(spec)
+    if not path.is_file():
+        raise InputError(spec, None, "file not found", "give fixed:P,C, azure:conv|code, a .csv or a .jsonl path")
+    if path.suffix == ".csv":
+        return _azure_source(path, path.name)
+    return _jsonl_source(path, llm)
+
+
+@dataclass(frozen=True)
+class SynthesisSettings:
+    requests_per_point: int = 400
+    rate_points: tuple[float, ...] = RATE_POINTS  # fractions of the saturation throughput
+    warmup_fraction: float = 0.1
+    seed: int = 0
+    engine: EngineSettings = DEFAULT_SETTINGS
+
+
+def fit_shape(shape: RequestShape, engine: Engine) -> RequestShape:
+    """Clip a request to the model's context and to the replica's KV cache (encoders: context)."""
+    limit = engine.model.max_context
+    if not engine.model.encoder:
+        limit = min(limit, engine.kv_capacity_tokens)
+    per_seq = shape.prompt_tokens / max(shape.sequences, 1)
+    if engine.model.encoder:
+        per_seq = min(per_seq, limit)
+        prompt = max(int(per_seq * shape.sequences), 1)
+        return RequestShape(prompt, 0, 0, shape.sequences)
+    completion = max(min(shape.completion_tokens, limit // 2), 1)
+    prompt = max(min(shape.prompt_tokens, limit - completion), 1)
+    return RequestShape(prompt, completion, min(shape.cached_tokens, prompt - 1), 1)
+
+
+def _request(shape: RequestShape) -> Request:
+    return Request(shape.prompt_tokens, shape.completion_tokens, sequences=shape.sequences, cached_tokens=shape.cached_tokens)
+
+
+def saturation_rps(engine: Engine, shapes: Sequence[RequestShape]) -> float:
+    """Throughput of the replica kept full: a closed loop of max_num_seqs clients replaying `shapes`."""
+    env = simpy.Environment()
+    replica = ReplicaSim(env, engine)
+    queue = list(shapes)
+    finished: list[float] = []
+
+    def client():
+        while queue:
+            yield replica.submit(_request(queue.pop()))
+            finished.append(env.now)
+
+    for _ in range(min(engine.settings.max_num_seqs, max(len(shapes) // 4, 1))):
+        env.process(client())
+    env.run()
+    lo, hi = len(finished) // 5, len(finished) - len(finished) // 5
+    if hi - lo < 2 or finished[hi - 1] <= finished[lo]:
+        return len(finished) / max(finished[-1], 1e-9)
+    return (hi - lo - 1) / (finished[hi - 1] - finished[lo])
+
+
+def measure_point(engine: Engine, shapes: Sequence[RequestShape], gaps: Sequence[float], rate: float,
+                  warmup_fraction: float) -> dict:
+    """Simulate Poisson arrivals at `rate` (unit-mean `gaps` / rate) of `shapes`; one profile row."""
+    env = simpy.Environment()
+    replica = ReplicaSim(env, engine)
+    requests = [_request(s) for s in shapes]
+    arrivals = np.cumsum(np.asarray(gaps) / rate)
+    warm = int(len(requests) * warmup_fraction)
+    window_start, window_end = float(arrivals[warm]), float(arrivals[-1])
+
+    def source():
+        for request, at in zip(requests, arrivals):
+            yield env.timeout(at - env.now)
+            replica.submit(request)
+
+    env.process(source())
+    # an overloaded replica drains slowly; its latencies only mark the row unstable
+    env.run(until=window_end + max(3 * (window_end - window_start), 60.0))
+    measured = requests[warm:]
+    done = [r for r in measured if r.finish_s is not None]
+    in_window = sum(1 for r in requests if r.finish_s is not None and window_start <= r.finish_s <= window_end)
+    throughput = in_window / (window_end - window_start)
+    latencies = np.array([r.latency_s for r in done]) if done else np.array([math.inf])
+    return {
+        "arrival_rate": rate,
+        "throughput": throughput,
+        "latency_mean": float(latencies.mean()),
+        "latency_p50": float(np.percentile(latencies, 50)),
+        "latency_p90": float(np.percentile(latencies, 90)),
+        "latency_p99": float(np.percentile(latencies, 99)),
+    }
+
+
+@dataclass(frozen=True)
+class Skipped:
+    tp: int
+    fraction: float
+    reason: str
+
+
+def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisSettings) -> list[dict]:
+    """Rows of one (gpu, tp, fraction) curve: the sweep from 5% to 120% of saturation."""
+    rng = random.Random(settings.seed)
+    n = settings.requests_per_point
+    shapes = [fit_shape(s, engine) for s in source.sample(rng, n)]
+    gaps = np.array([rng.expovariate(1.0) for _ in range(n)])
+    gaps *= (n - 1) / gaps[1:].sum()  # the realised rate over the run is exactly the nominal one
+    saturation = saturation_rps(engine, shapes)
+    rows = []
+    for point in settings.rate_points:
+        row = measure_point(engine, shapes, gaps, point * saturation, settings.warmup_fraction)
+        rows.append(row)
+    return rows
+
+
+def synthesize(
+    model: ModelCard,
+    gpu: GpuCard,
+    tps: Sequence[int],
+    fractions: Sequence[float],
+    source: RequestSource,
+    settings: SynthesisSettings = SynthesisSettings(),
+    gpu_type: str | None = None,
+    min_kv_gib: float = 0.0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[pd.DataFrame, list[Skipped]]:
+    """Profile rows for every (tp, fraction) that fits, labelled `gpu_type` (default gpu.name)."""
+    label = gpu_type or gpu.name
+    rows, skipped = [], []
+    for tp in tps:
+        for fraction in fractions:
+            engine = Engine(model, gpu, tp, fraction, settings.engine)
+            if not model.encoder and engine.kv_capacity_gib < max(min_kv_gib, 1e-9):
+                skipped.append(Skipped(tp, fraction, f"KV cache {engine.kv_capacity_gib:.2f} GiB < {min_kv_gib:g} GiB needed"))
+                if progress:
+                    progress(f"skip tp={tp} fraction={fraction:g}")
+                continue
+            for row in synthesize_curve(engine, source, settings):
+                rows.append({"gpu_type": label, "tp": tp, "fraction": fraction, **row})
+            if progress:
+                progress(f"tp={tp} fraction={fraction:g}")
+    frame = pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))
+    return frame, skipped
+
+
+def stable_capacity_rps(rows: pd.DataFrame) -> float:
+    """Largest stable arrival rate of a frame of rows (for reports)."""
+    stable = rows[rows["throughput"] >= STABLE_THROUGHPUT_RATIO * rows["arrival_rate"]]
+    return float(stable["arrival_rate"].max()) if len(stable) else 0.0

@@ -21,8 +21,8 @@ Prefix caching: a request may name the cache entry its prompt starts with (`pref
 need the space); a hit skips the prefill of the cached tokens. `cached_tokens` forces a hit of
 that many tokens (trace replay, where the cache state is not simulated).
 
-`Router` spreads requests over an LLM's replicas by least outstanding requests (ties: lowest
-index), and supports adding replicas and draining them (autoscaling baselines).
+`Router` spreads requests over an LLM's replicas: least outstanding requests, with SGLang-style
+prefix-cache affinity by default; it supports adding replicas and draining them (autoscaling).
 """
 
 from __future__ import annotations
@@ -373,12 +373,27 @@ class ReplicaSim:
 
 
 class Router:
-    """Least-outstanding-requests routing over an LLM's replicas (ties: the lowest index)."""
+    """Routes an LLM's calls over its replicas, as SGLang's router does (the paper's deployment).
 
-    def __init__(self, name: str):
+    `least_outstanding`: the replica with the fewest outstanding requests (ties: lowest index).
+    `cache_aware` (default): the same, except that a call whose prompt starts with an earlier
+    call's prompt+output (`prefix_key`) goes to the replica that earlier call was sent to, unless
+    the replicas' loads are imbalanced: max - min outstanding > `balance_abs_threshold` (SGLang's
+    default 32). The router remembers where it sent each `store_key` (its own view, as SGLang's
+    approximate radix tree; the replica may have evicted the entry since).
+    """
+
+    POLICIES = ("cache_aware", "least_outstanding")
+
+    def __init__(self, name: str, policy: str = "cache_aware", balance_abs_threshold: int = 32):
+        if policy not in self.POLICIES:
+            raise ValueError(f"unknown routing policy {policy!r}; use one of {self.POLICIES}")
         self.name = name
+        self.policy = policy
+        self.balance_abs_threshold = balance_abs_threshold
         self.replicas: list[ReplicaSim] = []
         self.retired: list[ReplicaSim] = []
+        self._owner: dict[Hashable, ReplicaSim] = {}
 
     def add(self, replica: ReplicaSim) -> None:
         self.replicas.append(replica)
@@ -395,9 +410,20 @@ class Router:
         if not replica._wake.triggered:
             replica._wake.succeed()
 
-    def route(self, request: Request) -> simpy.Event:
+    def choose(self, request: Request) -> ReplicaSim:
         candidates = self.active
         if not candidates:
             raise RuntimeError(f"llm {self.name} has no replica to serve the request")
-        best = min(range(len(candidates)), key=lambda i: (candidates[i].outstanding, i))
-        return candidates[best].submit(request)
+        loads = [r.outstanding for r in candidates]
+        best = candidates[min(range(len(candidates)), key=lambda i: (loads[i], i))]
+        if self.policy == "cache_aware" and request.prefix_key is not None:
+            owner = self._owner.get(request.prefix_key)
+            if owner is not None and owner.accepting and max(loads) - min(loads) <= self.balance_abs_threshold:
+                best = owner
+        return best
+
+    def route(self, request: Request) -> simpy.Event:
+        replica = self.choose(request)
+        if request.store_key is not None:
+            self._owner[request.store_key] = replica
+        return replica.submit(request)

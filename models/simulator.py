@@ -1,7 +1,9 @@
 """Workflow simulator (SimPy): the instance's workflows running on a deployment, call by call.
 
 Every replica of every LLM runs the engine model (models/replica.py, models/engine.py); a router per
-LLM sends each call to the replica with the fewest outstanding requests; workflow requests arrive
+LLM sends each call to the replica with the fewest outstanding requests (keeping calls that extend
+an earlier call's prompt on that call's replica, as SGLang's cache-aware router does, unless the
+replicas' loads are imbalanced; `routing="least_outstanding"` turns that off); requests arrive
 as a Poisson process at each workflow's rate (or at given timestamps) and run their program
 (models/programs.py) with its real control flow. Replicas sharing a GPU do not slow each other
 down beyond their fraction (the MPS isolation the planner assumes).
@@ -105,10 +107,10 @@ class _WorkflowRequest:
 class SimCluster:
     """The running deployment: a router per LLM and the engines its replicas run."""
 
-    def __init__(self, env: simpy.Environment, engines: Mapping[str, Engine]):
+    def __init__(self, env: simpy.Environment, engines: Mapping[str, Engine], routing: str = "cache_aware"):
         self.env = env
         self.engines = dict(engines)
-        self.routers = {llm: Router(llm) for llm in self.engines}
+        self.routers = {llm: Router(llm, routing) for llm in self.engines}
         self.counter = 0
 
     def add_replica(self, llm: str, engine: Engine | None = None) -> ReplicaSim:
@@ -176,6 +178,7 @@ class SimulationSettings:
     drain_s: float | None = None  # default: the duration
     seed: int = 0
     engine: EngineSettings = DEFAULT_SETTINGS
+    routing: str = "cache_aware"  # or "least_outstanding" (models/replica.py Router)
 
     @property
     def warmup(self) -> float:
@@ -399,7 +402,7 @@ def simulate(
     for choice in allocation.llms:
         fraction = choice.share / allocation.fractions_per_gpu
         engines[choice.llm] = engine_for(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine)
-    cluster = SimCluster(env, engines)
+    cluster = SimCluster(env, engines, settings.routing)
     for choice in allocation.llms:
         for _ in range(choice.replicas):
             cluster.add_replica(choice.llm)

@@ -463,7 +463,7 @@ def simulate(
 
     workflows = tuple(
         _summarise_workflow(w, records[w.name], (warm, end), w.arrival_rate if arrivals is None or w.name not in arrivals
-                            else len(arrivals[w.name]) / settings.duration_s)
+                            else sum(1 for t in arrivals[w.name] if t < end) / end)
         for w in instance.workflows
     )
     llm_stats = []
@@ -487,7 +487,7 @@ def simulate(
                 tp=engine.tp,
                 fraction=engine.fraction,
                 replicas_mean=replicas_mean,
-                utilization=busy / alive if alive > 0 else 0.0,
+                utilization=min(busy / alive, 1.0) if alive > 0 else 0.0,  # +-1 iteration at the edges
                 calls=len(calls),
                 mean_batch=batch,
                 prefix_hit_rate=hits / prompt if prompt else 0.0,

@@ -12,10 +12,12 @@ instances/README.md. The pipeline is the paper's, run on the simulator instead o
    a whole RTX A6000 each, for TRACE_REQUESTS requests (models/simulator.py, seed 0); every LLM
    call is recorded with its prompt, completion and prefix-cache hit tokens, and the measured
    n and p per LLM are printed (the stages of the shipped instances carry these numbers);
-2. profile: for every LLM, its traced calls are replayed as Poisson load on one replica
-   (models/synthesize.py: saturation throughput, then 15 rates from 5% to 120% of it, 400
-   requests each) for every GPU type, TP degree and fraction below, on the engine model of
-   models/engine.py with the numbers of models/catalog.py.
+2. profile: for every LLM, its traced calls are replayed on one replica as the paper's profiler
+   does: traced workflow requests start as a Poisson process and replay their calls of that LLM
+   in order, with their prefix-cache dependencies (models/synthesize.py: saturation throughput,
+   then 15 call rates from 5% to 120% of it, about 400 calls each) for every GPU type, TP degree
+   and fraction below, on the engine model of models/engine.py with the numbers of
+   models/catalog.py.
 """
 
 from __future__ import annotations
@@ -63,11 +65,11 @@ def trace(instance_file: str):
 
 
 def _job(args):
-    name, gpu_type, tp, shapes, model_name, min_kv_gib = args
+    name, gpu_type, tp, calls, model_name, min_kv_gib = args
     from scepsy.models import catalog
-    from scepsy.models.synthesize import RequestShape, RequestSource, SynthesisSettings, synthesize
+    from scepsy.models.synthesize import SynthesisSettings, source_from_calls, synthesize
 
-    source = RequestSource(f"traced calls of {name}", tuple(RequestShape(*s) for s in shapes))
+    source = source_from_calls(calls, f"traced calls of {name}")
     frame, _ = synthesize(
         catalog.model(model_name), catalog.gpu(GPU_CATALOG[gpu_type]), [tp], FRACTIONS, source,
         SynthesisSettings(seed=0), gpu_type=gpu_type, min_kv_gib=min_kv_gib,
@@ -97,11 +99,10 @@ def main() -> None:
     jobs = []
     for name, (instance_file, llm, model_name, tps) in PROFILES.items():
         calls = [c for c in traces[instance_file].calls if c["llm"] == llm]
-        shapes = [(c["prompt_tokens"], c["completion_tokens"], c["cached_tokens"], c["sequences"]) for c in calls]
         min_kv = load_instance(HERE / instance_file).llm(llm).min_kv_gib
         for gpu_type, degrees in tps.items():
             for tp in degrees:
-                jobs.append((name, gpu_type, tp, shapes, model_name, min_kv))
+                jobs.append((name, gpu_type, tp, calls, model_name, min_kv))
     frames: dict[str, list[pd.DataFrame]] = {name: [] for name in PROFILES}
     if options.jobs > 1:
         with ProcessPoolExecutor(options.jobs) as pool:

@@ -245,6 +245,7 @@ _FIXES = {
     "less_than_equal": "use a smaller value",
     "literal_error": "use one of the allowed values",
     "too_short": "add at least one entry",
+    "union_tag_invalid": "use kind beam_search, rag or stages (docs/simulation.md)",
 }
 
 

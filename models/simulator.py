@@ -102,6 +102,8 @@ class _WorkflowRequest:
     arrival_s: float
     finish_s: float | None = None
     calls: list[Request] = field(default_factory=list)
+    links: list[tuple[int | None, int]] = field(default_factory=list)  # (prefix call index, prefix tokens)
+    stored: dict = field(default_factory=dict)  # store key -> call index
 
 
 class SimCluster:
@@ -160,6 +162,9 @@ class RequestContext:
             store_key=None if store_key is None else (uid, store_key),
             tag=llm,
         )
+        self.record.links.append((self.record.stored.get(prefix_key) if prefix_key is not None else None, prefix_tokens))
+        if store_key is not None:
+            self.record.stored[store_key] = len(self.record.calls)
         self.record.calls.append(request)
         return self.cluster.routers[llm].route(request)
 
@@ -507,10 +512,13 @@ def simulate(
                 "completion_tokens": c.completion_tokens,
                 "cached_tokens": c.hit_tokens,
                 "sequences": c.sequences,
+                "call": index,
+                "prefix_call": link[0],
+                "prefix_tokens": link[1],
             }
             for w in instance.workflows
             for r in records[w.name]
-            for c in r.calls
+            for index, (c, link) in enumerate(zip(r.calls, r.links))
         )
     return SimulationResult(
         duration_s=end,

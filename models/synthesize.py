@@ -5,8 +5,9 @@ throughput (a closed loop that keeps the engine full), then sweeps the arrival r
 load (5% of it) to past saturation (120%), simulating `requests_per_point` Poisson arrivals per
 rate on models/replica.py. Every rate point becomes one profile row (models/profile.py format):
 
-    throughput   completions per second while arrivals last, after the first `warmup_fraction`
-                 of the requests (the replica's steady-state output rate)
+    throughput   the rate times completions / arrivals in the window from the end of the warm-up
+                 (the first `warmup_fraction` of the requests) to the last arrival: the replica's
+                 steady-state output rate
     latency_*    arrival-to-completion latency of the requests after the warm-up: mean, p50, p90, p99
 
 Rows whose throughput falls below 0.95 x rate are written too: they mark saturation, and the
@@ -24,6 +25,16 @@ Request lengths come from a `RequestSource`:
                                "sequences" (pairs in one reranker call) and "llm" (with `llm=`, only
                                that LLM's calls are used). `scepsy simulate --calls-out` writes it.
 A request longer than the model's context or than the replica's KV cache is clipped to fit.
+
+Traces with request structure (every call has "request", "call", "start_s", "end_s", and
+optionally "workflow", "prefix_call", "prefix_tokens", as `scepsy simulate --calls-out` writes)
+are replayed as the paper's profiler does, maintaining the dependencies within each traced
+request: workflow requests ("sessions") start as a Poisson process, their calls of this LLM run
+in the traced order (calls that started together run in parallel; the traced gap between waves,
+time spent elsewhere, is kept), and a call whose prompt extends an earlier call's is looked up in
+the replica's prefix cache, which is simulated (so a small GPU fraction with little KV cache gets
+fewer hits). The rate axis stays calls per second of this LLM. Other sources' calls arrive
+independently, with their traced "cached_tokens" replayed as hits.
 """
 
 from __future__ import annotations
@@ -59,11 +70,37 @@ class RequestShape:
 
 
 @dataclass(frozen=True)
+class SessionCall:
+    """One call of a traced workflow request: its shape, its index in the request, and the call
+    whose prompt+output its prompt starts with (prefix-cache dependency), if any."""
+
+    shape: RequestShape
+    call: int
+    prefix_call: int | None = None
+    prefix_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Session:
+    """One traced workflow request's calls of one LLM: waves of parallel calls, in order; each
+    wave starts `gap_s` after the previous one ended (time spent in other LLMs and tools)."""
+
+    waves: tuple[tuple[SessionCall, ...], ...]
+    gaps_s: tuple[float, ...]
+
+    @property
+    def calls(self) -> int:
+        return sum(len(w) for w in self.waves)
+
+
+@dataclass(frozen=True)
 class RequestSource:
-    """A pool of request shapes to sample from (with replacement)."""
+    """A pool of request shapes to sample from (with replacement), and, for a trace with request
+    structure, the sessions to replay with their dependencies."""
 
     name: str
     shapes: tuple[RequestShape, ...]
+    sessions: tuple[Session, ...] = ()
 
     def sample(self, rng: random.Random, n: int) -> list[RequestShape]:
         if len(self.shapes) == 1:
@@ -104,8 +141,58 @@ def _azure_source(path: Path, name: str) -> RequestSource:
     return RequestSource(name, shapes)
 
 
+def _sessions(records: list[dict]) -> tuple[Session, ...]:
+    """Group a trace's calls by workflow request; calls starting together form a wave."""
+    by_request: dict[tuple, list[dict]] = {}
+    for record in records:
+        by_request.setdefault((str(record.get("workflow")), record["request"]), []).append(record)
+    sessions = []
+    for key in sorted(by_request, key=lambda k: (k[0], k[1])):
+        calls = sorted(by_request[key], key=lambda r: (float(r["start_s"]), int(r["call"])))
+        present = {int(r["call"]) for r in calls}
+        waves: list[list[dict]] = []
+        for record in calls:
+            if waves and abs(float(record["start_s"]) - float(waves[-1][0]["start_s"])) < 1e-6:
+                waves[-1].append(record)
+            else:
+                waves.append([record])
+        gaps, previous_end = [], None
+        for wave in waves:
+            start = float(wave[0]["start_s"])
+            gaps.append(0.0 if previous_end is None else max(start - previous_end, 0.0))
+            previous_end = max(float(r["end_s"]) for r in wave)
+        sessions.append(Session(
+            tuple(
+                tuple(
+                    SessionCall(
+                        _shape(r),
+                        int(r["call"]),
+                        int(r["prefix_call"]) if r.get("prefix_call") is not None and int(r["prefix_call"]) in present else None,
+                        int(r.get("prefix_tokens") or 0),
+                    )
+                    for r in wave
+                )
+                for wave in waves
+            ),
+            tuple(gaps),
+        ))
+    return tuple(sessions)
+
+
+def _shape(record: dict) -> RequestShape:
+    return RequestShape(
+        int(record["prompt_tokens"]),
+        int(record["completion_tokens"]),
+        int(record.get("cached_tokens", 0) or 0),
+        int(record.get("sequences", 1) or 1),
+    )
+
+
+SESSION_FIELDS = ("request", "call", "start_s", "end_s")
+
+
 def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
-    shapes = []
+    records = []
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
@@ -117,23 +204,29 @@ def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
             record = json.loads(line)
             if llm is not None and record.get("llm") != llm:
                 continue
-            shapes.append(
-                RequestShape(
-                    int(record["prompt_tokens"]),
-                    int(record["completion_tokens"]),
-                    int(record.get("cached_tokens", 0) or 0),
-                    int(record.get("sequences", 1) or 1),
-                )
-            )
+            _shape(record)
+            records.append(record)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             raise InputError(
                 str(path), f"line {number}", "not a JSON object with integer prompt_tokens and completion_tokens",
                 'write one {"prompt_tokens": P, "completion_tokens": C} per line',
             ) from None
-    if not shapes:
+    if not records:
         which = f" of llm {llm!r}" if llm else ""
         raise InputError(str(path), None, f"no calls{which} in the file", "check --llm and the trace")
-    return RequestSource(f"{path.name}" + (f" ({llm})" if llm else ""), tuple(shapes))
+    try:
+        return source_from_calls(records, f"{path.name}" + (f" ({llm})" if llm else ""))
+    except (TypeError, ValueError):
+        raise InputError(str(path), "request/call", "malformed request structure", "give integer request and call fields") from None
+
+
+def source_from_calls(records: Sequence[dict], name: str) -> RequestSource:
+    """A source from call records (the JSONL fields as dicts), with sessions when every record
+    has the request structure."""
+    sessions: tuple[Session, ...] = ()
+    if all(all(record.get(f) is not None for f in SESSION_FIELDS) for record in records):
+        sessions = _sessions(list(records))
+    return RequestSource(name, tuple(_shape(r) for r in records), sessions)
 
 
 def load_request_source(spec: str, llm: str | None = None) -> RequestSource:
@@ -169,7 +262,8 @@ def load_request_source(spec: str, llm: str | None = None) -> RequestSource:
 class SynthesisSettings:
     requests_per_point: int = 400
     rate_points: tuple[float, ...] = RATE_POINTS  # fractions of the saturation throughput
-    warmup_fraction: float = 0.1
+    warmup_fraction: float = 0.25  # long enough for the queue to reach its steady level
+    min_sessions: int = 300  # traced requests replayed per rate point, at least
     seed: int = 0
     engine: EngineSettings = DEFAULT_SETTINGS
 
@@ -189,8 +283,39 @@ def fit_shape(shape: RequestShape, engine: Engine) -> RequestShape:
     return RequestShape(prompt, completion, min(shape.cached_tokens, prompt - 1), 1)
 
 
-def _request(shape: RequestShape) -> Request:
-    return Request(shape.prompt_tokens, shape.completion_tokens, sequences=shape.sequences, cached_tokens=shape.cached_tokens)
+def _fit_session(session: Session, engine: Engine) -> Session:
+    waves = tuple(
+        tuple(
+            SessionCall(fit_shape(c.shape, engine), c.call, c.prefix_call, c.prefix_tokens)
+            for c in wave
+        )
+        for wave in session.waves
+    )
+    return Session(waves, session.gaps_s)
+
+
+def _request(shape: RequestShape, replay_cached: bool = True) -> Request:
+    return Request(shape.prompt_tokens, shape.completion_tokens, sequences=shape.sequences,
+                   cached_tokens=shape.cached_tokens if replay_cached else 0)
+
+
+def _session_requests(index: int, wave: tuple[SessionCall, ...]) -> list[Request]:
+    return [
+        Request(
+            c.shape.prompt_tokens, c.shape.completion_tokens, sequences=c.shape.sequences,
+            prefix_key=None if c.prefix_call is None else (index, c.prefix_call),
+            prefix_tokens=c.prefix_tokens, store_key=(index, c.call), tag=index,
+        )
+        for c in wave
+    ]
+
+
+def _middle_rate(finished: list[float]) -> float:
+    finished = sorted(finished)
+    lo, hi = len(finished) // 5, len(finished) - len(finished) // 5
+    if hi - lo < 2 or finished[hi - 1] <= finished[lo]:
+        return len(finished) / max(finished[-1], 1e-9)
+    return (hi - lo - 1) / (finished[hi - 1] - finished[lo])
 
 
 def saturation_rps(engine: Engine, shapes: Sequence[RequestShape]) -> float:
@@ -208,10 +333,48 @@ def saturation_rps(engine: Engine, shapes: Sequence[RequestShape]) -> float:
     for _ in range(min(engine.settings.max_num_seqs, max(len(shapes) // 4, 1))):
         env.process(client())
     env.run()
-    lo, hi = len(finished) // 5, len(finished) - len(finished) // 5
-    if hi - lo < 2 or finished[hi - 1] <= finished[lo]:
-        return len(finished) / max(finished[-1], 1e-9)
-    return (hi - lo - 1) / (finished[hi - 1] - finished[lo])
+    return _middle_rate(finished)
+
+
+def session_saturation_rps(engine: Engine, sessions: Sequence[Session]) -> float:
+    """Calls/s of the replica kept busy by concurrent session replays (gaps included)."""
+    env = simpy.Environment()
+    replica = ReplicaSim(env, engine)
+    queue = list(enumerate(sessions))
+    finished: list[float] = []
+    width = max(np.mean([len(w) for s in sessions for w in s.waves]), 1.0)
+
+    def client():
+        while queue:
+            index, session = queue.pop()
+            for gap, wave in zip(session.gaps_s, session.waves):
+                if gap > 0:
+                    yield env.timeout(gap)
+                yield env.all_of([replica.submit(r) for r in _session_requests(index, wave)])
+                finished.extend([env.now] * len(wave))
+
+    for _ in range(max(min(int(engine.settings.max_num_seqs / width), len(sessions) // 4), 1)):
+        env.process(client())
+    env.run()
+    return _middle_rate(finished)
+
+
+def _row(rate: float, requests: list[Request], window: tuple[float, float], measured: list[Request]) -> dict:
+    """One profile row. Throughput: the rate times the ratio of completions to arrivals inside the
+    window (output over input flow of the same window, free of edge and sampling effects)."""
+    start, end = window
+    completed = sum(1 for r in requests if r.finish_s is not None and start <= r.finish_s <= end)
+    arrived = sum(1 for r in requests if start <= r.arrival_s <= end)
+    done = [r for r in measured if r.finish_s is not None]
+    latencies = np.array([r.latency_s for r in done]) if done else np.array([math.inf])
+    return {
+        "arrival_rate": rate,
+        "throughput": rate * completed / max(arrived, 1),
+        "latency_mean": float(latencies.mean()),
+        "latency_p50": float(np.percentile(latencies, 50)),
+        "latency_p90": float(np.percentile(latencies, 90)),
+        "latency_p99": float(np.percentile(latencies, 99)),
+    }
 
 
 def measure_point(engine: Engine, shapes: Sequence[RequestShape], gaps: Sequence[float], rate: float,
@@ -222,7 +385,7 @@ def measure_point(engine: Engine, shapes: Sequence[RequestShape], gaps: Sequence
     requests = [_request(s) for s in shapes]
     arrivals = np.cumsum(np.asarray(gaps) / rate)
     warm = int(len(requests) * warmup_fraction)
-    window_start, window_end = float(arrivals[warm]), float(arrivals[-1])
+    window = (float(arrivals[warm]), float(arrivals[-1]))
 
     def source():
         for request, at in zip(requests, arrivals):
@@ -231,20 +394,38 @@ def measure_point(engine: Engine, shapes: Sequence[RequestShape], gaps: Sequence
 
     env.process(source())
     # an overloaded replica drains slowly; its latencies only mark the row unstable
-    env.run(until=window_end + max(3 * (window_end - window_start), 60.0))
-    measured = requests[warm:]
-    done = [r for r in measured if r.finish_s is not None]
-    in_window = sum(1 for r in requests if r.finish_s is not None and window_start <= r.finish_s <= window_end)
-    throughput = in_window / (window_end - window_start)
-    latencies = np.array([r.latency_s for r in done]) if done else np.array([math.inf])
-    return {
-        "arrival_rate": rate,
-        "throughput": throughput,
-        "latency_mean": float(latencies.mean()),
-        "latency_p50": float(np.percentile(latencies, 50)),
-        "latency_p90": float(np.percentile(latencies, 90)),
-        "latency_p99": float(np.percentile(latencies, 99)),
-    }
+    env.run(until=window[1] + max(3 * (window[1] - window[0]), 60.0))
+    return _row(rate, requests, window, requests[warm:])
+
+
+def measure_sessions_point(engine: Engine, sessions: Sequence[Session], gaps: Sequence[float], rate: float,
+                           warmup_fraction: float) -> dict:
+    """Replay `sessions` (Poisson session starts) so that calls arrive at `rate` per second on
+    average; calls keep their order and prefix-cache dependencies; one profile row (per call)."""
+    env = simpy.Environment()
+    replica = ReplicaSim(env, engine)
+    per_session = float(np.mean([s.calls for s in sessions]))
+    arrivals = np.cumsum(np.asarray(gaps) * per_session / rate)
+    warm = int(len(sessions) * warmup_fraction)
+    window = (float(arrivals[warm]), float(arrivals[-1]))
+    requests: list[Request] = []
+    measured: list[Request] = []
+
+    def replay(index: int, session: Session, at: float):
+        yield env.timeout(at - env.now)
+        for gap, wave in zip(session.gaps_s, session.waves):
+            if gap > 0:
+                yield env.timeout(gap)
+            batch = _session_requests(index, wave)
+            requests.extend(batch)
+            if index >= warm:
+                measured.extend(batch)
+            yield env.all_of([replica.submit(r) for r in batch])
+
+    for index, (session, at) in enumerate(zip(sessions, arrivals)):
+        env.process(replay(index, session, float(at)))
+    env.run(until=window[1] + max(3 * (window[1] - window[0]), 60.0))
+    return _row(rate, requests, window, measured)
 
 
 @dataclass(frozen=True)
@@ -255,18 +436,25 @@ class Skipped:
 
 
 def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisSettings) -> list[dict]:
-    """Rows of one (gpu, tp, fraction) curve: the sweep from 5% to 120% of saturation."""
+    """Rows of one (gpu, tp, fraction) curve: the sweep from 5% to 120% of saturation. A source
+    with sessions is replayed session by session (dependencies and prefix cache simulated);
+    otherwise its calls arrive independently (traced cache hits replayed as hits)."""
     rng = random.Random(settings.seed)
     n = settings.requests_per_point
-    shapes = [fit_shape(s, engine) for s in source.sample(rng, n)]
-    gaps = np.array([rng.expovariate(1.0) for _ in range(n)])
-    gaps *= (n - 1) / gaps[1:].sum()  # the realised rate over the run is exactly the nominal one
-    saturation = saturation_rps(engine, shapes)
-    rows = []
-    for point in settings.rate_points:
-        row = measure_point(engine, shapes, gaps, point * saturation, settings.warmup_fraction)
-        rows.append(row)
-    return rows
+    if source.sessions:
+        sessions: list[Session] = []
+        while sum(s.calls for s in sessions) < n or len(sessions) < settings.min_sessions:
+            sessions.append(_fit_session(source.sessions[rng.randrange(len(source.sessions))], engine))
+        units, saturation = sessions, session_saturation_rps(engine, sessions)
+        measure = measure_sessions_point
+    else:
+        units = [fit_shape(s, engine) for s in source.sample(rng, n)]
+        saturation = saturation_rps(engine, units)
+        measure = measure_point
+    count = len(units)
+    gaps = np.array([rng.expovariate(1.0) for _ in range(count)])
+    gaps *= (count - 1) / gaps[1:].sum()  # the realised rate over the run is exactly the nominal one
+    return [measure(engine, units, gaps, point * saturation, settings.warmup_fraction) for point in settings.rate_points]
 
 
 def synthesize(

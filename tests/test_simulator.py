@@ -136,6 +136,8 @@ def test_calls_are_recorded_for_profile_synthesis():
     assert result.calls and {c["llm"] for c in result.calls} == {"gen", "ver"}
     assert any(c["cached_tokens"] > 0 for c in result.calls)
     assert all(c["completion_tokens"] == 1 for c in result.calls if c["llm"] == "ver")
+    linked = [c for c in result.calls if c["prefix_call"] is not None]
+    assert linked and all(c["prefix_call"] < c["call"] and c["prefix_tokens"] > 0 for c in linked)
 
 
 def test_autoscaler_scales_up_under_load_within_the_cluster():

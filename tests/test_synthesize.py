@@ -111,3 +111,32 @@ def test_cli_synthesize_bad_input_is_one_line_exit_2(tmp_path):
     result = runner.invoke(app, ["profiles", "synthesize", "--model", "llama-3.1-8b", "--gpu", "A6000", "--fractions", "0.1",
                                  "--requests", "fixed:100,10", "--out", str(tmp_path / "x.csv")])
     assert result.exit_code == 2 and "no (tp, fraction) fits" in result.output
+
+
+def test_traced_requests_are_replayed_with_their_dependencies():
+    """A trace with request structure replays sessions: waves of parallel calls and prefix-cache
+    dependencies; with little KV the simulated cache misses, where replaying traced hits cannot."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from scepsy.models.allocation import Allocation, LlmAllocation
+    from scepsy.models.instance import load_instance
+    from scepsy.models.simulator import SimulationSettings, simulate
+    from scepsy.models.synthesize import source_from_calls, synthesize_curve
+    from scepsy.models.engine import Engine
+
+    instance = load_instance(Path(__file__).resolve().parent.parent / "instances" / "beam-4xa6000.yaml")
+    instance = instance.with_arrival_rates({"beam": 0.5})
+    allocation = Allocation(10, tuple(LlmAllocation(m.name, "A6000", 1, 10, 1) for m in instance.llms))
+    trace = simulate(instance, allocation, SimulationSettings(duration_s=120, warmup_s=0), record_calls=True)
+    calls = [c for c in trace.calls if c["llm"] == "ver"]
+    source = source_from_calls(calls, "ver")
+    assert source.sessions and max(len(w) for s in source.sessions for w in s.waves) >= 2
+    assert any(c.prefix_call is not None for s in source.sessions for w in s.waves for c in w)
+    flat = source_from_calls([{k: v for k, v in c.items() if k != "request"} for c in calls], "ver, no structure")
+    assert not flat.sessions
+    settings = SynthesisSettings(requests_per_point=120, min_sessions=60, rate_points=(0.2, 0.6, 1.0, 1.4))
+    tight = Engine(catalog.model("llama-3.1-8b"), catalog.gpu("A6000"), 1, 0.4)  # ~1.8 GiB of KV cache
+    replayed = pd.DataFrame(synthesize_curve(tight, source, settings))
+    forced = pd.DataFrame(synthesize_curve(tight, flat, settings))
+    assert replayed["latency_mean"].iloc[0] > forced["latency_mean"].iloc[0]

@@ -1,6 +1,6 @@
 """Scepsy against per-LLM autoscaling, isolated per-LLM sizing and its own ablations (Fig. 6, 10).
 
-    python bench/baselines.py instances/beam-4xa6000.yaml [--duration-s 600] [--out-dir docs/figures]
+    python bench/baselines.py instances/beam-4xa6000.yaml [--duration-s 400] [--systems ...] [--out-dir docs/figures]
 
 Rates: fractions LOADS of the capacity of the scepsy plan at the instance's own rate (its
 predicted max_throughput_rps), so that every curve runs from light load to past saturation.
@@ -20,15 +20,15 @@ from scepsy.models.simulator import SimulationSettings
 from scepsy.planner.search import make_plan
 from scepsy.planner.sweep import SweepSettings, compare, load_points, plot_sweep, sweep, write_sweep
 
-LOADS = (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5)
+LOADS = (0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.6, 2.0)
 SYSTEMS = ("scepsy", "k8s-hpa", "per-llm", "scepsy-whole-gpus", "scepsy-tp1", "scepsy-whole-gpus-tp1")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("instance", type=Path)
-    parser.add_argument("--duration-s", type=float, default=600.0)
-    parser.add_argument("--warmup-s", type=float, default=120.0)
+    parser.add_argument("--duration-s", type=float, default=400.0)
+    parser.add_argument("--warmup-s", type=float, default=100.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--out-dir", type=Path, default=Path("docs") / "figures")

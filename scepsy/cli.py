@@ -280,6 +280,7 @@ def simulate(
     warmup_s: WarmupOpt = None,
     arrivals: Annotated[Optional[Path], typer.Option("--arrivals", help="Arrival timestamps: JSONL {workflow, arrival_s} or an Azure-format CSV.")] = None,
     calls_out: Annotated[Optional[Path], typer.Option("--calls-out", help="Write every LLM call as JSONL (input of profiles synthesize --requests).")] = None,
+    routing: Annotated[str, typer.Option("--routing", help="cache_aware (SGLang-like: least outstanding with prefix affinity) or least_outstanding.")] = "cache_aware",
     seed: SeedOpt = 0,
     json_output: JsonOpt = False,
     out: OutOpt = None,
@@ -304,7 +305,9 @@ def simulate(
             raise InputError(None, "--rates", "both --rate and --rates given", "use one of them")
         points = _float_list(rates, "--rates") if rates is not None else [rate]
         timestamps = _load_arrivals(arrivals, [w.name for w in loaded.workflows]) if arrivals is not None else None
-        settings = SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed)
+        if routing not in ("cache_aware", "least_outstanding"):
+            raise InputError(None, "--routing", f"unknown routing {routing!r}", "use cache_aware or least_outstanding")
+        settings = SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing)
         results = []
         with _progress("simulating", len(points)) as advance:
             for index, point in enumerate(points):

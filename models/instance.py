@@ -20,8 +20,9 @@ from .errors import InputError
 from .profile import LlmProfile, load_profile
 from .programs import Program, ProgramSpec, program_llms
 
-OBJECTIVES = ("min_latency",)
 LatencyMetric = Literal["mean", "p50", "p90", "p99"]
+ObjectiveName = Literal["min_latency", "max_throughput", "min_gpus", "min_cost"]
+Welfare = Literal["egalitarian", "social"]
 
 
 class _Spec(BaseModel):
@@ -77,6 +78,7 @@ class WorkflowSpec(_Spec):
     name: str = Field(min_length=1)
     arrival_rate: float = Field(gt=0, description="workflow requests per second")
     latency_slo_s: float | None = Field(default=None, gt=0)
+    weight: float = Field(default=1.0, gt=0, description="importance of this workflow when several share a cluster")
     stages: list[StageSpec] = Field(min_length=1)
     # optional: the control flow `scepsy simulate` runs (models/programs.py); default: the stages
     program: ProgramSpec | None = None
@@ -86,7 +88,8 @@ class InstanceSpec(_Spec):
     cluster: ClusterSpec
     llms: list[LlmSpec] = Field(min_length=1)
     workflows: list[WorkflowSpec] = Field(min_length=1)
-    objective: Literal["min_latency"] = "min_latency"
+    objective: ObjectiveName = "min_latency"
+    welfare: Welfare = "egalitarian"
     latency_metric: LatencyMetric = "mean"
     max_utilization: float = Field(default=1.0, gt=0, le=1)
 
@@ -159,6 +162,7 @@ class Workflow:
     arrival_rate: float
     stages: tuple[Stage, ...]
     latency_slo_s: float | None = None
+    weight: float = 1.0
     program: Program | None = None  # what the simulator runs (None: the stages program)
 
     def stage(self, llm: str) -> Stage | None:
@@ -189,6 +193,7 @@ class Instance:
     latency_metric: str = "mean"
     max_utilization: float = 1.0
     source: str | None = None
+    welfare: str = "egalitarian"
 
     def llm(self, name: str) -> Llm:
         for llm in self.llms:
@@ -200,12 +205,54 @@ class Instance:
         """Lambda_m: the LLM-level arrival rate, summed over the workflows that call it."""
         return sum(w.arrival_rate * s.invocations for w in self.workflows for s in w.stages if s.llm == llm)
 
+    def with_objective(self, objective: str, welfare: str | None = None) -> "Instance":
+        """The instance with another objective (and welfare); min_cost needs every price."""
+        if objective == "min_cost":
+            for name in self.cluster.used_gpu_types():
+                if self.cluster.gpu_types[name].cost_per_hour is None:
+                    raise InputError(
+                        self.source, f"cluster.gpu_types.{name}.cost_per_hour", "objective min_cost needs a price per GPU hour",
+                        "add cost_per_hour to every gpu type in use, or use objective min_gpus",
+                    )
+        return replace(self, objective=objective, welfare=welfare or self.welfare)
+
     def with_arrival_rates(self, rates: Mapping[str, float]) -> "Instance":
         workflows = tuple(replace(w, arrival_rate=rates.get(w.name, w.arrival_rate)) for w in self.workflows)
         return replace(self, workflows=workflows)
 
     def scaled(self, load_factor: float) -> "Instance":
         return self.with_arrival_rates({w.name: w.arrival_rate * load_factor for w in self.workflows})
+
+    def with_latency_slos(self, slos: Mapping[str, float]) -> "Instance":
+        """The instance with these workflows' latency_slo_s set (seconds)."""
+        workflows = tuple(replace(w, latency_slo_s=slos.get(w.name, w.latency_slo_s)) for w in self.workflows)
+        return replace(self, workflows=workflows)
+
+    def with_total_rate(self, total_rps: float) -> "Instance":
+        """The workflows' arrival rates scaled so that they sum to `total_rps` (same mix)."""
+        current = sum(w.arrival_rate for w in self.workflows)
+        return self.scaled(total_rps / current)
+
+    def with_cluster_size(self, gpus: int) -> "Instance":
+        """The cluster resized to `gpus` GPUs: whole copies of its node kinds, taken in turn in the
+        order the nodes are listed (one kind: gpus / gpus-per-node nodes). Reservations are dropped."""
+        kinds: list[Node] = []
+        for node in self.cluster.nodes:
+            if not any((k.gpu_type, k.gpus, k.domains) == (node.gpu_type, node.gpus, node.domains) for k in kinds):
+                kinds.append(node)
+        nodes: list[Node] = []
+        total, turn = 0, 0
+        while total < gpus:
+            kind = kinds[turn % len(kinds)]
+            index = sum(1 for n in nodes if n.gpu_type == kind.gpu_type)
+            nodes.append(Node(f"{kind.gpu_type.lower()}-{index}", kind.gpu_type, kind.gpus, kind.domains))
+            total += kind.gpus
+            turn += 1
+        if total != gpus:
+            sizes = ", ".join(str(k.gpus) for k in kinds)
+            raise InputError(self.source, "--clusters", f"{gpus} GPUs is not a whole number of nodes (node sizes: {sizes})",
+                             "use cluster sizes made of whole nodes")
+        return replace(self, cluster=replace(self.cluster, nodes=tuple(nodes), reserved_units={}))
 
     def only_workflow(self, name: str) -> "Instance":
         """The instance with one workflow and just the LLMs it calls (its load alone on the cluster)."""
@@ -443,7 +490,7 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
                         f"use one of: {', '.join(sorted(seen))}",
                     )
         stages = tuple(Stage(s.llm, s.invocations, s.parallelism) for s in wf.stages)
-        workflows.append(Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s, wf.program))
+        workflows.append(Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s, wf.weight, program=wf.program))
     for i, name in enumerate(llm_names):
         if name not in used:
             raise InputError(source, f"llms[{i}] ({name})", "no workflow calls this llm", "add it to a workflow's stages or remove it")
@@ -456,7 +503,8 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
         latency_metric=spec.latency_metric,
         max_utilization=spec.max_utilization,
         source=source,
-    )
+        welfare=spec.welfare,
+    ).with_objective(spec.objective)
 
 
 def load_instance(path: Path | str) -> Instance:

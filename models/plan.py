@@ -84,6 +84,14 @@ class Plan:
     extras: tuple[tuple[str, float], ...] = field(default_factory=tuple)  # objective-specific numbers
     instance: str | None = None  # the instance file the plan was made from
 
+    def extras_dict(self) -> dict[str, float]:
+        return dict(self.extras)
+
+    @property
+    def gpus_in_use(self) -> int:
+        """Physical GPUs hosting at least one shard."""
+        return len({(r.node, s.gpu) for r in self.placement.replicas for s in r.shards})
+
     def to_json(self, include_wall_time: bool = True) -> dict:
         solver = {"backend": self.solver.backend, "wall_time_s": _num(self.solver.wall_time_s) if include_wall_time else None}
         solver.update({"iterations": self.solver.iterations, "cuts": self.solver.cuts})
@@ -100,6 +108,7 @@ class Plan:
         out.update({key: _num(value) for key, value in self.extras})
         out["instance"] = self.instance
         out["fractions_per_gpu"] = self.allocation.fractions_per_gpu
+        out["gpus_in_use"] = self.gpus_in_use
         out.update(prediction_to_json(self.prediction))
         out["placement"] = self.placement.to_json()
         return out

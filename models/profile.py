@@ -14,13 +14,13 @@ kv(x) = tp * x * memory_gib - weights_gib.
 
 from __future__ import annotations
 
+import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
-import pandas as pd
 
 from .errors import InputError
 
@@ -118,36 +118,45 @@ class LlmProfile:
         return ScaledCurve(base, fraction, kappa)
 
 
-def _number_column(frame: pd.DataFrame, column: str, source: str) -> pd.Series:
-    values = pd.to_numeric(frame[column], errors="coerce")
-    bad = values.isna() | ~np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))
-    if bad.any():
-        row = int(bad.to_numpy().nonzero()[0][0])
-        raise InputError(
-            source,
-            f"row {row + 2}, column {column}",
-            f"{frame[column].iloc[row]!r} is not a number",
-            "write a finite decimal number",
-        )
-    if (values < 0).any():
-        row = int((values < 0).to_numpy().nonzero()[0][0])
-        raise InputError(
-            source, f"row {row + 2}, column {column}", f"negative value {values.iloc[row]}", "use a value >= 0"
-        )
-    return values.astype(float)
+def _bad_row(source: str, column: str, row: int, problem: str, fix: str) -> InputError:
+    return InputError(source, f"row {row + 2}, column {column}", problem, fix)
 
 
-def read_profile_frame(path: Path | str) -> pd.DataFrame:
-    """Read and validate a profile CSV into a frame with the canonical columns and dtypes."""
+def _number_column(raw: list[str], column: str, source: str) -> np.ndarray:
+    values = np.empty(len(raw))
+    for row, text in enumerate(raw):
+        try:
+            values[row] = float(text)
+        except ValueError:
+            raise _bad_row(source, column, row, f"{text!r} is not a number", "write a finite decimal number") from None
+        if not math.isfinite(values[row]):
+            raise _bad_row(source, column, row, f"{text!r} is not a number", "write a finite decimal number")
+        if values[row] < 0:
+            raise _bad_row(source, column, row, f"negative value {values[row]:g}", "use a value >= 0")
+    return values
+
+
+def _first(mask: np.ndarray) -> int | None:
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if hits.size else None
+
+
+def read_profile_table(path: Path | str) -> dict[str, np.ndarray]:
+    """Read and validate a profile CSV into canonical columns (numpy arrays; `gpu_type` as str).
+
+    Plain `csv` + numpy: loading instances stays fast (no pandas import on the planning path)."""
     source = str(path)
     try:
-        frame = pd.read_csv(path, skipinitialspace=True)
+        with open(path, newline="") as handle:
+            rows = [row for row in csv.reader(handle, skipinitialspace=True) if any(cell.strip() for cell in row)]
     except FileNotFoundError:
         raise InputError(source, None, "profile file not found", "check the llm's `profile:` path") from None
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise InputError(source, None, f"not a readable CSV ({exc})", "write a CSV with a header row") from None
-    frame.columns = [str(c).strip() for c in frame.columns]
-    missing = [c for c in PROFILE_COLUMNS if c not in frame.columns]
+    if not rows:
+        raise InputError(source, None, "not a readable CSV (empty file)", "write a CSV with a header row")
+    header = [cell.strip() for cell in rows[0]]
+    missing = [c for c in PROFILE_COLUMNS if c not in header]
     if missing:
         raise InputError(
             source,
@@ -155,56 +164,71 @@ def read_profile_frame(path: Path | str) -> pd.DataFrame:
             f"missing profile column{'s' if len(missing) > 1 else ''} {', '.join(missing)}",
             "the header must be " + ",".join(PROFILE_COLUMNS),
         )
-    if frame.empty:
+    body = rows[1:]
+    if not body:
         raise InputError(source, None, "profile has no rows", "add at least one measured row")
-    out = pd.DataFrame({"gpu_type": frame["gpu_type"].astype(str).str.strip()})
+    for row, cells in enumerate(body):
+        if len(cells) != len(header):
+            raise InputError(source, f"row {row + 2}", f"{len(cells)} cells for {len(header)} columns", "write one cell per column")
+    index = {name: header.index(name) for name in PROFILE_COLUMNS}
+    table: dict[str, np.ndarray] = {"gpu_type": np.array([cells[index["gpu_type"]].strip() for cells in body])}
     for column in PROFILE_COLUMNS[1:]:
-        out[column] = _number_column(frame, column, source)
-    tp_bad = (out["tp"] < 1) | (out["tp"] != out["tp"].round())
-    if tp_bad.any():
-        row = int(tp_bad.to_numpy().nonzero()[0][0])
-        raise InputError(source, f"row {row + 2}, column tp", "tp must be a positive integer", "use 1, 2, 4 or 8")
-    frac_bad = (out["fraction"] <= 0) | (out["fraction"] > 1 + FRACTION_MATCH_TOLERANCE)
-    if frac_bad.any():
-        row = int(frac_bad.to_numpy().nonzero()[0][0])
-        raise InputError(
-            source, f"row {row + 2}, column fraction", "fraction must lie in (0, 1]", "write the GPU share per shard"
-        )
-    rate_bad = out["arrival_rate"] <= 0
-    if rate_bad.any():
-        row = int(rate_bad.to_numpy().nonzero()[0][0])
-        raise InputError(
-            source, f"row {row + 2}, column arrival_rate", "arrival_rate must be > 0", "drop rows at zero load"
-        )
-    out["tp"] = out["tp"].astype(int)
-    return out
+        table[column] = _number_column([cells[index[column]].strip() for cells in body], column, source)
+    row = _first((table["tp"] < 1) | (table["tp"] != np.round(table["tp"])))
+    if row is not None:
+        raise _bad_row(source, "tp", row, "tp must be a positive integer", "use 1, 2, 4 or 8")
+    row = _first((table["fraction"] <= 0) | (table["fraction"] > 1 + FRACTION_MATCH_TOLERANCE))
+    if row is not None:
+        raise _bad_row(source, "fraction", row, "fraction must lie in (0, 1]", "write the GPU share per shard")
+    row = _first(table["arrival_rate"] <= 0)
+    if row is not None:
+        raise _bad_row(source, "arrival_rate", row, "arrival_rate must be > 0", "drop rows at zero load")
+    table["tp"] = table["tp"].astype(int)
+    return table
 
 
-def build_profile(frame: pd.DataFrame, source: str) -> LlmProfile:
-    """Keep the stable rows of each (gpu_type, tp, fraction) group; repeated rates are averaged."""
-    stable = frame[frame["throughput"] >= STABLE_THROUGHPUT_RATIO * frame["arrival_rate"]]
-    latency_columns = [f"latency_{m}" for m in LATENCY_METRICS]
+def read_profile_frame(path: Path | str):
+    """`read_profile_table` as a pandas DataFrame (for analysis code; pandas is imported here)."""
+    import pandas as pd
+
+    return pd.DataFrame(read_profile_table(path))
+
+
+def build_profile(table, source: str) -> LlmProfile:
+    """Keep the stable rows of each (gpu_type, tp, fraction) group; repeated rates are averaged.
+
+    `table` maps the profile columns to sequences (a dict of arrays or a pandas DataFrame)."""
+    columns = {c: np.asarray(table[c]) for c in PROFILE_COLUMNS}
+    rate = columns["arrival_rate"].astype(float)
+    stable = columns["throughput"].astype(float) >= STABLE_THROUGHPUT_RATIO * rate
+    points: dict[tuple[str, int, float], dict[float, list[np.ndarray]]] = {}
+    for row in np.flatnonzero(stable):
+        key = (str(columns["gpu_type"][row]), int(columns["tp"][row]), float(columns["fraction"][row]))
+        latencies = np.array([float(columns[f"latency_{m}"][row]) for m in LATENCY_METRICS])
+        points.setdefault(key, {}).setdefault(float(rate[row]), []).append(latencies)
     grouped: dict[tuple[str, int], list[ProfileCurve]] = {}
-    for (gpu_type, tp, fraction), rows in stable.groupby(["gpu_type", "tp", "fraction"], sort=True):
-        points = rows.groupby("arrival_rate", sort=True)[latency_columns].mean()
+    for (gpu_type, tp, fraction), by_rate in sorted(points.items()):
+        rates = sorted(by_rate)
+        means = np.array([np.mean(by_rate[r], axis=0) for r in rates])
         curve = ProfileCurve(
-            gpu_type=str(gpu_type),
-            tp=int(tp),
-            fraction=float(fraction),
-            rates_rps=_frozen(points.index.to_numpy()),
-            latencies_s={m: _frozen(points[f"latency_{m}"].to_numpy()) for m in LATENCY_METRICS},
+            gpu_type=gpu_type,
+            tp=tp,
+            fraction=fraction,
+            rates_rps=_frozen(np.array(rates)),
+            latencies_s={m: _frozen(means[:, k]) for k, m in enumerate(LATENCY_METRICS)},
         )
-        grouped.setdefault((str(gpu_type), int(tp)), []).append(curve)
+        grouped.setdefault((gpu_type, tp), []).append(curve)
     curves = {key: tuple(sorted(value, key=lambda c: c.fraction)) for key, value in grouped.items()}
     return LlmProfile(source=source, curves=curves)
 
 
 def load_profile(path: Path | str) -> LlmProfile:
-    return build_profile(read_profile_frame(path), str(path))
+    return build_profile(read_profile_table(path), str(path))
 
 
-def write_profile(rows: pd.DataFrame, path: Path | str) -> None:
-    """Write profile rows in the canonical column order, sorted, with stable float formatting."""
+def write_profile(rows, path: Path | str) -> None:
+    """Write profile rows (a pandas DataFrame) in the canonical column order, sorted, with stable
+    float formatting."""
     frame = rows.loc[:, list(PROFILE_COLUMNS)].sort_values(["gpu_type", "tp", "fraction", "arrival_rate"])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, index=False, float_format="%.6g", lineterminator="\n")

@@ -91,7 +91,7 @@ def plan_summary(plan: Plan) -> str:
     return (
         f"status: {plan.status}   objective: {plan.objective} = {plan.objective_value:.6g}   bound: {bound}   "
         f"gap: {gap}   backend: {plan.solver.backend}   wall_time_s: {plan.solver.wall_time_s:.3f}   "
-        f"gpus_used: {plan.allocation.gpus():g}"
+        f"gpu_equivalents: {plan.allocation.gpus():g}   gpus_in_use: {plan.gpus_in_use}"
     )
 
 

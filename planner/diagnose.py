@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from scepsy.models.alp import replica_curve
 from scepsy.models.instance import Instance, Llm
 
-from .options import Option, SearchSpace, gpu_types_for, max_replicas, shares_for, tp_degrees_for
+from .objective import Objective
+from .options import Option, SearchSpace, gpu_types_for, max_servable, shares_for, tp_degrees_for
 
 
 def _restrictions(space: SearchSpace) -> str:
@@ -20,23 +20,17 @@ def _restrictions(space: SearchSpace) -> str:
 def _no_options_reason(instance: Instance, llm: Llm, space: SearchSpace) -> str:
     cluster = instance.cluster
     offered = instance.offered_rate_rps(llm.name)
-    best_memory = 0.0
-    best_rate, best_config = 0.0, ""
-    for gpu_type in gpu_types_for(instance, space):
-        memory = cluster.gpu_types[gpu_type].memory_gib
-        for tp in tp_degrees_for(instance, llm, gpu_type, space):
-            for share in shares_for(cluster, space):
-                best_memory = max(best_memory, tp * share / cluster.fractions_per_gpu * memory)
-                curve = replica_curve(instance, llm, gpu_type, tp, share)
-                if curve is None:
-                    continue
-                replicas = max_replicas(cluster, gpu_type, tp, share)
-                rate = replicas * curve.capacity_rps * instance.max_utilization
-                if rate > best_rate:
-                    fraction = share / cluster.fractions_per_gpu
-                    best_rate = rate
-                    best_config = f"{replicas} replicas of {gpu_type} tp={tp} fraction={fraction:g}"
+    best_rate, best_config = max_servable(instance, llm, space)
     if best_rate == 0.0:
+        best_memory = max(
+            (
+                tp * share / cluster.fractions_per_gpu * cluster.gpu_types[g].memory_gib
+                for g in gpu_types_for(instance, space)
+                for tp in tp_degrees_for(instance, llm, g, space)
+                for share in shares_for(cluster, space)
+            ),
+            default=0.0,
+        )
         return (
             f"llm {llm.name} cannot fit its memory: it needs {llm.memory_need_gib:g} GiB "
             f"(weights_gib + min_kv_gib) per replica but gets at most {best_memory:g} GiB{_restrictions(space)}"
@@ -47,8 +41,29 @@ def _no_options_reason(instance: Instance, llm: Llm, space: SearchSpace) -> str:
     )
 
 
-def explain_infeasible(instance: Instance, options: dict[str, list[Option]], space: SearchSpace) -> str:
-    """One sentence naming what binds: memory, one LLM's throughput, total GPUs, or placement."""
+def _slo_reason(instance: Instance, options: dict[str, list[Option]], objective: Objective) -> str | None:
+    """A workflow whose SLO is below its latency with every LLM at its fastest option."""
+    for workflow, limit in sorted(objective.latency_limits.items()):
+        coefs = objective.coefficients[workflow]
+        fastest = sum(c * min(o.latency_s for o in options[m]) for m, c in coefs.items())
+        if fastest > limit * (1 + 1e-9):
+            return (
+                f"workflow {workflow} cannot meet its latency_slo_s of {limit:g} s: even with each of its LLMs "
+                f"in its fastest configuration it takes {fastest:.4g} s; relax the SLO or lower the arrival rate"
+            )
+    if objective.latency_limits:
+        return (
+            "the latency SLOs of "
+            + ", ".join(sorted(objective.latency_limits))
+            + " cannot all be met together at these arrival rates on this cluster; relax an SLO, lower the rates or add GPUs"
+        )
+    return None
+
+
+def explain_infeasible(
+    instance: Instance, options: dict[str, list[Option]], space: SearchSpace, objective: Objective | None = None
+) -> str:
+    """One sentence naming what binds: memory, one LLM's throughput, total GPUs, SLOs, or placement."""
     for llm in instance.llms:
         if not options.get(llm.name):
             return _no_options_reason(instance, llm, space)
@@ -62,6 +77,9 @@ def explain_infeasible(instance: Instance, options: dict[str, list[Option]], spa
             f"the LLMs together need at least {sum(least.values()) / f:g} GPUs to meet their throughput "
             f"({needs}) but the cluster has {free_units / f:g} GPUs free"
         )
+    slo = _slo_reason(instance, options, objective) if objective is not None else None
+    if slo is not None:
+        return slo
     return (
         "every allocation that meets the throughput fails placement: the replicas' shards cannot be packed "
         "onto distinct GPUs of single NVLink domains (too many tensor-parallel replicas for the domains, "

@@ -31,7 +31,7 @@ from scepsy.models.alp import replica_curve
 from scepsy.models.instance import Instance, Llm
 from scepsy.models.profile import units_for_memory
 
-from .objective import LatencyObjective
+from .objective import Objective, Usage
 from .options import SearchSpace, gpu_types_for, tp_degrees_for
 from .placeability import check_placement
 
@@ -57,7 +57,7 @@ class _Config:
 
 
 class _Enumerator:
-    def __init__(self, instance: Instance, objective: LatencyObjective, space: SearchSpace, placer):
+    def __init__(self, instance: Instance, objective: Objective, space: SearchSpace, placer):
         self.instance = instance
         self.objective = objective
         self.space = space
@@ -178,7 +178,9 @@ class _Enumerator:
             for parts in itertools.product(*per_type):
                 chosen = {name: (g, c) for (g, _), part in zip(sorted(groups.items()), parts) for name, c in part.items()}
                 latencies = {name: c.latency_s for name, (_, c) in chosen.items()}
-                values = self.objective.values(latencies) + (sum(c.units for _, c in chosen.values()),)
+                if not self.objective.within_limits(latencies):
+                    continue
+                values = self.objective.values(latencies, Usage(sum(c.units for _, c in chosen.values()), {}))
                 if best is not None and values >= best[0]:
                     continue
                 allocation = Allocation(
@@ -194,10 +196,10 @@ class _Enumerator:
                     best = (values, allocation, check.placement)
         if best is None:
             return None
-        return EnumerationResult(best[1], best[2], best[0][:-1], self.mappings)
+        return EnumerationResult(best[1], best[2], best[0], self.mappings)
 
 
 def solve_enumerate(
-    instance: Instance, objective: LatencyObjective, space: SearchSpace = SearchSpace(), placer=check_placement
+    instance: Instance, objective: Objective, space: SearchSpace = SearchSpace(), placer=check_placement
 ) -> EnumerationResult | None:
     return _Enumerator(instance, objective, space, placer).run()

@@ -87,28 +87,34 @@ def gpu_types_for(instance: Instance, space: SearchSpace) -> list[str]:
     return [g for g in types if space.gpu_types is None or g in space.gpu_types]
 
 
-def _pareto(candidates: dict[int, tuple[np.ndarray, np.ndarray]]) -> list[tuple[int, int, float]]:
-    """Keep (share, replicas, latency) points not dominated by a smaller-or-equal (share, replicas)."""
+def _pareto(candidates: dict[int, tuple[np.ndarray, np.ndarray]], epsilon: float = 0.0) -> list[tuple[int, int, float]]:
+    """Keep the (share, replicas, latency) points that no kept point with smaller-or-equal share and
+    replicas matches within a factor (1 - epsilon) of latency. epsilon = 0: exact dominance. With
+    epsilon > 0 every dropped point has a kept dominator at most 1/(1 - epsilon) slower."""
     if not candidates:
         return []
+    factor = 1 - max(epsilon, LATENCY_TOLERANCE)
     top = max(int(d[-1]) for d, _ in candidates.values())
-    best_before = np.full(top + 2, np.inf)  # best latency over smaller shares with <= d replicas
+    best_before = np.full(top + 2, np.inf)  # best kept latency of smaller shares with <= d replicas
     kept: list[tuple[int, int, float]] = []
     for share in sorted(candidates):
         replicas, latencies = candidates[share]
-        row = np.full(top + 2, np.inf)
-        row[replicas] = latencies
-        row_prefix = np.minimum.accumulate(row)
+        kept_row = np.full(top + 2, np.inf)
+        running = np.inf  # best kept latency of this share with fewer replicas
         for d, latency in zip(replicas.tolist(), latencies.tolist()):
-            threshold = min(best_before[d], row_prefix[d - 1])
-            if latency < threshold * (1 - LATENCY_TOLERANCE):  # inf threshold: nothing dominates
+            if latency < min(best_before[d], running) * factor:  # inf: nothing dominates
                 kept.append((share, d, latency))
-        best_before = np.minimum(best_before, row_prefix)
+                kept_row[d] = latency
+                running = min(running, latency)
+        best_before = np.minimum(best_before, np.minimum.accumulate(kept_row))
     return kept
 
 
-def llm_options(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(), prune: bool = True) -> list[Option]:
-    """All feasible options of one LLM (memory, profile, throughput), dominance-pruned if `prune`."""
+def llm_options(
+    instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0
+) -> list[Option]:
+    """All feasible options of one LLM (memory, profile, throughput), dominance-pruned if `prune`
+    (within a latency factor 1/(1 - epsilon) if epsilon > 0)."""
     cluster = instance.cluster
     offered = instance.offered_rate_rps(llm.name)
     options: list[Option] = []
@@ -129,7 +135,7 @@ def llm_options(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace()
                 latencies = np.asarray(curve.latency_s(offered / replicas, instance.latency_metric), dtype=float)
                 candidates[share] = (replicas, latencies)
                 capacities[share] = curve.capacity_rps
-            points = _pareto(candidates) if prune else [
+            points = _pareto(candidates, epsilon) if prune else [
                 (s, int(d), float(l)) for s, (ds, ls) in sorted(candidates.items()) for d, l in zip(ds, ls)
             ]
             options += [Option(llm.name, gpu_type, tp, s, d, lat, capacities[s]) for s, d, lat in points]
@@ -137,5 +143,27 @@ def llm_options(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace()
     return options
 
 
-def all_options(instance: Instance, space: SearchSpace = SearchSpace(), prune: bool = True) -> dict[str, list[Option]]:
-    return {llm.name: llm_options(instance, llm, space, prune) for llm in instance.llms}
+def all_options(
+    instance: Instance, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0
+) -> dict[str, list[Option]]:
+    return {llm.name: llm_options(instance, llm, space, prune, epsilon) for llm in instance.llms}
+
+
+def max_servable(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace()) -> tuple[float, str]:
+    """The most requests/s the whole cluster could serve for this LLM alone (at max_utilization),
+    and the configuration that does it; (0.0, "") when no configuration holds the model."""
+    cluster = instance.cluster
+    best_rate, best_config = 0.0, ""
+    for gpu_type in gpu_types_for(instance, space):
+        for tp in tp_degrees_for(instance, llm, gpu_type, space):
+            for share in shares_for(cluster, space):
+                curve = replica_curve(instance, llm, gpu_type, tp, share)
+                if curve is None:
+                    continue
+                replicas = max_replicas(cluster, gpu_type, tp, share)
+                rate = replicas * curve.capacity_rps * instance.max_utilization
+                if rate > best_rate:
+                    fraction = share / cluster.fractions_per_gpu
+                    best_rate = rate
+                    best_config = f"{replicas} replicas of {gpu_type} tp={tp} fraction={fraction:g}"
+    return best_rate, best_config

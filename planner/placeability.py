@@ -20,6 +20,7 @@ so each replica's shards land on distinct GPUs. That is how a count solution is 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Mapping
 
 from ortools.sat.python import cp_model
 
@@ -82,8 +83,11 @@ def greedy_placement(cluster: Cluster, allocation: Allocation) -> Placement | No
     return Placement(cluster.fractions_per_gpu, tuple(sorted(placed, key=lambda r: (r.llm, r.replica))))
 
 
-def exact_placement(cluster: Cluster, allocation: Allocation, time_limit_s: float = 10.0) -> PlacementCheck:
-    """Decide placeability exactly with the count model; decode a placement when one exists."""
+def exact_placement(
+    cluster: Cluster, allocation: Allocation, time_limit_s: float = 10.0, gpu_cost: Mapping[str, float] | None = None
+) -> PlacementCheck:
+    """Decide placeability exactly with the count model and decode a placement when one exists.
+    With `gpu_cost` (price per GPU type), find the placement of least cost of the GPUs it uses."""
     counts = shape_counts(allocation)
     shapes = sorted(counts)
     domains = [d for d in cluster.domains() if any(d.gpu_type == k[0] and d.size >= k[1] for k in shapes)]
@@ -113,12 +117,16 @@ def exact_placement(cluster: Cluster, allocation: Allocation, time_limit_s: floa
         for g in domains[j].gpus:
             if (j, g, k) in c:
                 model.Add(c[(j, g, k)] <= v)
-    # GPU capacity
+    # GPU capacity, and used[j, g] when the GPU hosts a shard
+    used = {}
     for j, domain in enumerate(domains):
         for g in domain.gpus:
             terms = [k[2] * c[(j, g, k)] for k in shapes if (j, g, k) in c]
             if terms:
-                model.Add(sum(terms) <= free[(domain.node, g)])
+                used[(j, g)] = model.NewBoolVar(f"used[{j},{g}]")
+                model.Add(sum(terms) <= free[(domain.node, g)] * used[(j, g)])
+    if gpu_cost is not None:
+        model.Minimize(sum(int(round(gpu_cost[domains[j].gpu_type] * 1e6)) * v for (j, _), v in used.items()))
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
@@ -143,7 +151,12 @@ def exact_placement(cluster: Cluster, allocation: Allocation, time_limit_s: floa
             gpus = sorted(positions[r + t * count] for t in range(k[1]))
             placed.append(ReplicaPlacement(llm, replica, domains[j].node, tuple(Shard(g, k[2]) for g in gpus)))
     placement = Placement(cluster.fractions_per_gpu, tuple(sorted(placed, key=lambda r: (r.llm, r.replica))))
-    return PlacementCheck(placement, True)
+    return PlacementCheck(placement, status == cp_model.OPTIMAL or gpu_cost is None)
+
+
+def fewest_gpus_placement(cluster: Cluster, allocation: Allocation, gpu_cost: Mapping[str, float]) -> PlacementCheck:
+    """A placement using GPUs of the least total cost (exact; `proven` False at the time limit)."""
+    return exact_placement(cluster, allocation, gpu_cost=gpu_cost)
 
 
 def check_placement(cluster: Cluster, allocation: Allocation, time_limit_s: float = 10.0) -> PlacementCheck:
@@ -151,6 +164,16 @@ def check_placement(cluster: Cluster, allocation: Allocation, time_limit_s: floa
     if placement is not None:
         return PlacementCheck(placement, True)
     return exact_placement(cluster, allocation, time_limit_s)
+
+
+def gpus_by_type(cluster: Cluster, placement: Placement) -> dict[str, int]:
+    """Physical GPUs hosting at least one shard, per GPU type."""
+    types = {n.name: n.gpu_type for n in cluster.nodes}
+    busy = {(r.node, s.gpu) for r in placement.replicas for s in r.shards}
+    counts = {g: 0 for g in cluster.used_gpu_types()}
+    for node, _ in busy:
+        counts[types[node]] += 1
+    return counts
 
 
 def validate_placement(cluster: Cluster, allocation: Allocation, placement: Placement) -> list[str]:

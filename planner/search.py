@@ -1,9 +1,13 @@
 """Plan an instance: pick a backend, solve, attach a placement and the prediction.
 
-`make_plan` is the entry point. The allocation is searched by one backend (`cpsat`, `enumerate`,
-`bruteforce`); whichever it is, a plan is returned only with a placement that the placeability check
-(or the placer passed in) produced. For the CP-SAT backend, allocations that cannot be placed are cut
-off and the model is solved again.
+`make_plan` is the entry point. The allocation is searched by one backend (`cpsat`, `milp`,
+`enumerate`, `bruteforce`); whichever it is, a plan is returned only with a placement that the
+placeability check (or the placer passed in) produced. For the CP-SAT and MILP backends,
+allocations that cannot be placed are cut off and the model is solved again.
+
+Objectives (planner/objective.py): `min_latency`, `min_gpus` and `min_cost` are solved at the
+instance's arrival rates; `max_throughput` bisects the load factor s (planner/loadfactor.py) and
+returns the latency-optimal plan at the largest feasible s.
 """
 
 from __future__ import annotations
@@ -13,23 +17,32 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from scepsy.models.allocation import Allocation
+from scepsy.models.allocation import Allocation, LlmAllocation
 from scepsy.models.alp import predict
-from scepsy.models.errors import InfeasibleError, ScepsyError
+from scepsy.models.errors import InfeasibleError, InputError, ScepsyError
 from scepsy.models.instance import Cluster, Instance
 from scepsy.models.plan import Plan, SolverInfo
 
-from . import cpsat
+from . import cpsat, milp
 from .bruteforce import solve_bruteforce
 from .diagnose import explain_infeasible
 from .enumerate import solve_enumerate
-from .objective import LatencyObjective
+from .objective import GpuCount, Objective, Usage, build_objective, needs_references
 from .options import Option, SearchSpace, all_options
-from .placeability import PlacementCheck, check_placement
+from .placeability import PlacementCheck, check_placement, fewest_gpus_placement, gpus_by_type
 
-BACKENDS = ("cpsat", "enumerate", "bruteforce")
+BACKENDS = ("cpsat", "milp", "enumerate", "bruteforce")
+EXACT_BACKENDS = ("cpsat", "milp", "bruteforce")
 DEFAULT_TIME_LIMIT_S = 60.0
 WARM_START_MAX_UNITS = 400  # enumerate as a CP-SAT hint only where it is quick
+# Large instances (many thousands of options, e.g. 1024 GPUs): options whose latency is within
+# AUTO_EPSILON of a cheaper kept option are dropped (the bound is lowered to match), and a coarse
+# model (COARSE_EPSILON) is solved first to hint the full one.
+AUTO_EPSILON_OPTIONS = 20_000
+AUTO_EPSILON = 1e-3
+COARSE_OPTIONS = 30_000
+COARSE_EPSILON = 1e-2
+COARSE_TIME_SHARE = 0.4
 
 Placer = Callable[[Cluster, Allocation], PlacementCheck]
 
@@ -46,110 +59,72 @@ class PlanSettings:
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     workers: int = 1
     space: SearchSpace = field(default_factory=SearchSpace)
-    warm_start: bool = True
+    warm_start: bool = False  # enumerate as the first hint (the cheapest placeable plan always is)
     # exact placement counts inside the allocation model up to this many (GPU, shape) pairs;
     # beyond it, valid inequalities and lazy placement cuts
-    placement_counts_limit: int = 4000
+    placement_counts_limit: int = 1000
+    load_tolerance: float = 1e-3  # max_throughput: relative width of the final bisection bracket
+    # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
+    # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
+    epsilon: float | None = None
 
 
 @dataclass(frozen=True)
-class _Outcome:
+class Outcome:
+    """What a backend found at one load: the allocation, its placement and its stage values."""
+
     allocation: Allocation
     placement_check: PlacementCheck
     status: str
     values: tuple[float, ...]
-    bound: float
+    bound: float  # of the first stage, in its own unit (nan if unknown)
     iterations: int = 1
     cuts: int = 0
     notes: tuple[str, ...] = ()
 
 
-def references(instance: Instance, settings: PlanSettings, placer: Placer) -> dict[str, float] | None:
-    """ref_w: latency_slo_s, else the workflow's own optimum alone on the cluster.
+def check_backend(instance: Instance, settings: PlanSettings) -> None:
+    if settings.backend not in BACKENDS:
+        raise InputError(None, "--backend", f"unknown backend {settings.backend!r}", f"use one of: {', '.join(BACKENDS)}")
+    if settings.backend == "enumerate" and instance.objective in ("min_gpus", "min_cost"):
+        raise InputError(
+            instance.source, "objective", f"the enumerate backend does not handle {instance.objective}",
+            "use --backend cpsat (or milp, bruteforce)",
+        )
 
-    The optimum comes from an exact backend whatever the backend asked for, so that every backend
-    optimises the same objective.
-    """
-    if len(instance.workflows) < 2:
+
+def references(instance: Instance, settings: PlanSettings, placer: Placer) -> dict[str, float] | None:
+    """ref_w for the egalitarian stage: latency_slo_s, else the workflow's own optimum alone on
+    the cluster (its LLMs only, at its own rate), always from an exact backend so that every
+    backend optimises the same objective."""
+    if not needs_references(instance, instance.objective):
         return None
-    exact = settings if settings.backend in ("cpsat", "bruteforce") else replace(settings, backend="cpsat")
+    backend = settings.backend if settings.backend in EXACT_BACKENDS else "cpsat"
+    # each solo solve gets a share of the time limit, leaving the largest share to the joint solve
+    exact = replace(settings, backend=backend, time_limit_s=settings.time_limit_s / (len(instance.workflows) + 1))
     refs = {}
     for workflow in instance.workflows:
-        if workflow.latency_slo_s is not None:
-            refs[workflow.name] = workflow.latency_slo_s
-        else:
-            alone = make_plan(instance.only_workflow(workflow.name), exact, placer)
-            refs[workflow.name] = alone.prediction.workflow(workflow.name).latency_s
+        if workflow.latency_slo_s is None:
+            alone = replace(instance.only_workflow(workflow.name), objective="min_latency")
+            refs[workflow.name] = make_plan(alone, exact, placer).prediction.workflow(workflow.name).latency_s
     return refs
 
 
-@dataclass
-class _CutLoop:
-    """Solves one stage, cutting off unplaceable allocations until one places or time runs out."""
-
-    am: cpsat.AllocationModel
-    cluster: Cluster
-    placer: Placer
-    workers: int
-    deadline: float
-    solves: int = 0
-    unproven: bool = False
-
-    def run(self, stage: cpsat.StageExpr, hint) -> tuple[cpsat.StageResult, Allocation | None, PlacementCheck | None]:
-        while True:
-            self.solves += 1
-            result, solver = cpsat.solve_stage(self.am, stage, self.deadline - time.perf_counter(), self.workers, hint)
-            if result.value is None:
-                return result, None, None
-            allocation = self.am.decode(solver)
-            check = self.placer(self.cluster, allocation)
-            if check.placeable:
-                return result, allocation, check
-            self.unproven |= not check.proven
-            cpsat.add_placement_cut(self.am, allocation)
-            if time.perf_counter() >= self.deadline:
-                return result, None, None
+def _placer_for(objective: Objective, placer: Placer) -> Placer:
+    """GPU-count objectives need the placement of fewest (cheapest) GPUs to be exact."""
+    stage = next((s for s in objective.stages if isinstance(s, GpuCount)), None)
+    if stage is None:
+        return placer
+    return lambda cluster, allocation: fewest_gpus_placement(cluster, allocation, stage.cost)
 
 
-def _solve_cpsat(
-    instance: Instance,
-    options: dict[str, list[Option]],
-    objective: LatencyObjective,
-    settings: PlanSettings,
-    placer: Placer,
-    deadline: float,
-) -> _Outcome | None:
-    counts = cpsat.counts_model_size(instance.cluster, options) <= settings.placement_counts_limit
-    am = cpsat.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
-    hint = None
-    if settings.warm_start and _small(instance):
-        warm = solve_enumerate(instance, objective, settings.space, placer)
-        if warm is not None and _hintable(am, warm.allocation):
-            hint = cpsat.hint_for(am, warm.allocation)
-    loop = _CutLoop(am, instance.cluster, placer, settings.workers, deadline)
-    best: tuple[Allocation, PlacementCheck] | None = None
-    first: cpsat.StageResult | None = None
-    for index, stage in enumerate(am.stages):
-        result, allocation, check = loop.run(stage, hint)
-        if allocation is None:
-            if index == 0 and result.status == "infeasible":
-                return None
-            break  # time limit: keep the best plan of the earlier stages
-        best = (allocation, check)
-        first = first or result
-        if result.status != "optimal":
-            break
-        cpsat.fix_stage(am, stage, result.value)
-        hint = cpsat.hint_for(am, allocation)
-    if best is None:
-        raise SolveTimeoutError(
-            f"no placeable plan found within the time limit of {settings.time_limit_s:g} s; raise --time-limit-s"
-        )
-    notes = ("a placement check hit its time limit and was treated as unplaceable",) if loop.unproven else ()
-    status = "optimal" if first.status == "optimal" and not loop.unproven else "feasible"
-    values = objective.values({m: _latency_of(options, best[0], m) for m in options})
-    bound = first.bound * am.stages[0].unit
-    return _Outcome(best[0], best[1], status, values, bound, loop.solves, am.cuts, notes)
+def _usage(cluster: Cluster, allocation: Allocation, placement) -> Usage:
+    return Usage(allocation.units, gpus_by_type(cluster, placement))
+
+
+def _values(objective: Objective, options, cluster: Cluster, allocation: Allocation, placement) -> tuple[float, ...]:
+    latencies = {m: _latency_of(options, allocation, m) for m in options}
+    return objective.values(latencies, _usage(cluster, allocation, placement))
 
 
 def _latency_of(options: dict[str, list[Option]], allocation: Allocation, llm: str) -> float:
@@ -159,66 +134,194 @@ def _latency_of(options: dict[str, list[Option]], allocation: Allocation, llm: s
     )
 
 
+@dataclass
+class _CutLoop:
+    """Solves one stage, cutting off unplaceable allocations until one places or time runs out."""
+
+    model: object  # cpsat.AllocationModel or milp.MilpModel: solve_stage / decode / add_placement_cut
+    solve_stage: Callable
+    add_cut: Callable
+    cluster: Cluster
+    placer: Placer
+    deadline: float
+    solves: int = 0
+    unproven: bool = False
+
+    def run(self, stage, hint):
+        while True:
+            self.solves += 1
+            result, allocation = self.solve_stage(self.model, stage, self.deadline - time.perf_counter(), hint)
+            if allocation is None:
+                return result, None, None
+            check = self.placer(self.cluster, allocation)
+            if check.placeable:
+                return result, allocation, check
+            self.unproven |= not check.proven
+            self.add_cut(self.model, allocation)
+            if time.perf_counter() >= self.deadline:
+                return result, None, None
+
+
+def cheapest_placeable(instance: Instance, options: dict[str, list[Option]], placer: Placer):
+    """Each LLM's option with the fewest GPU units (then least latency), if that places: a plan to
+    fall back on and a first hint for the solver."""
+    cheapest = {m: min(opts, key=lambda o: (o.units, o.latency_s)) for m, opts in options.items()}
+    allocation = Allocation(
+        instance.cluster.fractions_per_gpu,
+        tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in cheapest.values()),
+    )
+    check = placer(instance.cluster, allocation)
+    return (allocation, check) if check.placeable else None
+
+
 def _small(instance: Instance) -> bool:
     total = sum(instance.cluster.free_units(n.name, g) for n in instance.cluster.nodes for g in range(n.gpus))
     return total <= WARM_START_MAX_UNITS and len(instance.cluster.used_gpu_types()) == 1
 
 
-def _hintable(am: cpsat.AllocationModel, allocation: Allocation) -> bool:
+def _in_options(options, allocation: Allocation) -> bool:
     """A warm start is usable only if each LLM's configuration survived dominance pruning."""
     return all(
-        any((o.gpu_type, o.tp, o.share, o.replicas) == (c.gpu_type, c.tp, c.share, c.replicas) for o in am.options[c.llm])
+        any((o.gpu_type, o.tp, o.share, o.replicas) == (c.gpu_type, c.tp, c.share, c.replicas) for o in options[c.llm])
         for c in allocation.llms
     )
 
 
-def _solve(instance, options, objective, settings, placer, deadline) -> _Outcome | None:
-    if settings.backend == "cpsat":
-        return _solve_cpsat(instance, options, objective, settings, placer, deadline)
-    if settings.backend == "enumerate":
-        found = solve_enumerate(instance, objective, settings.space, placer)
-        if found is None:
-            return None
-        notes = (f"{found.mappings} fraction mappings enumerated",)
-        return _Outcome(found.allocation, PlacementCheck(found.placement, True), "feasible", found.values, math.nan, notes=notes)
-    if settings.backend == "bruteforce":
-        found = solve_bruteforce(instance, options, objective, placer)
-        if found is None:
-            return None
-        notes = (f"{found.combinations} combinations, {found.placement_checks} placement checks",)
-        return _Outcome(
-            found.allocation, PlacementCheck(found.placement, True), "optimal", found.values, found.values[0], notes=notes
+def _warm_start(instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float):
+    """A placeable plan to hint the solver and fall back on: from a coarse model on large
+    instances, the paper's enumeration if asked for, else the cheapest placeable plan."""
+    if sum(map(len, options.values())) > COARSE_OPTIONS:
+        coarse = all_options(instance, settings.space, epsilon=COARSE_EPSILON)
+        budget = time.perf_counter() + COARSE_TIME_SHARE * max(deadline - time.perf_counter(), 0.0)
+        try:
+            found = _solve_model(instance, coarse, objective, settings, placer, budget, epsilon=COARSE_EPSILON, coarse=False)
+        except (InfeasibleError, SolveTimeoutError):
+            found = None
+        if found is not None and _in_options(options, found.allocation):
+            return found.allocation, found.placement_check
+    if settings.warm_start and _small(instance) and objective.latency_only:
+        enumerated = solve_enumerate(instance, objective, settings.space, placer)
+        if enumerated is not None and _in_options(options, enumerated.allocation):
+            return enumerated.allocation, PlacementCheck(enumerated.placement, True)
+    cheapest = {m: min(opts, key=lambda o: (o.units, o.latency_s)).latency_s for m, opts in options.items()}
+    return cheapest_placeable(instance, options, placer) if objective.within_limits(cheapest) else None
+
+
+def _solve_model(
+    instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float,
+    epsilon: float = 0.0, coarse: bool = True,
+):
+    """CP-SAT or MILP: lexicographic stages with the lazy cut loop, from a warm start."""
+    backend = cpsat if settings.backend == "cpsat" else milp
+    counts = cpsat.counts_model_size(instance.cluster, options) <= settings.placement_counts_limit
+    warm = (
+        _warm_start(instance, options, objective, settings, placer, deadline)
+        if coarse
+        else cheapest_placeable(instance, options, placer)
+    )
+    model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
+    hint = warm[0] if warm is not None else None
+    solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h)  # noqa: E731
+    loop = _CutLoop(model, solve, backend.add_placement_cut, instance.cluster, placer, deadline)
+    best = first = None
+    for index, stage in enumerate(model.stages):
+        result, allocation, check = loop.run(stage, hint)
+        if allocation is None:
+            if index == 0 and result.status == "infeasible":
+                return None
+            break  # time limit: keep the best plan of the earlier stages
+        best = (allocation, check)
+        first = first or result
+        if result.status != "optimal":
+            break
+        backend.fix_stage(model, stage, result.value)
+        hint = allocation
+    notes: tuple[str, ...] = ()
+    if best is None and warm is not None:  # time limit before the solver's first plan: the warm start
+        notes = ("time limit reached before the solver's first plan; returning the warm start",)
+        values = _values(objective, options, instance.cluster, warm[0], warm[1].placement)
+        return Outcome(warm[0], warm[1], "feasible", values, math.nan, loop.solves, model.cuts, notes)
+    if best is None:
+        raise SolveTimeoutError(
+            f"no placeable plan found within the time limit of {settings.time_limit_s:g} s; raise --time-limit-s"
         )
-    raise ValueError(f"unknown backend {settings.backend!r}; use one of {', '.join(BACKENDS)}")
+    if loop.unproven:
+        notes = ("a placement check hit its time limit and was treated as unplaceable",)
+    values = _values(objective, options, instance.cluster, best[0], best[1].placement)
+    status = "optimal" if first.status == "optimal" and not loop.unproven and epsilon == 0 else "feasible"
+    bound = first.bound * model.stages[0].unit
+    if epsilon > 0:  # kept options are within 1/(1 - epsilon) of the dropped ones
+        bound *= 1 - epsilon
+        notes += (f"options pruned within a latency factor 1/(1 - {epsilon:g}); the bound accounts for it",)
+    if isinstance(objective.stages[0], GpuCount) and not model.exact_gpus and values[0] > bound + 1e-9:
+        status = "feasible"  # the model's GPU count was a lower bound the placement could not reach
+        notes += ("GPU count bounded by share units on this cluster size; the placement needs more",)
+    elif status == "optimal":
+        bound = values[0]  # within the integer scaling tolerance (planner/cpsat.py)
+    bound = min(bound, values[0])
+    return Outcome(best[0], best[1], status, values, bound, loop.solves, model.cuts, notes)
 
 
-def make_plan(instance: Instance, settings: PlanSettings = PlanSettings(), placer: Placer = check_placement) -> Plan:
-    """Search the allocation with the settings' backend and return it placed and predicted.
+def _options(instance: Instance, settings: PlanSettings, objective: Objective) -> tuple[dict[str, list[Option]], float]:
+    """The options and the pruning epsilon used (bruteforce: every option, unpruned). Latency
+    limits (SLOs) or GPU stages turn the automatic epsilon off: a slightly slower kept option
+    could miss an SLO that a dropped one meets."""
+    if settings.backend == "bruteforce":
+        return all_options(instance, settings.space, prune=False), 0.0
+    if settings.epsilon is not None:
+        return all_options(instance, settings.space, epsilon=settings.epsilon), settings.epsilon
+    options = all_options(instance, settings.space)
+    if sum(map(len, options.values())) > AUTO_EPSILON_OPTIONS and objective.latency_only and not objective.latency_limits:
+        return all_options(instance, settings.space, epsilon=AUTO_EPSILON), AUTO_EPSILON
+    return options, 0.0
 
-    Raises InfeasibleError (binding reason) or SolveTimeoutError; never changes `instance`.
-    """
-    start = time.perf_counter()
-    deadline = start + settings.time_limit_s
-    refs = references(instance, settings, placer)
-    objective = LatencyObjective.for_instance(instance, refs)
-    options = all_options(instance, settings.space, prune=settings.backend != "bruteforce")
+
+def solve_at_load(instance: Instance, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float) -> Outcome:
+    """Search the allocation of `instance` (at its own rates) for `objective`."""
+    placer = _placer_for(objective, placer)
+    options, epsilon = _options(instance, settings, objective)
     outcome = None
     if all(options.values()):
-        outcome = _solve(instance, options, objective, settings, placer, deadline)
+        if settings.backend in ("cpsat", "milp"):
+            outcome = _solve_model(instance, options, objective, settings, placer, deadline, epsilon)
+        elif settings.backend == "enumerate":
+            found = solve_enumerate(instance, objective, settings.space, placer)
+            if found is not None:
+                notes = (f"{found.mappings} fraction mappings enumerated",)
+                check = PlacementCheck(found.placement, True)
+                outcome = Outcome(found.allocation, check, "feasible", found.values, math.nan, notes=notes)
+        else:
+            found = solve_bruteforce(instance, options, objective, placer)
+            if found is not None:
+                notes = (f"{found.combinations} combinations, {found.placement_checks} placement checks",)
+                check = PlacementCheck(found.placement, True)
+                outcome = Outcome(found.allocation, check, "optimal", found.values, found.values[0], notes=notes)
     if outcome is None:
-        raise InfeasibleError(explain_infeasible(instance, options, settings.space))
-    value = outcome.values[0]
-    # a proven optimum of the integer-scaled model is within 1e-5 of the true one (planner/cpsat.py)
-    bound = value if outcome.status == "optimal" else (min(outcome.bound, value) if math.isfinite(outcome.bound) else math.nan)
-    gap = (value - bound) / value if math.isfinite(bound) and value > 0 else math.nan
-    prediction = predict(instance, outcome.allocation)
-    extras = (("mean_latency_s", outcome.values[1]),) if objective.egalitarian else ()
+        raise InfeasibleError(explain_infeasible(instance, options, settings.space, objective))
+    return outcome
+
+
+def assemble_plan(
+    instance: Instance, objective: Objective, outcome: Outcome, settings: PlanSettings, start: float,
+    value: float | None = None, bound: float | None = None, extras: tuple = (), status: str | None = None,
+) -> Plan:
+    """A Plan from an outcome: the prediction, stage values as extras, bound and gap."""
+    value = outcome.values[0] if value is None else value
+    bound = outcome.bound if bound is None else bound
+    maximise = instance.objective == "max_throughput"
+    gap = math.nan
+    if math.isfinite(bound) and bound > 0:
+        gap = max((bound - value) / bound if maximise else (value - bound) / value if value > 0 else 0.0, 0.0)
+    named = dict(zip(objective.stage_names, outcome.values))
+    extras = tuple(extras) + tuple(
+        (key, named[key]) for key in ("mean_latency_s", "gpus", "cost_per_hour") if key in named
+    )
     return Plan(
-        status=outcome.status,
+        status=status or outcome.status,
         objective=instance.objective,
         objective_value=value,
         bound=bound,
-        gap=max(gap, 0.0) if math.isfinite(gap) else gap,
+        gap=gap,
         solver=SolverInfo(
             backend=settings.backend,
             wall_time_s=time.perf_counter() - start,
@@ -227,8 +330,26 @@ def make_plan(instance: Instance, settings: PlanSettings = PlanSettings(), place
             notes=outcome.notes,
         ),
         allocation=outcome.allocation,
-        prediction=prediction,
+        prediction=predict(instance, outcome.allocation),
         placement=outcome.placement_check.placement,
         extras=extras,
         instance=instance.source,
     )
+
+
+def make_plan(instance: Instance, settings: PlanSettings = PlanSettings(), placer: Placer = check_placement) -> Plan:
+    """Search the allocation with the settings' backend and return it placed and predicted.
+
+    Raises InfeasibleError (binding reason), SolveTimeoutError or InputError (backend that cannot
+    handle the objective); never changes `instance`.
+    """
+    check_backend(instance, settings)
+    if instance.objective == "max_throughput":
+        from .loadfactor import plan_max_throughput
+
+        return plan_max_throughput(instance, settings, placer)
+    start = time.perf_counter()
+    deadline = start + settings.time_limit_s
+    objective = build_objective(instance, references(instance, settings, placer))
+    outcome = solve_at_load(instance, objective, settings, placer, deadline)
+    return assemble_plan(instance, objective, outcome, settings, start)

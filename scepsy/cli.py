@@ -33,7 +33,9 @@ stderr = Console(stderr=True)
 InstanceArg = Annotated[Path, typer.Argument(help="Instance YAML (cluster, llms, workflows).", show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON result to this file.")]
-BackendOpt = Annotated[str, typer.Option("--backend", help="Allocation search: cpsat, enumerate or bruteforce.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="Allocation search: cpsat, milp, enumerate or bruteforce.")]
+ObjectiveOpt = Annotated[Optional[str], typer.Option("--objective", help="Override the instance's objective: min_latency, max_throughput, min_gpus or min_cost.")]
+WelfareOpt = Annotated[Optional[str], typer.Option("--welfare", help="Override how several workflows combine: egalitarian or social.")]
 TimeLimitOpt = Annotated[float, typer.Option("--time-limit-s", min=0.01, help="Stop searching after this many seconds and return the best plan with its gap.")]
 WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Solver threads (results stay deterministic).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (same seed, same result).")]
@@ -42,6 +44,10 @@ WarmupOpt = Annotated[Optional[float], typer.Option("--warmup-s", min=0.0, help=
 
 profiles_app = typer.Typer(help="Make and inspect per-replica latency profiles.", no_args_is_help=True)
 app.add_typer(profiles_app, name="profiles")
+
+KubeconfigOpt = Annotated[Optional[Path], typer.Option("--kubeconfig", help="Kubeconfig file (default: $KUBECONFIG or ~/.kube/config).")]
+ContextOpt = Annotated[Optional[str], typer.Option("--context", help="Kubeconfig context (default: the current one).")]
+NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the deployment.")]
 
 
 def _fail(error: ScepsyError) -> None:
@@ -106,6 +112,18 @@ def _float_list(value: str, option: str) -> list[float]:
         raise InputError(None, option, "values must be positive", "write e.g. 1,2,4")
     return values
 
+def _load(path: Path, objective: Optional[str] = None, welfare: Optional[str] = None):
+    """Load an instance, with the objective and welfare overridden from the command line."""
+    from scepsy.models.instance import load_instance
+    from scepsy.planner.objective import OBJECTIVES, WELFARES
+
+    if objective is not None and objective not in OBJECTIVES:
+        raise InputError(None, "--objective", f"unknown objective {objective!r}", f"use one of: {', '.join(OBJECTIVES)}")
+    if welfare is not None and welfare not in WELFARES:
+        raise InputError(None, "--welfare", f"unknown welfare {welfare!r}", f"use one of: {', '.join(WELFARES)}")
+    loaded = load_instance(path)
+    return loaded.with_objective(objective or loaded.objective, welfare)
+
 
 def _emit_json(data: dict, out: Optional[Path], to_stdout: bool) -> None:
     text = json.dumps(data, indent=2) + "\n"
@@ -125,18 +143,17 @@ def plan(
     backend: BackendOpt = "cpsat",
     time_limit_s: TimeLimitOpt = 60.0,
     workers: WorkersOpt = 1,
+    objective: ObjectiveOpt = None,
+    welfare: WelfareOpt = None,
     json_output: JsonOpt = False,
     out: OutOpt = None,
 ) -> None:
     """Choose GPU type, fraction, TP degree and replicas for every LLM, placed on the cluster."""
-    from scepsy.models.instance import load_instance
     from scepsy.models.report import plan_view
-    from scepsy.planner.search import BACKENDS, PlanSettings, make_plan
+    from scepsy.planner.search import PlanSettings, make_plan
 
     with _errors():
-        if backend not in BACKENDS:
-            raise InputError(None, "--backend", f"unknown backend {backend!r}", f"use one of: {', '.join(BACKENDS)}")
-        loaded = load_instance(instance)
+        loaded = _load(instance, objective, welfare)
         settings = PlanSettings(backend=backend, time_limit_s=time_limit_s, workers=workers)
         with _working(f"planning {instance} with {backend}"):
             result = make_plan(loaded, settings)
@@ -408,6 +425,156 @@ def sweep(
         if not json_output:
             stdout.print(f"wrote {out_csv} and {out_png}")
             stdout.print(comparison_table(comparisons))
+
+@app.command()
+def manifests(
+    plan_file: Annotated[Path, typer.Argument(help="Placed plan JSON (scepsy plan --out).", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", help="Directory for the manifests (one object per file + kustomization.yaml).")],
+    engine: Annotated[str, typer.Option("--engine", help="Serving engine: vllm or sglang.")] = "vllm",
+    gpu_sharing: Annotated[str, typer.Option("--gpu-sharing", help="GPU sharing: hami, dra-mps, device-plugin-mps or none.")] = "hami",
+    namespace: NamespaceOpt = "scepsy",
+    image: Annotated[Optional[str], typer.Option("--image", help="Engine image (default: vllm/vllm-openai:latest or lmsysorg/sglang:latest).")] = None,
+    router_image: Annotated[str, typer.Option("--router-image", help="Image with the sglang-router package (SGLang model gateway).")] = "lmsysorg/sglang:latest",
+    router_workers: Annotated[str, typer.Option("--router-workers", help="How routers find engines: discovery (label selectors, needs RBAC) or urls (the LLM Services).")] = "discovery",
+    gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of its GPU memory slice an engine may fill (weights + KV cache).")] = 0.9,
+    instance: Annotated[Optional[Path], typer.Option("--instance", help="Instance YAML (default: the plan's `instance`).")] = None,
+    kubernetes_version: Annotated[str, typer.Option("--kubernetes-version", help="Target cluster version (selects the resource.k8s.io API for dra-mps).")] = "1.34",
+    hf_token_secret: Annotated[str, typer.Option("--hf-token-secret", help="Secret (key `token`) with a Hugging Face token; optional at run time.")] = "hf-token",
+    hf_cache_pvc: Annotated[Optional[str], typer.Option("--hf-cache-pvc", help="PersistentVolumeClaim for the HF cache (default: an emptyDir per pod).")] = None,
+    device_plugin_namespace: Annotated[str, typer.Option("--device-plugin-namespace", help="Namespace of the NVIDIA device plugin (device-plugin-mps config).")] = "nvidia-device-plugin",
+    json_output: JsonOpt = False,
+) -> None:
+    """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, routers)."""
+    from scepsy.k8s.manifests import ManifestSettings, emit, write
+    from scepsy.k8s.plan_input import load_placed_plan
+
+    with _errors():
+        settings = ManifestSettings(
+            engine=engine,
+            gpu_sharing=gpu_sharing,
+            namespace=namespace,
+            image=image,
+            router_image=router_image,
+            router_mode=router_workers,
+            gpu_memory_utilization=gpu_memory_utilization,
+            hf_token_secret=hf_token_secret,
+            hf_cache_pvc=hf_cache_pvc,
+            kubernetes_version=kubernetes_version,
+            device_plugin_namespace=device_plugin_namespace,
+        )
+        placed = load_placed_plan(plan_file, instance)
+        paths = write(emit(placed, settings), out)
+        if json_output:
+            _emit_json({"out": str(out), "files": [p.name for p in paths]}, None, True)
+        else:
+            stdout.print(f"wrote {len(paths)} files to {out} ({len(placed.replicas)} engine replicas, {engine}, {gpu_sharing}); apply with: scepsy deploy {out}", highlight=False)
+
+
+@app.command()
+def deploy(
+    directory: Annotated[Path, typer.Argument(help="Manifests directory (scepsy manifests --out).", show_default=False)],
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    dry_run: Annotated[str, typer.Option("--dry-run", help="server: validate on the API server without persisting; none: apply.")] = "none",
+    json_output: JsonOpt = False,
+) -> None:
+    """Apply a manifests directory with server-side apply (field manager `scepsy`), in dependency order."""
+    from scepsy.k8s.apply import DRY_RUN_MODES, KubeApplier, connect, deploy as run_deploy, load_manifests
+
+    with _errors():
+        if dry_run not in DRY_RUN_MODES:
+            raise InputError(None, "--dry-run", f"unknown mode {dry_run!r}", f"use one of: {', '.join(DRY_RUN_MODES)}")
+        objects = load_manifests(directory)
+        api_client = connect(kubeconfig, context)
+        results = run_deploy(objects, KubeApplier(api_client), dry_run=dry_run == "server")
+        suffix = " (server dry run)" if dry_run == "server" else ""
+        if json_output:
+            rows = [{"kind": r.kind, "namespace": r.namespace, "name": r.name, "action": r.action} for r in results]
+            _emit_json({"dry_run": dry_run, "objects": rows}, None, True)
+        else:
+            for r in results:
+                stdout.print(f"{r.ref} {r.action}{suffix}", highlight=False, markup=False)
+
+
+@app.command()
+def status(
+    namespace: NamespaceOpt = "scepsy",
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Show each replica's pod phase and readiness."""
+    from rich.table import Table
+
+    from scepsy.k8s.apply import connect, pod_statuses
+
+    with _errors():
+        rows = pod_statuses(connect(kubeconfig, context), namespace)
+        if json_output:
+            _emit_json({"namespace": namespace, "replicas": [r.__dict__ for r in rows]}, None, True)
+            return
+        table = Table(title=f"scepsy deployments in {namespace}")
+        for column in ("deployment", "llm", "replica", "workflow", "node", "phase", "ready", "restarts"):
+            table.add_column(column)
+        for r in rows:
+            table.add_row(r.deployment, r.llm or "-", r.replica or "-", r.workflow or "-", r.node or "-", r.phase, "yes" if r.ready else "no", str(r.restarts))
+        stdout.print(table)
+
+
+@app.command()
+def whatif(
+    instance: InstanceArg,
+    rates: Annotated[str, typer.Option("--rates", help="Total arrival rates, req/s: start:stop:step (inclusive) or a list a,b,c.")],
+    clusters: Annotated[str, typer.Option("--clusters", help="Cluster sizes in GPUs (whole nodes of the instance's node kinds), e.g. 4,8,16.")],
+    objective: ObjectiveOpt = None,
+    backend: BackendOpt = "cpsat",
+    time_limit_s: TimeLimitOpt = 60.0,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Grid points planned in parallel processes.")] = 1,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Tidy table, .csv or .parquet (one row per point and LLM).")] = None,
+    plots: Annotated[Optional[Path], typer.Option("--plots", help="Directory for the PNG plots.")] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Plan a grid of arrival rates and cluster sizes: what load needs which cluster."""
+    from rich.progress import Progress
+
+    from scepsy.planner.search import PlanSettings
+    from scepsy.planner.whatif import cheapest_clusters, parse_clusters, parse_rates, plot_grid, run_grid, write_table
+
+    with _errors():
+        loaded = _load(instance, objective)
+        rate_list, sizes = parse_rates(rates), parse_clusters(clusters)
+        settings = PlanSettings(backend=backend, time_limit_s=time_limit_s)
+        with Progress(console=stderr, transient=True, disable=not stderr.is_terminal) as bar:
+            task = bar.add_task("planning the grid", total=len(rate_list) * len(sizes))
+            frame = run_grid(loaded, rate_list, sizes, settings, workers, lambda done, total: bar.update(task, completed=done))
+        if out is not None:
+            write_table(frame, out)
+        if plots is not None:
+            for path in plot_grid(frame, plots):
+                stderr.print(f"wrote {path}")
+        if json_output:
+            sys.stdout.write(frame.to_json(orient="records", indent=2) + "\n")
+        else:
+            stdout.print(_grid_table(frame, cheapest_clusters(frame)))
+
+
+def _grid_table(frame, best):
+    from rich.table import Table
+
+    table = Table(title="What-if grid (one line per point)")
+    for column in ("rate_rps", "cluster_gpus", "feasible", "latency_s", "max_throughput_rps", "gpus_used", "cheapest"):
+        table.add_column(column, justify="right")
+    cheapest = set(zip(best["rate_rps"], best["cluster_gpus"]))
+    for _, row in frame.drop_duplicates(["rate_rps", "cluster_gpus"]).iterrows():
+        ok = bool(row["feasible"])
+        table.add_row(
+            f"{row['rate_rps']:g}", str(row["cluster_gpus"]), "yes" if ok else "no",
+            f"{row['workflow_latency_s']:.3f}" if ok else "-",
+            f"{row['workflow_max_throughput_rps']:.3f}" if ok else "-",
+            f"{int(row['gpus_used'])}" if ok else "-",
+            "*" if (row["rate_rps"], row["cluster_gpus"]) in cheapest else "",
+        )
+    return table
 
 
 def main() -> None:

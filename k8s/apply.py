@@ -1,0 +1,249 @@
+"""Apply a manifests directory with server-side apply, and report the replicas' pod status.
+
+`deploy` reads the files that kustomization.yaml lists, orders the objects by dependency
+(Namespace, RBAC, ConfigMaps, resource claims, Services, Deployments; file order within a kind),
+and applies each with server-side apply (field manager `scepsy`, conflicts forced: scepsy owns
+what it generated), optionally as a server-side dry run. Each object is classified:
+    created     the object did not exist before;
+    configured  it existed and the applied result differs from it;
+    unchanged   it existed and the result equals it (ignoring server-managed metadata and status).
+The API calls go through an `Applier` (get, apply); `KubeApplier` is the official kubernetes client
+(dynamic client); without a reachable cluster `connect` raises an `InputError` (exit code 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+from scepsy.models.errors import InputError
+
+FIELD_MANAGER = "scepsy"
+APPLY_ORDER = (
+    "Namespace",
+    "ServiceAccount",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
+    "ConfigMap",
+    "Secret",
+    "ResourceClaimTemplate",
+    "ResourceClaim",
+    "Service",
+    "Deployment",
+)
+DRY_RUN_MODES = ("none", "server")
+# metadata the API server writes; never part of "did the object change"
+_SERVER_METADATA = ("resourceVersion", "managedFields", "generation", "creationTimestamp", "uid", "selfLink")
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    kind: str
+    namespace: str | None
+    name: str
+    action: str  # created | configured | unchanged
+
+    @property
+    def ref(self) -> str:
+        where = f"{self.namespace}/" if self.namespace else ""
+        return f"{self.kind.lower()}/{where}{self.name}"
+
+
+class Applier(Protocol):
+    def get(self, obj: dict) -> dict | None: ...
+
+    def apply(self, obj: dict, dry_run: bool) -> dict: ...
+
+
+def load_manifests(directory: Path) -> list[dict]:
+    """The objects of the files kustomization.yaml lists, in listed order."""
+    kustomization = directory / "kustomization.yaml"
+    try:
+        listing = yaml.safe_load(kustomization.read_text())
+    except FileNotFoundError:
+        raise InputError(str(kustomization), None, "file not found", "pass a directory written by `scepsy manifests --out`") from None
+    except yaml.YAMLError as exc:
+        raise InputError(str(kustomization), None, f"malformed YAML ({exc})", "regenerate the directory with `scepsy manifests`") from None
+    resources = listing.get("resources") if isinstance(listing, dict) else None
+    if not isinstance(resources, list) or not resources:
+        raise InputError(str(kustomization), "resources", "missing or empty list", "regenerate the directory with `scepsy manifests`")
+    objects = []
+    for name in resources:
+        path = directory / str(name)
+        try:
+            docs = list(yaml.safe_load_all(path.read_text()))
+        except FileNotFoundError:
+            raise InputError(str(kustomization), "resources", f"listed file {name} is missing", "regenerate the directory with `scepsy manifests`") from None
+        except yaml.YAMLError as exc:
+            raise InputError(str(path), None, f"malformed YAML ({exc})", "regenerate the directory with `scepsy manifests`") from None
+        for doc in docs:
+            if doc is None:
+                continue
+            if not isinstance(doc, dict) or not {"apiVersion", "kind", "metadata"} <= set(doc):
+                raise InputError(str(path), None, "not a Kubernetes object", "regenerate the directory with `scepsy manifests`")
+            objects.append(doc)
+    return objects
+
+
+def apply_order(objects: list[dict]) -> list[dict]:
+    """Dependency order; a stable sort keeps the file order within a kind."""
+    rank = {kind: i for i, kind in enumerate(APPLY_ORDER)}
+    return sorted(objects, key=lambda o: rank.get(o["kind"], len(APPLY_ORDER)))
+
+
+def comparable(obj: dict) -> dict:
+    """The object without server-managed metadata and status."""
+    out = {k: v for k, v in obj.items() if k != "status"}
+    metadata = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _SERVER_METADATA}
+    out["metadata"] = metadata
+    return out
+
+
+def classify(before: dict | None, after: dict, dry_run: bool = False) -> str:
+    if before is None:
+        return "created"
+    # a real write bumps resourceVersion, a no-op apply does not; a dry run never writes
+    version = before.get("metadata", {}).get("resourceVersion")
+    if not dry_run and version is not None and version == after.get("metadata", {}).get("resourceVersion"):
+        return "unchanged"
+    return "unchanged" if comparable(before) == comparable(after) else "configured"
+
+
+def deploy(objects: list[dict], applier: Applier, dry_run: bool = False) -> list[ApplyResult]:
+    results = []
+    for obj in apply_order(objects):
+        before = applier.get(obj)
+        after = applier.apply(obj, dry_run)
+        meta = obj["metadata"]
+        results.append(ApplyResult(obj["kind"], meta.get("namespace"), meta["name"], classify(before, after, dry_run)))
+    return results
+
+
+class KubeApplier:
+    """Server-side apply through the official client's dynamic client."""
+
+    def __init__(self, api_client):
+        from kubernetes.dynamic import DynamicClient
+
+        self.client = DynamicClient(api_client)
+
+    def _resource(self, obj: dict):
+        from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+        try:
+            return self.client.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        except ResourceNotFoundError:
+            raise InputError(
+                None,
+                None,
+                f"the cluster does not serve {obj['kind']} in {obj['apiVersion']}",
+                "install the GPU sharing stack the manifests were made for (docs/deploy.md), or regenerate with --kubernetes-version of this cluster",
+            ) from None
+
+    def get(self, obj: dict) -> dict | None:
+        from kubernetes.dynamic.exceptions import NotFoundError
+
+        meta = obj["metadata"]
+        try:
+            return self._resource(obj).get(name=meta["name"], namespace=meta.get("namespace")).to_dict()
+        except NotFoundError:
+            return None
+
+    def apply(self, obj: dict, dry_run: bool) -> dict:
+        meta = obj["metadata"]
+        kwargs = {"field_manager": FIELD_MANAGER, "force_conflicts": True}
+        if dry_run:
+            kwargs["dry_run"] = "All"
+        result = self.client.server_side_apply(self._resource(obj), body=obj, name=meta["name"], namespace=meta.get("namespace"), **kwargs)
+        return result.to_dict()
+
+
+def _load_config(kubeconfig: Path | None, context: str | None):
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    try:
+        return config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None, context=context)
+    except ConfigException as exc:
+        problem = str(exc)
+    except (OSError, yaml.YAMLError) as exc:
+        problem = f"cannot read it ({exc})"
+    if kubeconfig is None and context is None:
+        try:  # running inside a pod: its service account
+            config.load_incluster_config()
+            return client.ApiClient()
+        except ConfigException:
+            pass
+    raise InputError(
+        str(kubeconfig) if kubeconfig else "kubeconfig",
+        f"context {context}" if context else None,
+        f"no usable cluster configuration: {problem}",
+        "pass --kubeconfig FILE (and --context NAME) of a reachable cluster",
+    )
+
+
+def connect(kubeconfig: Path | None = None, context: str | None = None, timeout_s: float = 5.0):
+    """An ApiClient for the kubeconfig/context, checked to reach its API server (exit 2 if not)."""
+    from kubernetes import client
+
+    api_client = _load_config(kubeconfig, context)
+    try:
+        client.VersionApi(api_client).get_code(_request_timeout=timeout_s)
+    except Exception as exc:  # noqa: BLE001 - any transport or API failure means: no usable cluster
+        host = api_client.configuration.host
+        reason = getattr(exc, "reason", None) or type(exc).__name__
+        raise InputError(
+            str(kubeconfig) if kubeconfig else "kubeconfig",
+            f"context {context}" if context else None,
+            f"cannot reach the Kubernetes API server at {host} ({reason})",
+            "check that the cluster is up and that --kubeconfig/--context point at it",
+        ) from None
+    return api_client
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    deployment: str
+    llm: str | None
+    replica: str | None
+    workflow: str | None
+    node: str | None
+    phase: str  # pod phase, or "NoPod"
+    ready: bool
+    restarts: int
+
+
+def pod_statuses(api_client, namespace: str) -> list[ReplicaStatus]:
+    from kubernetes import client
+
+    pods = client.CoreV1Api(api_client).list_namespaced_pod(namespace, label_selector="app.kubernetes.io/managed-by=scepsy")
+    deployments = client.AppsV1Api(api_client).list_namespaced_deployment(namespace, label_selector="app.kubernetes.io/managed-by=scepsy")
+    return summarize([d.to_dict() for d in deployments.items], [p.to_dict() for p in pods.items])
+
+
+def summarize(deployments: list[dict], pods: list[dict]) -> list[ReplicaStatus]:
+    """One row per scepsy Deployment: its pod's phase and readiness (the newest pod if several)."""
+    rows = []
+    for deployment in sorted(deployments, key=lambda d: d["metadata"]["name"]):
+        labels = deployment["metadata"].get("labels") or {}
+        selector = deployment["spec"]["selector"].get("match_labels") or deployment["spec"]["selector"].get("matchLabels") or {}
+        matching = [p for p in pods if selector.items() <= (p["metadata"].get("labels") or {}).items()]
+        matching.sort(key=lambda p: str(p["metadata"].get("creation_timestamp") or p["metadata"].get("creationTimestamp") or ""))
+        name = deployment["metadata"]["name"]
+        llm, replica, workflow = labels.get("scepsy.io/llm"), labels.get("scepsy.io/replica"), labels.get("scepsy.io/workflow")
+        if not matching:
+            rows.append(ReplicaStatus(name, llm, replica, workflow, None, "NoPod", False, 0))
+            continue
+        pod = matching[-1]
+        status = pod.get("status") or {}
+        containers = status.get("container_statuses") or status.get("containerStatuses") or []
+        ready = bool(containers) and all(c.get("ready") for c in containers)
+        restarts = sum(c.get("restart_count") or c.get("restartCount") or 0 for c in containers)
+        node = (pod.get("spec") or {}).get("node_name") or (pod.get("spec") or {}).get("nodeName")
+        rows.append(ReplicaStatus(name, llm, replica, workflow, node, status.get("phase") or "Unknown", ready, restarts))
+    return rows

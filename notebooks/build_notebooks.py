@@ -1,0 +1,151 @@
+"""Write the notebooks from their cell sources (kept here so that diffs stay readable).
+
+    python notebooks/build_notebooks.py
+
+The notebooks are committed without outputs; `tests/test_notebooks.py` executes them in a short
+mode (SCEPSY_NOTEBOOK_SHORT=1) in CI, and a user runs them in full with Jupyter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+CAPACITY_STUDY = [
+    ("md", """# Capacity study: agentic workflows on the shipped clusters
+
+A platform team serves two agentic workflows, **beam search** (a Llama-3.2-1B generator and a
+Llama-3.1-8B process reward model) and **RAG + reranker** (e5-base-v2, bge-reranker-base,
+Llama-3-8B), on nodes of 4 RTX A6000 with NVLink pairs. This notebook answers the questions such a
+team asks with scepsy's planner:
+
+1. What latency do we get at today's load, and with which allocation?
+2. How much load can the cluster take while meeting a latency SLO?
+3. How many GPUs do we need for a target load?
+4. What if we add nodes? What is the cheapest cluster per target rate?
+5. A6000 nodes or an H100 node for both workflows together?
+
+Every number below is computed; nothing is typed in. Set `SCEPSY_NOTEBOOK_SHORT=1` for a quick run."""),
+    ("code", """import os
+from pathlib import Path
+
+import pandas as pd
+
+from scepsy.models.instance import load_instance
+from scepsy.planner.search import PlanSettings, make_plan
+from scepsy.planner.whatif import cheapest_clusters, run_grid
+
+SHORT = os.environ.get("SCEPSY_NOTEBOOK_SHORT") == "1"
+ROOT = Path.cwd() if (Path.cwd() / "instances").exists() else Path.cwd().parent
+INSTANCES = ROOT / "instances"
+beam = load_instance(INSTANCES / "beam-8xa6000.yaml")
+rag = load_instance(INSTANCES / "rag-8xa6000.yaml")
+
+
+def allocation_table(plan):
+    return pd.DataFrame(
+        [{"llm": p.llm, "tp": p.tp, "fraction": p.fraction, "replicas": p.replicas, "gpus": p.gpus,
+          "latency_s": p.latency_s, "utilization_%": 100 * p.utilization} for p in plan.prediction.llms]
+    )"""),
+    ("md", "## 1. Today's load: the latency-optimal plan"),
+    ("code", """today = {name: make_plan(instance) for name, instance in (("beam", beam), ("rag", rag))}
+for name, plan in today.items():
+    w = plan.prediction.workflows[0]
+    print(f"{name}: {w.arrival_rate_rps:g} req/s -> latency {w.latency_s:.3f} s, "
+          f"throughput limit {w.max_throughput_rps:.2f} req/s (bottleneck {w.bottleneck}), {plan.status}")
+allocation_table(today["beam"])"""),
+    ("code", "allocation_table(today[\"rag\"])"),
+    ("md", """## 2. Headroom: the largest load that meets an SLO
+
+We give each workflow an SLO of twice today's latency and ask for the largest load factor (all
+arrival rates scaled together) that still meets it, with the latency-optimal plan at that load."""),
+    ("code", """headroom = {}
+for name, instance in (("beam", beam), ("rag", rag)):
+    slo = 2 * today[name].objective_value
+    plan = make_plan(instance.with_latency_slos({name: slo}).with_objective("max_throughput"))
+    w = plan.prediction.workflows[0]
+    headroom[name] = plan.objective_value
+    print(f"{name}: SLO {slo:.2f} s -> load factor {plan.objective_value:.3f} "
+          f"({w.arrival_rate_rps:.2f} req/s, latency {w.latency_s:.2f} s, {plan.status}, gap {plan.gap:.2%})")"""),
+    ("md", """## 3. How many GPUs for a target load?
+
+With `min_gpus`, scepsy finds the fewest GPUs that serve the rate within the SLO (co-locating small
+models on GPU shares), then the latency-optimal plan on them."""),
+    ("code", """rows = []
+factors = [0.5, 1.0] if SHORT else [0.25, 0.5, 0.75, 1.0, 1.25]
+slo = 2 * today["beam"].objective_value
+for factor in factors:
+    instance = beam.scaled(factor).with_latency_slos({"beam": slo}).with_objective("min_gpus")
+    try:
+        plan = make_plan(instance)
+        rows.append({"rate_rps": instance.workflows[0].arrival_rate, "gpus": plan.objective_value,
+                     "latency_s": plan.prediction.workflows[0].latency_s, "status": plan.status})
+    except Exception as error:  # an infeasible target is an answer too
+        rows.append({"rate_rps": instance.workflows[0].arrival_rate, "gpus": None, "latency_s": None, "status": str(error)})
+pd.DataFrame(rows)"""),
+    ("md", "## 4. What if we add nodes?"),
+    ("code", """rates = [2.0, 6.0, 12.0] if SHORT else [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0]
+sizes = [4, 8] if SHORT else [4, 8, 16]
+grid = run_grid(beam, rates, sizes, PlanSettings(), workers=1 if SHORT else 2)
+points = grid.drop_duplicates(["rate_rps", "cluster_gpus"])
+points.pivot(index="rate_rps", columns="cluster_gpus", values="workflow_latency_s")"""),
+    ("code", """ax = points[points.feasible == True].pivot(index="rate_rps", columns="cluster_gpus", values="workflow_latency_s").plot(marker="o")
+ax.set_xlabel("arrival rate (req/s)")
+ax.set_ylabel("predicted latency (s)")
+ax.set_title("Beam search: latency against rate per cluster size (GPUs)");"""),
+    ("code", "cheapest_clusters(grid)"),
+    ("md", """## 5. Both workflows together: four A6000 nodes or one H100 node?
+
+Both workflows at today's rates, each within twice today's latency, priced per GPU hour
+(illustrative prices). `min_cost` finds the cheapest plan on each candidate cluster."""),
+    ("code", """from dataclasses import replace
+
+from scepsy.models.instance import Instance
+
+combined = load_instance(INSTANCES / "combined-8xh100.yaml").with_arrival_rates({"beam": 6.0, "rag": 16.0})
+slos = {"beam": 2 * today["beam"].objective_value, "rag": 2 * today["rag"].objective_value}
+prices = {"H100": 4.0, "A6000": 0.8}
+
+
+def priced(instance: Instance) -> Instance:
+    types = {g: t.model_copy(update={"cost_per_hour": prices[g]}) for g, t in instance.cluster.gpu_types.items()}
+    return replace(instance, cluster=replace(instance.cluster, gpu_types=types))
+
+
+a6000_cluster = load_instance(INSTANCES / "beam-16xa6000.yaml").cluster
+candidates = {"4 x (4 A6000)": replace(combined, cluster=a6000_cluster), "1 x (8 H100)": combined}
+rows = []
+for label, instance in candidates.items():
+    plan = make_plan(priced(instance).with_latency_slos(slos).with_objective("min_cost"))
+    latency = {w.name: round(w.latency_s, 2) for w in plan.prediction.workflows}
+    rows.append({"cluster": label, "cost_per_hour": plan.objective_value, "gpus_in_use": plan.gpus_in_use,
+                 "beam_latency_s": latency["beam"], "rag_latency_s": latency["rag"], "status": plan.status})
+pd.DataFrame(rows)"""),
+    ("md", """The same questions can be asked from the shell: `scepsy plan --objective max_throughput`,
+`scepsy plan --objective min_gpus`, `scepsy whatif INSTANCE --rates 1:20:1 --clusters 4,8,16`."""),
+]
+
+
+def build(cells, path: Path) -> None:
+    notebook = new_notebook(
+        cells=[new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+    for index, cell in enumerate(notebook.cells):
+        cell["id"] = f"cell-{index}"
+    nbformat.write(notebook, path)
+
+
+NOTEBOOKS = {"capacity_study.ipynb": CAPACITY_STUDY}
+
+if __name__ == "__main__":
+    import sys
+
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else HERE
+    for name, cells in NOTEBOOKS.items():
+        build(cells, out / name)
+        print(f"wrote {out / name}")

@@ -1,0 +1,126 @@
+"""Backend-neutral data of the allocation model (planner/cpsat.py states the formulation; the MILP
+backend, planner/milp.py, builds the same model): the capacity rows, the bin-packing rows, the
+replica shapes for the placement counts and the rows of a placement cut.
+
+Rows are lists of (coefficient, (llm, option index)) terms with a right-hand side, so each backend
+only translates them into its own linear expressions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from scepsy.models.allocation import Allocation, LlmAllocation
+from scepsy.models.instance import Cluster
+
+from .options import Option
+
+Term = tuple[int, tuple[str, int]]  # (coefficient, (llm, option index))
+
+
+@dataclass(frozen=True)
+class Row:
+    """sum of terms <= rhs."""
+
+    name: str
+    terms: tuple[Term, ...]
+    rhs: int
+
+
+def items(options: dict[str, list[Option]]) -> list[tuple[str, int, Option]]:
+    return [(m, i, o) for m, opts in options.items() for i, o in enumerate(opts)]
+
+
+def packing_weights(f: int) -> list[tuple[int, ...]]:
+    """Weight functions w(s), s = 0..F, of the bin-packing inequalities (dual feasible functions):
+    w(s) = [s >= b] + (floor(F/b) - 1) [s >= a] for a + b > F, a >= b. A GPU with a shard >= a has
+    room for no other shard >= b, so no GPU carries more than floor(F/b) weight."""
+    weights = set()
+    for b in range(1, f + 1):
+        for a in range(max(b, f - b + 1), f + 1):
+            weights.add(tuple(int(s >= b) + (f // b - 1) * int(s >= a) for s in range(f + 1)))
+    return sorted(weights)
+
+
+def gpu_weight_capacity(weight: tuple[int, ...], free: int) -> int:
+    """W(c): the most weight of shards that fit in c free units (unbounded knapsack, c <= F)."""
+    best = [0] * (free + 1)
+    for c in range(1, free + 1):
+        best[c] = max([best[c - 1]] + [best[c - s] + weight[s] for s in range(1, c + 1)])
+    return best[free]
+
+
+def free_in_domains(cluster: Cluster, gpu_type: str, tp: int) -> list[int]:
+    """Free units of every GPU of `gpu_type` in an NVLink domain of size >= tp."""
+    return [
+        cluster.free_units(domain.node, g)
+        for domain in cluster.domains()
+        if domain.gpu_type == gpu_type and domain.size >= tp
+        for g in domain.gpus
+    ]
+
+
+FULL_PACKING_MAX_OPTIONS = 20_000
+
+
+def capacity_rows(cluster: Cluster, options: dict[str, list[Option]]) -> list[Row]:
+    """Share units of replicas with tp >= t fit the domains of size >= t, and the bin-packing
+    inequalities over the same GPUs (per gpu type and TP degree in use). Beyond
+    FULL_PACKING_MAX_OPTIONS options only the rows of shards above half a GPU are kept (each row
+    spans every option, and large clusters have the slack that makes the others rarely bind)."""
+    rows: list[Row] = []
+    all_items = items(options)
+    f = cluster.fractions_per_gpu
+    weights = packing_weights(f)
+    if len(all_items) > FULL_PACKING_MAX_OPTIONS:
+        weights = [w for w in weights if max(w) == 1 and w.index(1) * 2 > f]
+    for gpu_type in sorted({o.gpu_type for _, _, o in all_items}):
+        for t in sorted({o.tp for _, _, o in all_items if o.gpu_type == gpu_type}):
+            free = free_in_domains(cluster, gpu_type, t)
+            inside = [(m, i, o) for m, i, o in all_items if o.gpu_type == gpu_type and o.tp >= t]
+            rows.append(Row(f"units[{gpu_type},tp>={t}]", tuple((o.units, (m, i)) for m, i, o in inside), sum(free)))
+            gpus_by_free = Counter(free)
+            for k, weight in enumerate(weights):
+                terms = tuple((o.tp * o.replicas * weight[o.share], (m, i)) for m, i, o in inside if weight[o.share])
+                if terms:
+                    limit = sum(n * gpu_weight_capacity(weight, c) for c, n in gpus_by_free.items())
+                    rows.append(Row(f"packing{k}[{gpu_type},tp>={t}]", terms, limit))
+    return rows
+
+
+def counts_model_size(cluster: Cluster, options: dict[str, list[Option]]) -> int:
+    """(GPU, shape) pairs of the placement counts: their size grows with it."""
+    shapes = {o.shape for opts in options.values() for o in opts}
+    return sum(n.gpus for n in cluster.nodes for k in shapes if k[0] == n.gpu_type)
+
+
+def cut_rows(options: dict[str, list[Option]], allocation: Allocation) -> list[Row]:
+    """Rows R_{g,t,s} <= R*_{g,t,s} - 1 of a placement cut: at least one must hold.
+
+    R*_{g,t,s} is the allocation's number of replicas of type g, tp t and share >= s; any allocation
+    with at least as many of each needs at least as much room and is unplaceable too."""
+    groups: dict[tuple[str, int], list[LlmAllocation]] = {}
+    for choice in allocation.llms:
+        groups.setdefault((choice.gpu_type, choice.tp), []).append(choice)
+    rows = []
+    for (g, t), choices in sorted(groups.items()):
+        for s in sorted({c.share for c in choices}):
+            required = sum(c.replicas for c in choices if c.share >= s)
+            terms = tuple(
+                (o.replicas, (m, i))
+                for m, opts in options.items()
+                for i, o in enumerate(opts)
+                if o.gpu_type == g and o.tp == t and o.share >= s
+            )
+            rows.append(Row(f"R[{g},{t},{s}]", terms, required - 1))
+    return rows
+
+
+def grid(values: list[float], resolution: float = 1e-5) -> float:
+    """Integer grid from per-LLM minima: rounding |M| terms moves a sum by < resolution of its
+    lower bound (planner/cpsat.py, integer scaling)."""
+    positive = [v for v in values if v > 0]
+    if not positive:
+        return 1.0
+    return resolution * sum(positive) / len(positive)

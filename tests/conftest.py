@@ -1,0 +1,66 @@
+"""Shared fixtures: paths of the shipped instances and a writer for small instance files."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+INSTANCES = REPO / "instances"
+
+
+def profile_rows(gpu_type: str = "A6000", tps=(1, 2), fractions=(0.5, 1.0), light_s: float = 1.0, capacity_rps: float = 10.0):
+    """A small, hand-checkable profile: latency light_s*(1 + r/T) at r = T/4, T/2, T, one unstable row."""
+    rows = []
+    for tp in tps:
+        for fraction in fractions:
+            cap = capacity_rps * tp * fraction
+            light = light_s / tp
+            for point in (0.25, 0.5, 1.0, 1.5):
+                rate = point * cap
+                latency = light * (1 + min(point, 1.0))
+                rows.append(dict(gpu_type=gpu_type, tp=tp, fraction=fraction, arrival_rate=rate,
+                                 throughput=min(rate, cap), latency_mean=latency, latency_p50=latency * 0.9,
+                                 latency_p90=latency * 1.5, latency_p99=latency * 2))
+    return pd.DataFrame(rows)
+
+
+BASE_INSTANCE = {
+    "cluster": {
+        "fractions_per_gpu": 10,
+        "gpu_types": {"A6000": {"memory_gib": 48}},
+        "nodes": [{"name": "node", "count": 1, "gpu_type": "A6000", "gpus": 4, "nvlink_domains": [[0, 1], [2, 3]]}],
+    },
+    "llms": [
+        {"name": "gen", "model": "m/gen", "weights_gib": 2.5, "min_kv_gib": 1.0, "tp_degrees": [1, 2], "profile": "gen.csv"},
+        {"name": "ver", "model": "m/ver", "weights_gib": 16.0, "min_kv_gib": 2.0, "tp_degrees": [1, 2], "profile": "ver.csv"},
+    ],
+    "workflows": [
+        {"name": "beam", "arrival_rate": 1.0, "stages": [
+            {"llm": "gen", "invocations": 9.0, "parallelism": 3.0},
+            {"llm": "ver", "invocations": 6.0, "parallelism": 2.0},
+        ]}
+    ],
+}
+
+
+@pytest.fixture
+def write_instance(tmp_path):
+    """write_instance(mutate=None, profiles=None) -> path of a valid instance (after `mutate(doc)`)."""
+
+    def write(mutate=None, profiles=None, name="instance.yaml"):
+        doc = copy.deepcopy(BASE_INSTANCE)
+        if mutate is not None:
+            mutate(doc)
+        for llm_name, frame in (profiles or {"gen.csv": profile_rows(light_s=1.0, capacity_rps=20.0),
+                                             "ver.csv": profile_rows(light_s=2.0, capacity_rps=8.0)}).items():
+            frame.to_csv(tmp_path / llm_name, index=False)
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
+
+    return write

@@ -1,0 +1,128 @@
+"""Regenerate the golden plans and manifests: `python tests/golden/regenerate.py` (from anywhere).
+
+Plans (tests/golden/plans/*.json) are solved from the shipped instances (wall time left out so they
+are byte-stable); manifests (tests/golden/<case>/) are emitted from those plans. Run this after the
+shipped instances or profiles change, then review the diff. `--manifests-only` keeps the plans and
+re-emits the manifests (what tests/test_k8s_golden.py compares against).
+
+The matrix: every shipped instance with the defaults (vllm, hami); the combined instance with both
+engines on hami and dra-mps; a whole-GPU plan of beam-4xa6000 with both engines on `none`; and an
+equal-halves plan of beam-4xa6000 (every GPU split into two 0.5 shares, a fixed allocation) with both
+engines on device-plugin-mps, the only backend that needs equal shares.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+PLANS = HERE / "plans"
+INSTANCES = ROOT / "instances"
+SHIPPED = ("beam-4xa6000", "beam-8xa6000", "beam-16xa6000", "rag-4xa6000", "rag-8xa6000", "rag-16xa6000", "combined-8xh100")
+
+
+@dataclass(frozen=True)
+class Case:
+    instance: str
+    plan_kind: str  # optimal | whole | halves
+    engine: str
+    sharing: str
+
+    @property
+    def plan_name(self) -> str:
+        return f"{self.instance}-{self.plan_kind}"
+
+    @property
+    def name(self) -> str:
+        kind = "" if self.plan_kind == "optimal" else f"-{self.plan_kind}"
+        return f"{self.instance}{kind}-{self.engine}-{self.sharing}"
+
+
+CASES = (
+    *(Case(i, "optimal", "vllm", "hami") for i in SHIPPED),
+    Case("combined-8xh100", "optimal", "sglang", "hami"),
+    Case("combined-8xh100", "optimal", "vllm", "dra-mps"),
+    Case("combined-8xh100", "optimal", "sglang", "dra-mps"),
+    Case("beam-4xa6000", "whole", "vllm", "none"),
+    Case("beam-4xa6000", "whole", "sglang", "none"),
+    Case("beam-4xa6000", "halves", "vllm", "device-plugin-mps"),
+    Case("beam-4xa6000", "halves", "sglang", "device-plugin-mps"),
+)
+
+
+def plan_path(case: Case) -> Path:
+    return PLANS / f"{case.plan_name}.json"
+
+
+def _halves_plan(instance):
+    """beam-4xa6000 with every GPU split into two halves: gen x3 and ver x5, tp 1, share 0.5."""
+    from scepsy.models.allocation import Allocation, LlmAllocation
+    from scepsy.models.alp import predict
+    from scepsy.models.plan import Plan, SolverInfo
+    from scepsy.planner.placeability import check_placement
+
+    f = instance.cluster.fractions_per_gpu
+    gpu_type = instance.cluster.used_gpu_types()[0]
+    allocation = Allocation(f, (LlmAllocation("gen", gpu_type, 1, f // 2, 3), LlmAllocation("ver", gpu_type, 1, f // 2, 5)))
+    prediction = predict(instance, allocation)
+    placement = check_placement(instance.cluster, allocation).placement
+    latency = max(w.latency_s for w in prediction.workflows)
+    solver = SolverInfo(backend="fixed", wall_time_s=0.0, notes=("fixed allocation for the device-plugin-mps golden",))
+    return Plan("feasible", instance.objective, latency, latency, 0.0, solver, allocation, prediction, placement)
+
+
+def solve(case: Case) -> dict:
+    from scepsy.models.instance import load_instance
+    from scepsy.planner.options import SearchSpace
+    from scepsy.planner.search import PlanSettings, make_plan
+
+    instance_file = INSTANCES / f"{case.instance}.yaml"
+    instance = load_instance(instance_file)
+    if case.plan_kind == "halves":
+        plan = _halves_plan(instance)
+    else:
+        space = SearchSpace(whole_gpus_only=case.plan_kind == "whole")
+        plan = make_plan(instance, PlanSettings(time_limit_s=120.0, space=space))
+    data = plan.to_json(include_wall_time=False)
+    # relative to the plan file, so that the golden plans work from any directory
+    data["instance"] = str(Path("..", "..", "..", "instances", instance_file.name))
+    return data
+
+
+def emit(case: Case) -> dict[str, str]:
+    from scepsy.k8s.manifests import ManifestSettings, emit as emit_files
+    from scepsy.k8s.plan_input import load_placed_plan
+
+    return emit_files(load_placed_plan(plan_path(case)), ManifestSettings(engine=case.engine, gpu_sharing=case.sharing))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--manifests-only", action="store_true", help="keep the stored plans, re-emit the manifests")
+    args = parser.parse_args()
+    PLANS.mkdir(exist_ok=True)
+    if not args.manifests_only:
+        for plan_name in sorted({c.plan_name for c in CASES}):
+            case = next(c for c in CASES if c.plan_name == plan_name)
+            print(f"solving {plan_name}", flush=True)
+            plan_path(case).write_text(json.dumps(solve(case), indent=2) + "\n")
+    for case in CASES:
+        out = HERE / case.name
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir()
+        for name, text in emit(case).items():
+            (out / name).write_text(text)
+        print(f"wrote {out.relative_to(ROOT)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The Aggregate LLM Pipeline against hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scepsy.models.allocation import Allocation, LlmAllocation
+from scepsy.models.alp import predict
+from scepsy.models.instance import load_instance
+
+
+def alloc(*choices):
+    return Allocation(10, tuple(LlmAllocation(*c) for c in choices))
+
+
+def test_single_workflow_by_hand(write_instance):
+    instance = load_instance(write_instance())
+    # gen: 1 replica tp1 f1.0 -> T = 20, rate 9 -> L = 1.25 + (4/5)*0.25 = 1.45, x 9/3
+    # ver: 1 replica tp2 f0.5 -> T = 8, light 1.0 -> points (2,1.25) (4,1.5) (8,2.0); rate 6 -> 1.75, x 6/2
+    prediction = predict(instance, alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 5, 1)))
+    gen, ver = prediction.llm("gen"), prediction.llm("ver")
+    assert gen.latency_s == pytest.approx(1.45) and ver.latency_s == pytest.approx(1.75)
+    assert gen.utilization == pytest.approx(9 / 20) and ver.utilization == pytest.approx(6 / 8)
+    beam = prediction.workflow("beam")
+    assert [s.latency_contribution_s for s in beam.stages] == pytest.approx([4.35, 5.25])
+    assert beam.latency_s == pytest.approx(9.6)
+    assert beam.max_throughput_rps == pytest.approx(8 / 6) and beam.bottleneck == "ver"
+    assert ver.gpus == pytest.approx(1.0) and gen.gpus == pytest.approx(1.0)
+
+
+def test_replicas_divide_the_rate(write_instance):
+    instance = load_instance(write_instance())
+    prediction = predict(instance, alloc(("gen", "A6000", 1, 10, 3), ("ver", "A6000", 2, 5, 2)))
+    assert prediction.llm("gen").per_replica_rate_rps == pytest.approx(3.0)
+    assert prediction.llm("gen").latency_s == pytest.approx(1.25)  # clamped below 5 rps
+    assert prediction.workflow("beam").max_throughput_rps == pytest.approx(min(3 * 20 / 9, 2 * 8 / 6))
+
+
+def test_shared_llm_sums_the_load_of_its_workflows(write_instance):
+    def two_workflows(doc):
+        doc["workflows"].append(
+            {"name": "chat", "arrival_rate": 2.0, "stages": [{"llm": "gen", "invocations": 1.5, "parallelism": 1.0}]}
+        )
+
+    instance = load_instance(write_instance(two_workflows))
+    assert instance.offered_rate_rps("gen") == pytest.approx(1.0 * 9 + 2.0 * 1.5)
+    prediction = predict(instance, alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 5, 1)))
+    gen = prediction.llm("gen")
+    assert gen.per_replica_rate_rps == pytest.approx(12.0)
+    expected = 1.5 + (2 / 10) * 0.5  # between (10, 1.5) and (20, 2.0)
+    assert gen.latency_s == pytest.approx(expected)
+    assert prediction.workflow("chat").latency_s == pytest.approx(expected * 1.5)
+    assert prediction.workflow("chat").max_throughput_rps == pytest.approx(20 / 1.5)
+    assert gen.utilization == pytest.approx(12 / 20)
+
+
+def test_overload_is_flagged(write_instance):
+    instance = load_instance(write_instance(lambda d: d["workflows"][0].update(arrival_rate=3.0)))
+    prediction = predict(instance, alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 5, 1)))
+    assert prediction.llm("gen").overloaded  # 27 rps > 20 rps capacity
+    assert math.isinf(prediction.workflow("beam").latency_s)
+    assert not prediction.feasible
+
+
+def test_latency_metric_selects_the_column(write_instance):
+    instance = load_instance(write_instance(lambda d: d.update(latency_metric="p99")))
+    prediction = predict(instance, alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 5, 1)))
+    assert prediction.llm("gen").latency_s == pytest.approx(2 * 1.45)

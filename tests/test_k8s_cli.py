@@ -1,0 +1,102 @@
+"""`scepsy manifests`: output, and one clear line with exit code 2 for every input it refuses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from k8s_support import CASES, GOLDEN, ROOT, regenerate
+
+from scepsy.cli import app
+
+runner = CliRunner()
+COMBINED = next(c for c in CASES if c.instance == "combined-8xh100" and c.plan_kind == "optimal")
+WHOLE = next(c for c in CASES if c.plan_kind == "whole")
+
+
+def run(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_manifests_writes_the_golden_files(tmp_path):
+    result = run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    golden = GOLDEN / "combined-8xh100-vllm-hami"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(p.name for p in golden.iterdir())
+    assert "scepsy deploy" in result.output
+
+
+def test_instance_is_found_relative_to_the_plan_and_overridable(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the plan's relative instance path only resolves next to the plan
+    assert run("manifests", regenerate.plan_path(COMBINED), "--out", "a").exit_code == 0
+    plan = json.loads(regenerate.plan_path(COMBINED).read_text())
+    plan["instance"] = "nowhere/missing.yaml"
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    result = run("manifests", "plan.json", "--out", "b")
+    assert result.exit_code == 2
+    assert "instance file 'nowhere/missing.yaml' not found" in result.output and "--instance" in result.output
+    override = ROOT / "instances" / "combined-8xh100.yaml"
+    assert run("manifests", "plan.json", "--out", "b", "--instance", override).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "case,options,message",
+    [
+        (COMBINED, ["--gpu-sharing", "none"], "whole GPUs only"),
+        (COMBINED, ["--gpu-sharing", "device-plugin-mps"], "equal replicas"),
+        (COMBINED, ["--gpu-sharing", "dra-mps", "--kubernetes-version", "1.30"], "needs Kubernetes >= 1.32"),
+        (COMBINED, ["--gpu-sharing", "mig"], "unknown backend"),
+        (COMBINED, ["--engine", "tgi"], "unknown engine"),
+        (COMBINED, ["--gpu-memory-utilization", "0.02"], "exceed the"),
+        (COMBINED, ["--namespace", "Bad_NS"], "DNS-1123"),
+        (WHOLE, ["--router-workers", "dns"], "unknown mode"),
+    ],
+)
+def test_refusals_exit_2_with_one_line(tmp_path, case, options, message):
+    result = run("manifests", regenerate.plan_path(case), "--out", tmp_path / "out", *options)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output and "fix:" in result.output
+
+
+def test_device_plugin_mps_refuses_unequal_shares_naming_the_backends(tmp_path):
+    result = run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path, "--gpu-sharing", "device-plugin-mps")
+    assert "use --gpu-sharing hami or dra-mps" in result.output
+
+
+@pytest.mark.parametrize(
+    "mutate,field",
+    [
+        (lambda p: p.pop("placement"), "placement"),
+        (lambda p: p["placement"][0].update(node="nowhere"), "placement[0].node"),
+        (lambda p: p["placement"][0]["shards"][0].update(gpu=99), "placement[0].shards[0].gpu"),
+        (lambda p: p["llms"][0].update(fraction=0.55), "llms[0].fraction"),
+        (lambda p: p.update(fractions_per_gpu=4), "fractions_per_gpu"),
+        (lambda p: p["llms"][0].update(name="ghost"), "llms[0].name"),
+    ],
+)
+def test_bad_plans_exit_2_naming_the_field(tmp_path, mutate, field):
+    plan = json.loads(regenerate.plan_path(COMBINED).read_text())
+    plan["instance"] = str(ROOT / "instances" / "combined-8xh100.yaml")
+    mutate(plan)
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    result = run("manifests", tmp_path / "plan.json", "--out", tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert field in result.output
+
+
+def test_malformed_plan_json_exits_2(tmp_path):
+    (tmp_path / "plan.json").write_text("{not json")
+    result = run("manifests", tmp_path / "plan.json", "--out", tmp_path / "out")
+    assert result.exit_code == 2 and "malformed JSON" in result.output
+
+
+def test_urls_router_mode_lists_the_llm_services(tmp_path):
+    shutil.rmtree(tmp_path)
+    assert run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path, "--router-workers", "urls").exit_code == 0
+    router = (tmp_path / "70-deployment-router-beam.yaml").read_text()
+    assert "http://gen.scepsy.svc:8000" in router and "http://ver.scepsy.svc:8000" in router and "--enable-igw" in router
+    assert not list(tmp_path.glob("*role*"))

@@ -1,0 +1,56 @@
+"""Every emitted built-in object validates strictly against the upstream Kubernetes schemas.
+
+Targets: 1.30, 1.33 and the newest version kubernetes-validate bundles. kustomization.yaml is not
+an API object and is skipped. dra-mps output names resource.k8s.io at the version of its target
+cluster (--kubernetes-version; the NVIDIA DRA driver needs >= 1.32), so it is validated against the
+versions it targets: 1.32 (v1beta1), 1.33 (v1beta2) and 1.34+ (v1).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from k8s_support import CASES, objects_of, of_kind, regenerate
+
+from scepsy.k8s.manifests import ManifestSettings, emit
+from scepsy.k8s.plan_input import load_placed_plan
+from scepsy.k8s.validate import newest_version, validate_objects
+
+VERSIONS = ("1.30.0", "1.33.0", newest_version())
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.sharing != "dra-mps"], ids=lambda c: c.name)
+def test_golden_objects_validate_strictly(case):
+    objects = objects_of(regenerate.emit(case))
+    for version in VERSIONS:
+        assert validate_objects(objects, version) == [], version
+
+
+@pytest.mark.parametrize("target,versions", [("1.32", ("1.32.0",)), ("1.33", ("1.33.0",)), ("1.34", ("1.34.0", newest_version()))])
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_dra_mps_objects_validate_for_their_target_version(target, versions, engine):
+    case = next(c for c in CASES if c.sharing == "dra-mps")
+    plan = load_placed_plan(regenerate.plan_path(case))
+    objects = objects_of(emit(plan, ManifestSettings(engine=engine, gpu_sharing="dra-mps", kubernetes_version=target)))
+    claims = of_kind(objects, "ResourceClaim")
+    assert claims
+    for version in versions:
+        assert validate_objects(objects, version) == [], version
+
+
+def test_validation_is_strict():
+    case = CASES[0]
+    objects = objects_of(regenerate.emit(case))
+    broken = copy.deepcopy(objects)
+    deployment = of_kind(broken, "Deployment")[0]
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbes"] = {}
+    problems = validate_objects(broken, newest_version())
+    assert len(problems) == 1 and "livenessProbes" in problems[0].message
+
+
+def test_kustomization_is_not_validated_as_a_built_in():
+    objects = objects_of(regenerate.emit(CASES[0]))
+    assert any(o["kind"] == "Kustomization" for o in objects)
+    assert validate_objects(objects, newest_version()) == []

@@ -1,0 +1,132 @@
+"""Issue 7's objectives against exhaustive search, and the MILP backend against CP-SAT, on seeded
+random instances (1 node of 2-4 GPUs, F = 4, with SLOs, two GPU types for min_cost)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scepsy.models.errors import InfeasibleError, InputError
+from scepsy.models.instance import load_instance
+from scepsy.models.synthetic import random_instance
+from scepsy.planner.loadfactor import capacity_bound
+from scepsy.planner.placeability import validate_placement
+from scepsy.planner.search import PlanSettings, make_plan
+
+from conftest import INSTANCES
+
+DOMAINS = ([[0, 1], [2, 3]], [[0, 1, 2, 3]], [], [[0, 1, 2]])
+
+
+def instance(seed: int, **overrides):
+    rng = np.random.default_rng(5000 + seed)
+    gpus = int(rng.choice([2, 3, 4]))
+    return random_instance(
+        seed,
+        n_llms=int(rng.choice([2, 3])),
+        gpus_per_node=gpus,
+        domains=[d for d in DOMAINS[seed % 4] if max(d) < gpus],
+        fractions_per_gpu=4,
+        n_workflows=int(rng.choice([1, 2])),
+        load=float(rng.choice([0.2, 0.4, 0.8])),
+        **overrides,
+    )
+
+
+def solve(inst, backend):
+    try:
+        return make_plan(inst, PlanSettings(backend=backend))
+    except InfeasibleError:
+        return None
+
+
+def agree(inst, backends=("cpsat", "bruteforce", "milp")):
+    plans = {b: solve(inst, b) for b in backends}
+    feasible = [p for p in plans.values() if p is not None]
+    assert len(feasible) in (0, len(backends)), {b: p and p.objective_value for b, p in plans.items()}
+    if feasible:
+        values = [p.objective_value for p in feasible]
+        assert max(values) - min(values) <= 2e-3 * max(abs(min(values)), 1e-9), values
+        for plan in feasible:
+            assert validate_placement(inst.cluster, plan.allocation, plan.placement) == []
+    return plans
+
+
+def slo_factor(seed):
+    return float(np.random.default_rng(seed).choice([1.2, 2.0, 4.0]))
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_milp_agrees_with_cpsat_and_bruteforce_on_min_latency(seed):
+    agree(instance(seed))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_social_welfare(seed):
+    plans = agree(instance(seed, welfare="social"))
+    plan = plans["cpsat"]
+    if plan is not None and len(plan.prediction.workflows) > 1:
+        inst = instance(seed, welfare="social")
+        weights = {w.name: w.weight * w.arrival_rate for w in inst.workflows}
+        mean = sum(weights[w.name] * w.latency_s for w in plan.prediction.workflows) / sum(weights.values())
+        assert plan.objective_value == pytest.approx(mean, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_min_gpus_meets_slos_with_fewest_gpus(seed):
+    plans = agree(instance(seed, objective="min_gpus", slo_factor=slo_factor(seed)))
+    plan = plans["cpsat"]
+    if plan is not None:
+        busy = {(r.node, s.gpu) for r in plan.placement.replicas for s in r.shards}
+        assert plan.objective_value == len(busy)
+        assert all(w.meets_slo is not False for w in plan.prediction.workflows)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_min_cost_on_two_gpu_types(seed):
+    inst = instance(seed, objective="min_cost", slo_factor=slo_factor(seed), second_type_nodes=1)
+    plans = agree(inst)
+    plan = plans["cpsat"]
+    if plan is not None:
+        types = {n.name: n.gpu_type for n in inst.cluster.nodes}
+        busy = {(r.node, s.gpu) for r in plan.placement.replicas for s in r.shards}
+        cost = sum(inst.cluster.gpu_types[types[node]].cost_per_hour for node, _ in busy)
+        assert plan.objective_value == pytest.approx(cost)
+        for choice in plan.allocation.llms:  # all replicas of an LLM on its one gpu type
+            assert {types[r.node] for r in plan.placement.replicas if r.llm == choice.llm} == {choice.gpu_type}
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_max_throughput_is_the_largest_feasible_load(seed):
+    inst = instance(seed, objective="max_throughput", slo_factor=slo_factor(seed))
+    plans = agree(inst)
+    plan = plans["cpsat"]
+    if plan is None:
+        return
+    load = plan.objective_value
+    assert plan.to_json()["load_factor"] == pytest.approx(load)
+    assert load <= capacity_bound(inst, PlanSettings()) * (1 + 1e-9)
+    assert all(w.meets_slo is not False for w in plan.prediction.workflows)
+    assert plan.prediction.workflows[0].arrival_rate_rps == pytest.approx(inst.workflows[0].arrival_rate * load)
+    above = inst.scaled(load * 1.01).with_objective("min_gpus")  # any feasibility check will do
+    assert load * 1.01 > plan.bound and solve(above, "bruteforce") is None  # monotone feasibility
+
+
+def test_enumerate_refuses_gpu_objectives():
+    inst = load_instance(INSTANCES / "beam-4xa6000.yaml").with_objective("min_gpus")
+    with pytest.raises(InputError):
+        make_plan(inst, PlanSettings(backend="enumerate"))
+
+
+def test_min_cost_needs_prices():
+    with pytest.raises(InputError) as err:
+        load_instance(INSTANCES / "beam-4xa6000.yaml").with_objective("min_cost")
+    assert "cost_per_hour" in err.value.field
+
+
+def test_shipped_instances_milp_equals_cpsat():
+    for name in ("beam-8xa6000.yaml", "rag-8xa6000.yaml", "combined-8xh100.yaml"):
+        inst = load_instance(INSTANCES / name)
+        cpsat, milp = make_plan(inst), make_plan(inst, PlanSettings(backend="milp"))
+        assert milp.objective_value == pytest.approx(cpsat.objective_value, rel=1e-3), name
+        assert milp.status == "optimal"

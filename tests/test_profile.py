@@ -1,0 +1,101 @@
+"""Profile semantics (docs/model.md, "Profiles"): stable rows, capacity, interpolation, clamping,
+fraction scaling, and the validation of profile files."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from scepsy.models.errors import InputError
+from scepsy.models.profile import PROFILE_COLUMNS, build_profile, load_profile, read_profile_frame
+
+from conftest import profile_rows
+
+
+@pytest.fixture
+def profile():
+    return build_profile(profile_rows(light_s=1.0, capacity_rps=20.0), "test")
+
+
+def test_capacity_is_largest_stable_rate(profile):
+    curve = profile.curve("A6000", 1, 1.0, memory_gib=48, weights_gib=2.5)
+    # rows at 5, 10, 20 rps are stable; 30 rps delivers 20 < 0.95 * 30 and is dropped
+    assert curve.capacity_rps == pytest.approx(20.0)
+    assert list(curve.base.rates_rps) == [5.0, 10.0, 20.0]
+
+
+def test_latency_is_piecewise_linear_and_clamped_below(profile):
+    curve = profile.curve("A6000", 1, 1.0, memory_gib=48, weights_gib=2.5)
+    assert curve.latency_s(7.5) == pytest.approx(1.375)  # halfway between 1.25 (5 rps) and 1.5 (10 rps)
+    assert curve.latency_s(1.0) == pytest.approx(1.25)  # clamped to the first point
+    assert curve.latency_s(20.0, "p99") == pytest.approx(4.0)
+
+
+def test_unprofiled_fraction_borrows_next_larger_with_kappa(profile):
+    # f = 0.7 borrows f0 = 1.0; kappa = min(0.7, (0.7*48-2.5)/(1.0*48-2.5)) = 31.1/45.5
+    curve = profile.curve("A6000", 1, 0.7, memory_gib=48, weights_gib=2.5)
+    kappa = 31.1 / 45.5
+    assert curve.base.fraction == 1.0 and curve.kappa == pytest.approx(kappa)
+    assert curve.capacity_rps == pytest.approx(20.0 * kappa)
+    assert curve.latency_s(7.5 * kappa) == pytest.approx(1.375)
+
+
+def test_kv_memory_binds_below_the_borrowed_fraction(profile):
+    # f = 0.3 borrows f0 = 0.5; KV ratio (14.4-0.5)/(24-0.5) = 0.5915 < compute ratio 0.6
+    # (for f < f0 and weights > 0 the KV ratio is always the smaller one)
+    curve = profile.curve("A6000", 1, 0.3, memory_gib=48, weights_gib=0.5)
+    assert curve.base.fraction == 0.5
+    assert curve.kappa == pytest.approx(13.9 / 23.5)
+
+
+def test_fraction_above_all_profiles_scales_up(profile):
+    only_half = build_profile(profile_rows(fractions=(0.5,)), "half")
+    curve = only_half.curve("A6000", 1, 0.8, memory_gib=48, weights_gib=2.5)
+    assert curve.base.fraction == 0.5
+    # above f0 the compute ratio 1.6 is the smaller one (KV ratio 35.9/21.5 = 1.67)
+    assert curve.kappa == pytest.approx(1.6)
+
+
+def test_missing_configuration_is_unavailable(profile):
+    assert profile.curve("A6000", 4, 1.0, memory_gib=48, weights_gib=2.5) is None
+    assert profile.curve("H100", 1, 1.0, memory_gib=80, weights_gib=2.5) is None
+
+
+def test_repeated_rates_are_averaged():
+    frame = pd.concat([profile_rows(tps=(1,), fractions=(1.0,))] * 2)
+    frame.iloc[0, frame.columns.get_loc("latency_mean")] = 2.25  # 1.25 and 2.25 average to 1.75
+    curve = build_profile(frame, "dup").curve("A6000", 1, 1.0, 48, 2.5)
+    assert list(curve.base.rates_rps) == [2.5, 5.0, 10.0]
+    assert curve.latency_s(2.5) == pytest.approx(1.75)
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda f: f.drop(columns=["latency_p90"]), "column latency_p90"),
+        (lambda f: f.assign(arrival_rate=f["arrival_rate"].astype(object).where(f.index != 2, "fast")), "row 4, column arrival_rate"),
+        (lambda f: f.assign(throughput=-f["throughput"]), "column throughput"),
+        (lambda f: f.assign(tp=0), "column tp"),
+        (lambda f: f.assign(fraction=1.5), "column fraction"),
+        (lambda f: f.iloc[0:0], None),
+    ],
+)
+def test_bad_profile_files_name_the_column(tmp_path, mutate, field):
+    path = tmp_path / "p.csv"
+    mutate(profile_rows()).to_csv(path, index=False)
+    with pytest.raises(InputError) as err:
+        read_profile_frame(path)
+    assert err.value.file == str(path)
+    if field:
+        assert field in err.value.field
+    assert "fix:" in err.value.line()
+
+
+def test_header_order_is_free_and_extra_columns_are_ignored(tmp_path):
+    frame = profile_rows()
+    frame["notes"] = "x"
+    path = tmp_path / "p.csv"
+    frame[list(reversed(frame.columns))].to_csv(path, index=False)
+    profile = load_profile(path)
+    assert profile.configurations() == [("A6000", 1), ("A6000", 2)]
+    assert set(PROFILE_COLUMNS) <= set(pd.read_csv(path).columns)

@@ -14,6 +14,8 @@ import argparse
 import time
 from pathlib import Path
 
+import pandas as pd
+
 from scepsy.models.autoscaler import HpaSettings
 from scepsy.models.instance import load_instance
 from scepsy.models.simulator import SimulationSettings
@@ -32,7 +34,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--out-dir", type=Path, default=Path("docs") / "figures")
+    parser.add_argument("--replot", action="store_true", help="only redraw the PNG and table from the CSV")
     options = parser.parse_args()
+    stem = options.instance.stem
+    if options.replot:
+        frame = pd.read_csv(options.out_dir / f"{stem}-sweep.csv")
+        plot_sweep(frame, options.out_dir / f"{stem}-sweep.png", title=stem)
+        _table(stem, frame)
+        return
     instance = load_instance(options.instance)
     plan = make_plan(instance)
     capacity = min(w.max_throughput_rps / w.arrival_rate_rps for w in plan.prediction.workflows)
@@ -42,10 +51,13 @@ def main() -> None:
     )
     start = time.perf_counter()
     frame = sweep(instance, points, options.systems.split(","), settings, progress=lambda text: print("#", text, flush=True))
-    stem = options.instance.stem
     write_sweep(frame, options.out_dir / f"{stem}-sweep.csv")
     plot_sweep(frame, options.out_dir / f"{stem}-sweep.png", title=stem)
     print(f"# {stem}: {time.perf_counter() - start:.0f} s; scepsy capacity x{capacity:.3g} of the instance's rates")
+    _table(stem, frame)
+
+
+def _table(stem: str, frame: pd.DataFrame) -> None:
     print("\n| instance | workflow | baseline | peak throughput ratio | latency ratio at equal throughput (min / median / max) |")
     print("|---|---|---|---:|---|")
     for c in compare(frame):

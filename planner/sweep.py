@@ -94,7 +94,8 @@ def write_sweep(frame: pd.DataFrame, path: Path) -> None:
 
 
 def plot_sweep(frame: pd.DataFrame, path: Path, title: str = "") -> None:
-    """Throughput (x) against mean latency (y), one line per system, one panel per workflow."""
+    """Throughput (x) against mean latency (y), one line per system up to its peak throughput
+    (points past it, where more load gives less throughput, are crosses), one panel per workflow."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -105,9 +106,11 @@ def plot_sweep(frame: pd.DataFrame, path: Path, title: str = "") -> None:
     for ax, workflow in zip(axes[0], workflows):
         part = frame[frame["workflow"] == workflow]
         for system in sorted(part["system"].unique()):
-            curve = part[part["system"] == system].sort_values("load_factor")
-            style = "-o" if system == "scepsy" else "--."
-            ax.plot(curve["throughput_rps"], curve["latency_mean_s"], style, label=system, markersize=4)
+            points = part[part["system"] == system].sort_values("load_factor")
+            xs, ys = _curve(points)
+            line = ax.plot(xs, ys, "-o" if system == "scepsy" else "--.", label=system, markersize=4)[0]
+            past = points.iloc[len(xs):]  # past the peak: more load, less throughput (overloaded)
+            ax.plot(past["throughput_rps"], past["latency_mean_s"], "x", color=line.get_color(), markersize=5)
         ax.set_xlabel("throughput (requests/s)")
         ax.set_ylabel("mean latency (s)")
         ax.set_yscale("log")

@@ -23,7 +23,10 @@ Request lengths come from a `RequestSource`:
   - PATH.jsonl                 one call per line: {"prompt_tokens", "completion_tokens"} and
                                optionally "cached_tokens" (prefix-cache hits seen in the trace),
                                "sequences" (pairs in one reranker call) and "llm" (with `llm=`, only
-                               that LLM's calls are used). `scepsy simulate --calls-out` writes it.
+                               that LLM's calls are used). `scepsy simulate --calls-out` writes it;
+                               `scepsy traces export` (the tracing proxy) writes a form it reads too
+                               (`workflow_id` and `call_id` give the request structure; calls
+                               without token counts are left out).
 A request longer than the model's context or than the replica's KV cache is clipped to fit.
 
 Traces with request structure (every call has "request", "call", "start_s", "end_s", and
@@ -147,7 +150,7 @@ def _sessions(records: list[dict]) -> tuple[Session, ...]:
     for record in records:
         by_request.setdefault((str(record.get("workflow")), record["request"]), []).append(record)
     sessions = []
-    for key in sorted(by_request, key=lambda k: (k[0], k[1])):
+    for key in sorted(by_request, key=lambda k: (str(k[0]), str(k[1]))):
         calls = sorted(by_request[key], key=lambda r: (float(r["start_s"]), int(r["call"])))
         present = {int(r["call"]) for r in calls}
         waves: list[list[dict]] = []
@@ -204,7 +207,11 @@ def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
             record = json.loads(line)
             if llm is not None and record.get("llm") != llm:
                 continue
-            _shape(record)
+            if "prompt_tokens" not in record and "completion_tokens" not in record:
+                raise KeyError("prompt_tokens")
+            for key in ("prompt_tokens", "completion_tokens", "cached_tokens", "sequences"):
+                if record.get(key) is not None:
+                    int(record[key])  # a count given must be a number; missing ones are left out later
             records.append(record)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
             raise InputError(
@@ -216,17 +223,39 @@ def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
         raise InputError(str(path), None, f"no calls{which} in the file", "check --llm and the trace")
     try:
         return source_from_calls(records, f"{path.name}" + (f" ({llm})" if llm else ""))
-    except (TypeError, ValueError):
-        raise InputError(str(path), "request/call", "malformed request structure", "give integer request and call fields") from None
+    except (TypeError, ValueError) as exc:
+        raise InputError(str(path), "request/call", f"cannot use the calls ({exc})",
+                         "give prompt_tokens and completion_tokens, and integer request and call fields") from None
+
+
+def _normalise(records: Sequence[dict]) -> tuple[list[dict], int]:
+    """Records with token counts, with the request structure of a tracing-proxy export
+    (`workflow_id`, `call_id`) mapped to `request` and `call` (the order of the calls within their
+    workflow request). Returns the records and how many lacked token counts."""
+    usable = [r for r in records if r.get("prompt_tokens") is not None and r.get("completion_tokens") is not None]
+    if usable and all(r.get("request") is None for r in usable) and all(r.get("workflow_id") for r in usable):
+        grouped: dict[tuple, list[dict]] = {}
+        for record in usable:
+            grouped.setdefault((str(record.get("workflow")), str(record["workflow_id"])), []).append(record)
+        usable = []
+        for key in sorted(grouped):
+            ordered = sorted(grouped[key], key=lambda r: (float(r["start_s"]), str(r.get("call_id"))))
+            usable += [dict(r, request=key[1], call=i) for i, r in enumerate(ordered)]
+    return usable, len(records) - len(usable)
 
 
 def source_from_calls(records: Sequence[dict], name: str) -> RequestSource:
-    """A source from call records (the JSONL fields as dicts), with sessions when every record
-    has the request structure."""
+    """A source from call records (the JSONL fields as dicts, or a tracing-proxy export), with
+    sessions when every record has the request structure. Calls without token counts (streams
+    whose engine sent no usage) are left out."""
+    usable, dropped = _normalise(records)
+    if not usable:
+        raise ValueError("no call has prompt_tokens and completion_tokens")
     sessions: tuple[Session, ...] = ()
-    if all(all(record.get(f) is not None for f in SESSION_FIELDS) for record in records):
-        sessions = _sessions(list(records))
-    return RequestSource(name, tuple(_shape(r) for r in records), sessions)
+    if all(all(record.get(f) is not None for f in SESSION_FIELDS) for record in usable):
+        sessions = _sessions(usable)
+    label = f"{name}, {dropped} calls without token counts left out" if dropped else name
+    return RequestSource(label, tuple(_shape(r) for r in usable), sessions)
 
 
 def load_request_source(spec: str, llm: str | None = None) -> RequestSource:

@@ -140,3 +140,26 @@ def test_traced_requests_are_replayed_with_their_dependencies():
     replayed = pd.DataFrame(synthesize_curve(tight, source, settings))
     forced = pd.DataFrame(synthesize_curve(tight, flat, settings))
     assert replayed["latency_mean"].iloc[0] > forced["latency_mean"].iloc[0]
+
+
+def test_tracing_proxy_exports_are_a_request_source(tmp_path):
+    """`scepsy traces export` rows (call_id, workflow_id, token counts that may be missing)."""
+    from scepsy.tracing.records import CallRecord
+
+    rows = [
+        CallRecord("c1", "gen", "/v1/completions", 10.0, 11.0, 200, workflow="beam", workflow_id="r1",
+                   prompt_tokens=300, completion_tokens=90, usage_source="usage"),
+        CallRecord("c2", "gen", "/v1/completions", 10.0, 11.2, 200, workflow="beam", workflow_id="r1",
+                   prompt_tokens=300, completion_tokens=80, usage_source="usage"),
+        CallRecord("c3", "ver", "/v1/completions", 11.2, 11.3, 200, workflow="beam", workflow_id="r1",
+                   prompt_tokens=500, completion_tokens=1, usage_source="usage"),
+        CallRecord("c4", "gen", "/v1/completions", 11.3, 12.0, 200, workflow="beam", workflow_id="r1",
+                   prompt_tokens=None, completion_tokens=60, stream=True, usage_source="stream_events"),
+        CallRecord("c5", "gen", "/v1/completions", 20.0, 21.0, 200, workflow="beam", workflow_id="r2",
+                   prompt_tokens=250, completion_tokens=70, usage_source="usage"),
+    ]
+    path = tmp_path / "export.jsonl"
+    path.write_text("".join(json.dumps(r.to_row()) + "\n" for r in rows))
+    source = load_request_source(str(path), llm="gen")
+    assert len(source.shapes) == 3 and "1 calls without token counts" in source.name
+    assert [[len(w) for w in s.waves] for s in source.sessions] == [[2], [1]]

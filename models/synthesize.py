@@ -504,7 +504,10 @@ def synthesize(
         for fraction in fractions:
             engine = Engine(model, gpu, tp, fraction, settings.engine)
             if not model.encoder and engine.kv_capacity_gib < max(min_kv_gib, 1e-9):
-                skipped.append(Skipped(tp, fraction, f"KV cache {engine.kv_capacity_gib:.2f} GiB < {min_kv_gib:g} GiB needed"))
+                kv = engine.kv_capacity_gib
+                reason = (f"the weights do not fit (KV cache would be {kv:.2f} GiB)" if kv <= 0
+                          else f"KV cache {kv:.2f} GiB < {min_kv_gib:g} GiB (--min-kv-gib)")
+                skipped.append(Skipped(tp, fraction, reason))
                 if progress:
                     progress(f"skip tp={tp} fraction={fraction:g}")
                 continue

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InputError
 from .profile import LlmProfile, load_profile
+from .programs import Program, ProgramSpec, program_llms
 
 LatencyMetric = Literal["mean", "p50", "p90", "p99"]
 ObjectiveName = Literal["min_latency", "max_throughput", "min_gpus", "min_cost"]
@@ -79,6 +80,8 @@ class WorkflowSpec(_Spec):
     latency_slo_s: float | None = Field(default=None, gt=0)
     weight: float = Field(default=1.0, gt=0, description="importance of this workflow when several share a cluster")
     stages: list[StageSpec] = Field(min_length=1)
+    # optional: the control flow `scepsy simulate` runs (models/programs.py); default: the stages
+    program: ProgramSpec | None = None
 
 
 class InstanceSpec(_Spec):
@@ -160,6 +163,7 @@ class Workflow:
     stages: tuple[Stage, ...]
     latency_slo_s: float | None = None
     weight: float = 1.0
+    program: Program | None = None  # what the simulator runs (None: the stages program)
 
     def stage(self, llm: str) -> Stage | None:
         return next((s for s in self.stages if s.llm == llm), None)
@@ -288,6 +292,7 @@ _FIXES = {
     "less_than_equal": "use a smaller value",
     "literal_error": "use one of the allowed values",
     "too_short": "add at least one entry",
+    "union_tag_invalid": "use kind beam_search, rag or stages (docs/simulation.md)",
 }
 
 
@@ -475,8 +480,17 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
                 raise InputError(source, field_name, f"llm {stage.llm!r} appears twice in one workflow", "merge the stages")
             seen.add(stage.llm)
         used |= seen
+        if wf.program is not None:
+            for role, name in program_llms(wf.program).items():
+                if name not in seen:
+                    raise InputError(
+                        source,
+                        f"workflows[{w}] ({wf.name}).program.{role}",
+                        f"llm {name!r} is not one of this workflow's stages",
+                        f"use one of: {', '.join(sorted(seen))}",
+                    )
         stages = tuple(Stage(s.llm, s.invocations, s.parallelism) for s in wf.stages)
-        workflows.append(Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s, wf.weight))
+        workflows.append(Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s, wf.weight, program=wf.program))
     for i, name in enumerate(llm_names):
         if name not in used:
             raise InputError(source, f"llms[{i}] ({name})", "no workflow calls this llm", "add it to a workflow's stages or remove it")

@@ -152,3 +152,54 @@ def placement_view(placement: Placement, info: PlacementInfo, report: tuple[GpuT
 
 def prediction_view(prediction: Prediction) -> Group:
     return Group(workflow_table(prediction), stage_table(prediction), llm_table(prediction))
+
+
+def simulation_view(result, prediction=None, rate_rps: float | None = None) -> Group:
+    """Tables of one simulation (models/simulator.py `SimulationResult`), with the Aggregate LLM
+    Pipeline prediction of the same allocation beside it when given."""
+    head = (
+        f"simulated {result.duration_s:g} s (measured after {result.warmup_s:g} s), seed {result.seed}"
+        + (f", rate {rate_rps:g} requests/s per workflow" if rate_rps is not None else "")
+        + f", gpus_mean {result.gpus_mean:.2f}"
+        + (f", clipped_calls {result.clipped_calls}" if result.clipped_calls else "")
+    )
+    workflows = Table(title="Simulated workflows")
+    columns = ("workflow", "offered_rps", "throughput_rps", "completed", "unfinished", "mean_s", "p50_s", "p90_s",
+               "p99_s", "predicted_s")
+    for column in columns:
+        workflows.add_column(column, justify="left" if column == "workflow" else "right")
+    for w in result.workflows:
+        predicted = prediction.workflow(w.name).latency_s if prediction is not None else None
+        workflows.add_row(
+            w.name, _fmt(w.offered_rate_rps), _fmt(w.throughput_rps), str(w.completed), str(w.unfinished),
+            _fmt(w.latency_mean_s), _fmt(w.latency_p50_s), _fmt(w.latency_p90_s), _fmt(w.latency_p99_s), _fmt(predicted),
+        )
+    stages = Table(title="Measured statistics per LLM (n: calls per request, p: parallelism)")
+    for column in ("workflow", "llm", "n", "p", "call_latency_s", "time_share_%"):
+        stages.add_column(column, justify="left" if column in ("workflow", "llm") else "right")
+    for w in result.workflows:
+        for s in w.stages:
+            stages.add_row(w.name, s.llm, _fmt(s.invocations, 2), _fmt(s.parallelism, 2), _fmt(s.mean_call_latency_s),
+                           _fmt(100 * s.time_share, 1))
+    llms = Table(title="LLM replicas")
+    for column in ("llm", "gpu_type", "tp", "fraction", "replicas", "utilization_%", "calls", "mean_batch",
+                   "prefix_hit_%", "preemptions"):
+        llms.add_column(column, justify="left" if column in ("llm", "gpu_type") else "right")
+    for m in result.llms:
+        llms.add_row(
+            m.name, m.gpu_type, str(m.tp), _fmt(m.fraction, 2), _fmt(m.replicas_mean, 2), _fmt(100 * m.utilization, 1),
+            str(m.calls), _fmt(m.mean_batch, 1), _fmt(100 * m.prefix_hit_rate, 1), str(m.preemptions),
+        )
+    return Group(head, workflows, stages, llms)
+
+
+def comparison_table(comparisons) -> Table:
+    """Peak throughput and equal-throughput latency ratios of scepsy against each baseline."""
+    table = Table(title="scepsy against baselines")
+    for column in ("workflow", "baseline", "peak_throughput_ratio", "latency_ratio_min", "latency_ratio_median",
+                   "latency_ratio_max"):
+        table.add_column(column, justify="left" if column in ("workflow", "baseline") else "right")
+    for c in comparisons:
+        table.add_row(c.workflow, c.baseline, _fmt(c.peak_throughput_ratio, 2), _fmt(c.latency_ratio_min, 2),
+                      _fmt(c.latency_ratio_median, 2), _fmt(c.latency_ratio_max, 2))
+    return table

@@ -124,7 +124,8 @@ def test_predict_what_if(tmp_path):
     assert result.returncode == 0, result.stderr
     prediction = json.loads(result.stdout)
     gen = next(m for m in prediction["llms"] if m["name"] == "gen")
-    assert gen["per_replica_rate"] == pytest.approx(3.0 * 9 / 2)
+    invocations = yaml.safe_load(DEFAULT.read_text())["workflows"][0]["stages"][0]["invocations"]
+    assert gen["per_replica_rate"] == pytest.approx(3.0 * invocations / 2)
     assert prediction["workflows"][0]["bottleneck"] in ("gen", "ver")
     table = scepsy("predict", DEFAULT, "--allocation", allocation)
     assert "contribution_s" in table.stdout and "bottleneck" in table.stdout

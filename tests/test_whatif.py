@@ -46,17 +46,17 @@ def test_total_rate_keeps_the_mix():
 
 def test_grid_rows_match_single_plans():
     instance = load_instance(BEAM)
-    frame = run_grid(instance, [2.0, 12.0], [4, 8], PlanSettings())
+    frame = run_grid(instance, [2.0, 30.0], [4, 8], PlanSettings())
     assert len(frame) == 2 * 2 * len(instance.llms)
     assert list(frame.columns[:3]) == ["rate_rps", "cluster_gpus", "feasible"]
-    infeasible = frame[(frame.rate_rps == 12.0) & (frame.cluster_gpus == 4)]
+    infeasible = frame[(frame.rate_rps == 30.0) & (frame.cluster_gpus == 4)]
     assert not infeasible.feasible.any() and infeasible.reason.str.contains("throughput").all()
     row = frame[(frame.rate_rps == 2.0) & (frame.cluster_gpus == 8) & (frame.llm == "gen")].iloc[0]
     plan = make_plan(point_instance(instance, Point(2.0, 8)))
     assert row.workflow_latency_s == pytest.approx(plan.objective_value)
     assert row.replicas == plan.allocation.of("gen").replicas
     best = cheapest_clusters(frame)
-    assert dict(zip(best.rate_rps, best.cluster_gpus)) == {2.0: 4, 12.0: 8}
+    assert dict(zip(best.rate_rps, best.cluster_gpus)) == {2.0: 4, 30.0: 8}
 
 
 def test_parallel_grid_equals_serial(tmp_path):

@@ -1,0 +1,192 @@
+"""The workflow simulator: programs, statistics, determinism, prediction agreement, autoscaling."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from scepsy.cli import app
+from scepsy.models.allocation import Allocation, LlmAllocation
+from scepsy.models.alp import predict
+from scepsy.models.autoscaler import HpaSettings
+from scepsy.models.errors import InputError
+from scepsy.models.instance import build_instance, load_instance
+from scepsy.models.programs import BeamSearchProgram, RagProgram, StagesProgram
+from scepsy.models.simulator import SimulationSettings, simulate
+
+INSTANCES = Path(__file__).resolve().parent.parent / "instances"
+SHORT = SimulationSettings(duration_s=120.0, seed=0)
+
+
+def _whole(instance, replicas=1, tp=1):
+    f = instance.cluster.fractions_per_gpu
+    gpu = instance.cluster.used_gpu_types()[0]
+    return Allocation(f, tuple(LlmAllocation(m.name, gpu, tp, f, replicas) for m in instance.llms))
+
+
+def _with_program(instance, program, rate=1.0):
+    workflow = replace(instance.workflows[0], program=program, arrival_rate=rate)
+    return replace(instance, workflows=(workflow,))
+
+
+def test_beam_search_reproduces_the_instance_statistics_and_varies_per_request():
+    instance = load_instance(INSTANCES / "beam-4xa6000.yaml").with_arrival_rates({"beam": 0.5})
+    result = simulate(instance, _whole(instance), SimulationSettings(duration_s=600, seed=0))
+    workflow = result.workflow("beam")
+    for stage in instance.workflows[0].stages:
+        measured = workflow.stage(stage.llm)
+        assert measured.invocations == pytest.approx(stage.invocations, rel=0.12)
+        assert measured.parallelism == pytest.approx(stage.parallelism, rel=0.12)
+    gen_time = np.array(workflow.per_request_llm_time_s["gen"])
+    assert gen_time.std() / gen_time.mean() > 0.4  # invocation counts vary strongly per request
+    assert workflow.stage("gen").time_share + workflow.stage("ver").time_share == pytest.approx(1.0)
+
+
+def test_beam_search_structure():
+    instance = load_instance(INSTANCES / "beam-4xa6000.yaml")
+    # no duplicates: every generation is scored; one iteration per step, n calls each
+    program = BeamSearchProgram(kind="beam_search", generator="gen", verifier="ver", beams=4, beam_width=2,
+                                max_iterations=3, finish_probability=0.0, length_cv=0.0)
+    result = simulate(_with_program(instance, program, 0.5), _whole(instance), SHORT)
+    stats = result.workflow("beam")
+    assert stats.stage("gen").invocations == pytest.approx(12.0)  # 4 beams x 3 iterations (limit)
+    assert stats.stage("ver").invocations == pytest.approx(12.0)
+    assert 3.5 < stats.stage("gen").parallelism <= 4.0
+
+
+def test_rag_calls_once_each_or_k_parallel_reranks():
+    instance = load_instance(INSTANCES / "rag-4xa6000.yaml").with_arrival_rates({"rag": 2.0})
+    result = simulate(instance, _whole(instance), SHORT)
+    for stage in result.workflow("rag").stages:
+        assert stage.invocations == pytest.approx(1.0) and stage.parallelism == pytest.approx(1.0)
+    unbatched = instance.workflows[0].program.model_copy(update={"rerank_batched": False, "passages": 6})
+    result = simulate(_with_program(instance, unbatched, 2.0), _whole(instance), SHORT)
+    rerank = result.workflow("rag").stage("rerank")
+    assert rerank.invocations == pytest.approx(6.0) and rerank.parallelism > 4.0
+
+
+def test_default_stages_program_matches_n_and_p():
+    instance = load_instance(INSTANCES / "beam-4xa6000.yaml")
+    stages = replace(instance.workflows[0], program=None, arrival_rate=1.0)
+    result = simulate(replace(instance, workflows=(stages,)), _whole(instance), SHORT)
+    for stage in stages.stages:
+        measured = result.workflow("beam").stage(stage.llm)
+        assert measured.invocations == pytest.approx(stage.invocations, rel=0.1)
+        assert measured.parallelism == pytest.approx(stage.parallelism, rel=0.15)
+
+
+def test_same_seed_same_result_other_seed_other_result():
+    instance = load_instance(INSTANCES / "rag-4xa6000.yaml").with_arrival_rates({"rag": 3.0})
+    a = simulate(instance, _whole(instance), SHORT).to_json()
+    b = simulate(instance, _whole(instance), SHORT).to_json()
+    c = simulate(instance, _whole(instance), replace(SHORT, seed=1)).to_json()
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    assert a != c
+
+
+def test_light_load_throughput_and_utilisation():
+    instance = load_instance(INSTANCES / "rag-4xa6000.yaml").with_arrival_rates({"rag": 4.0})
+    result = simulate(instance, _whole(instance), SHORT)
+    workflow = result.workflow("rag")
+    assert workflow.throughput_rps == pytest.approx(4.0, rel=0.15)
+    assert workflow.unfinished == 0 and workflow.completed > 350
+    for llm in result.llms:
+        assert 0.0 <= llm.utilization <= 1.0
+    assert result.gpus_mean == pytest.approx(3.0)
+
+
+def test_prediction_agrees_with_simulation_on_the_planned_allocation():
+    """The Aggregate LLM Pipeline against the simulator, on the shipped plan at half its capacity."""
+    from scepsy.planner.search import make_plan
+
+    instance = load_instance(INSTANCES / "beam-4xa6000.yaml")
+    plan = make_plan(instance)
+    half = instance.scaled(0.5 * plan.prediction.workflow("beam").max_throughput_rps / 3.0)
+    predicted = predict(half, plan.allocation).workflow("beam").latency_s
+    simulated = simulate(half, plan.allocation, SimulationSettings(duration_s=200, seed=0)).workflow("beam")
+    assert simulated.latency_mean_s == pytest.approx(predicted, rel=0.15)
+
+
+def test_overload_shows_in_throughput_and_latency():
+    instance = load_instance(INSTANCES / "rag-4xa6000.yaml").with_arrival_rates({"rag": 40.0})
+    f = instance.cluster.fractions_per_gpu
+    small = Allocation(f, tuple(LlmAllocation(m.name, "A6000", 1, 5, 1) for m in instance.llms))
+    workflow = simulate(instance, small, SimulationSettings(duration_s=60, seed=0)).workflow("rag")
+    assert workflow.throughput_rps < 0.5 * 40.0
+    assert workflow.latency_mean_s > 10 * 1.5
+
+
+def test_timestamps_replace_poisson_arrivals():
+    instance = load_instance(INSTANCES / "rag-4xa6000.yaml")
+    times = [0.5 * k for k in range(200)]
+    result = simulate(instance, _whole(instance), SimulationSettings(duration_s=60, warmup_s=0), arrivals={"rag": times})
+    workflow = result.workflow("rag")
+    assert workflow.arrivals == 120 and workflow.offered_rate_rps == pytest.approx(2.0)
+
+
+def test_calls_are_recorded_for_profile_synthesis():
+    instance = load_instance(INSTANCES / "beam-4xa6000.yaml").with_arrival_rates({"beam": 0.5})
+    result = simulate(instance, _whole(instance), SimulationSettings(duration_s=40, seed=0), record_calls=True)
+    assert result.calls and {c["llm"] for c in result.calls} == {"gen", "ver"}
+    assert any(c["cached_tokens"] > 0 for c in result.calls)
+    assert all(c["completion_tokens"] == 1 for c in result.calls if c["llm"] == "ver")
+    linked = [c for c in result.calls if c["prefix_call"] is not None]
+    assert linked and all(c["prefix_call"] < c["call"] and c["prefix_tokens"] > 0 for c in linked)
+
+
+def test_autoscaler_scales_up_under_load_within_the_cluster():
+    from scepsy.planner.baselines import hpa_deployment
+
+    instance = load_instance(INSTANCES / "rag-8xa6000.yaml").with_arrival_rates({"rag": 25.0})
+    deployment = hpa_deployment(instance, HpaSettings(startup_s=20, sync_period_s=10))
+    result = simulate(instance, deployment.allocation, SimulationSettings(duration_s=240, seed=0),
+                      controller=deployment.controller)
+    generator = result.llm("rag-gen")
+    assert generator.replicas_mean > 1.5
+    assert result.gpus_mean <= 8.0 + 1e-9
+    assert any(kind == "up" for _, llm, kind, _ in deployment.controller.events if llm == "rag-gen")
+
+
+def test_program_must_call_the_workflows_llms(tmp_path):
+    raw = yaml.safe_load((INSTANCES / "beam-4xa6000.yaml").read_text())
+    raw["workflows"][0]["program"]["verifier"] = "judge"
+    with pytest.raises(InputError, match=r"program\.verifier"):
+        build_instance(raw, "beam.yaml", INSTANCES)
+    raw["workflows"][0]["program"] = {"kind": "tree_of_thought"}
+    with pytest.raises(InputError, match="program"):
+        build_instance(raw, "beam.yaml", INSTANCES)
+    del raw["workflows"][0]["program"]
+    assert build_instance(raw, "beam.yaml", INSTANCES).workflows[0].program is None
+
+
+def test_unknown_model_is_an_input_error():
+    raw = yaml.safe_load((INSTANCES / "rag-4xa6000.yaml").read_text())
+    raw["llms"][2]["model"] = "acme/secret-model"
+    instance = build_instance(raw, "rag.yaml", INSTANCES)
+    with pytest.raises(InputError, match="not in the engine catalog"):
+        simulate(instance, _whole(instance), SHORT)
+
+
+def test_cli_simulate_json_and_table(tmp_path):
+    runner = CliRunner()
+    plan = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(INSTANCES / "rag-4xa6000.yaml"), "--json", "--out", str(plan)]).exit_code == 0
+    calls = tmp_path / "calls.jsonl"
+    result = runner.invoke(app, ["simulate", str(INSTANCES / "rag-4xa6000.yaml"), "--plan", str(plan), "--rate", "2",
+                                 "--duration-s", "30", "--json", "--calls-out", str(calls)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    workflow = data["workflows"][0]
+    assert workflow["name"] == "rag" and workflow["predicted_latency_s"] > 0 and data["llms"]
+    assert calls.read_text().count("\n") > 100
+    table = runner.invoke(app, ["simulate", str(INSTANCES / "rag-4xa6000.yaml"), "--plan", str(plan),
+                                "--rates", "1,2", "--duration-s", "20"])
+    assert table.exit_code == 0 and table.output.count("Simulated workflows") == 2
+    bad = runner.invoke(app, ["simulate", str(INSTANCES / "rag-4xa6000.yaml"), "--rates", "1,x"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output

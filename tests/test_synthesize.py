@@ -1,0 +1,165 @@
+"""Profile synthesis: request sources, the sweep, the written CSV, and the CLI command."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from scepsy.cli import app
+from scepsy.models import catalog
+from scepsy.models.errors import InputError
+from scepsy.models.profile import PROFILE_COLUMNS, load_profile, write_profile
+from scepsy.models.synthesize import (
+    RequestShape,
+    SynthesisSettings,
+    find_azure_trace,
+    load_request_source,
+    stable_capacity_rps,
+    synthesize,
+)
+
+FAST = SynthesisSettings(requests_per_point=80, rate_points=(0.1, 0.5, 0.8, 1.0, 1.3))
+
+
+def test_fixed_source_and_errors():
+    source = load_request_source("fixed:512,128")
+    assert source.shapes == (RequestShape(512, 128),)
+    for bad in ("fixed:512", "fixed:a,b", "fixed:0,5"):
+        with pytest.raises(InputError):
+            load_request_source(bad)
+    with pytest.raises(InputError, match="file not found"):
+        load_request_source("no/such/file.jsonl")
+
+
+def test_jsonl_source_filters_by_llm(tmp_path):
+    path = tmp_path / "calls.jsonl"
+    lines = [
+        {"llm": "gen", "prompt_tokens": 300, "completion_tokens": 80, "cached_tokens": 200},
+        {"llm": "ver", "prompt_tokens": 900, "completion_tokens": 1},
+        {"llm": "gen", "prompt_tokens": 400, "completion_tokens": 60},
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    gen = load_request_source(str(path), llm="gen")
+    assert [s.prompt_tokens for s in gen.shapes] == [300, 400] and gen.shapes[0].cached_tokens == 200
+    with pytest.raises(InputError, match="no calls"):
+        load_request_source(str(path), llm="embed")
+    path.write_text('{"prompt_tokens": "x"}\n')
+    with pytest.raises(InputError, match="line 1"):
+        load_request_source(str(path))
+
+
+def test_azure_trace_is_read_from_shared_data():
+    if find_azure_trace("conv") is None:
+        pytest.skip("the Azure trace is not in ../shared/data/azure-llm-inference-2023 here")
+    source = load_request_source("azure:conv")
+    assert len(source.shapes) > 19000
+    assert 500 < source.mean_prompt_tokens < 2000 and 50 < source.mean_completion_tokens < 400
+
+
+def test_sweep_rows_are_a_valid_profile_with_a_saturating_curve(tmp_path):
+    frame, skipped = synthesize(
+        catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), [1], [0.2, 1.0],
+        load_request_source("fixed:400,60"), FAST, gpu_type="A6000",
+    )
+    assert not skipped and list(frame.columns) == list(PROFILE_COLUMNS)
+    path = tmp_path / "p.csv"
+    write_profile(frame, path)
+    profile = load_profile(path)
+    small, whole = profile.curves[("A6000", 1)]
+    assert small.fraction == 0.2 and whole.fraction == 1.0
+    assert whole.capacity_rps > 2 * small.capacity_rps  # five times the GPU, not five times (overheads)
+    for curve in (small, whole):
+        assert curve.latencies_s["mean"][-1] > curve.latencies_s["mean"][0]  # queueing grows with load
+    # the 130% point is past saturation and is written as an unstable row
+    over = frame[frame["arrival_rate"] > frame.groupby("fraction")["arrival_rate"].transform("max") * 0.99]
+    assert (over["throughput"] < 0.95 * over["arrival_rate"]).all()
+    assert stable_capacity_rps(frame[frame["fraction"] == 1.0]) == pytest.approx(whole.capacity_rps, rel=1e-5)
+
+
+def test_configurations_without_kv_room_are_skipped():
+    frame, skipped = synthesize(
+        catalog.model("llama-3.1-8b"), catalog.gpu("A6000"), [1], [0.2, 0.5],
+        load_request_source("fixed:800,1"), FAST, min_kv_gib=2.0,
+    )
+    assert [(s.tp, s.fraction) for s in skipped] == [(1, 0.2)]
+    assert set(frame["fraction"]) == {0.5}
+
+
+def test_cli_synthesize_writes_and_merges(tmp_path):
+    out = tmp_path / "gen.csv"
+    runner = CliRunner()
+    common = ["profiles", "synthesize", "--model", "e5-base-v2", "--tp", "1", "--fractions", "0.1,1.0",
+              "--requests", "fixed:48,0", "--requests-per-point", "60", "--out", str(out)]
+    result = runner.invoke(app, [*common, "--gpu", "A6000", "--json"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["rows"] == 30 and set(summary["capacity_rps"]) == {"tp1/f0.1", "tp1/f1"}
+    again = runner.invoke(app, [*common, "--gpu", "H100", "--merge"])
+    assert again.exit_code == 0, again.output
+    frame = pd.read_csv(out)
+    assert set(frame["gpu_type"]) == {"A6000", "H100"} and len(frame) == 60
+
+
+def test_cli_synthesize_bad_input_is_one_line_exit_2(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(app, ["profiles", "synthesize", "--model", "gpt-5", "--gpu", "A6000", "--out", str(tmp_path / "x.csv")])
+    assert result.exit_code == 2
+    assert "unknown model" in result.output and "Traceback" not in result.output
+    result = runner.invoke(app, ["profiles", "synthesize", "--model", "llama-3.1-8b", "--gpu", "A6000", "--fractions", "0.1",
+                                 "--requests", "fixed:100,10", "--out", str(tmp_path / "x.csv")])
+    assert result.exit_code == 2 and "no (tp, fraction) fits" in result.output
+
+
+def test_traced_requests_are_replayed_with_their_dependencies():
+    """A trace with request structure replays sessions: waves of parallel calls and prefix-cache
+    dependencies; with little KV the simulated cache misses, where replaying traced hits cannot."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from scepsy.models.allocation import Allocation, LlmAllocation
+    from scepsy.models.instance import load_instance
+    from scepsy.models.simulator import SimulationSettings, simulate
+    from scepsy.models.synthesize import source_from_calls, synthesize_curve
+    from scepsy.models.engine import Engine
+
+    instance = load_instance(Path(__file__).resolve().parent.parent / "instances" / "beam-4xa6000.yaml")
+    instance = instance.with_arrival_rates({"beam": 0.5})
+    allocation = Allocation(10, tuple(LlmAllocation(m.name, "A6000", 1, 10, 1) for m in instance.llms))
+    trace = simulate(instance, allocation, SimulationSettings(duration_s=120, warmup_s=0), record_calls=True)
+    calls = [c for c in trace.calls if c["llm"] == "ver"]
+    source = source_from_calls(calls, "ver")
+    assert source.sessions and max(len(w) for s in source.sessions for w in s.waves) >= 2
+    assert any(c.prefix_call is not None for s in source.sessions for w in s.waves for c in w)
+    flat = source_from_calls([{k: v for k, v in c.items() if k != "request"} for c in calls], "ver, no structure")
+    assert not flat.sessions
+    settings = SynthesisSettings(requests_per_point=120, min_sessions=60, rate_points=(0.2, 0.6, 1.0, 1.4))
+    tight = Engine(catalog.model("llama-3.1-8b"), catalog.gpu("A6000"), 1, 0.4)  # ~1.8 GiB of KV cache
+    replayed = pd.DataFrame(synthesize_curve(tight, source, settings))
+    forced = pd.DataFrame(synthesize_curve(tight, flat, settings))
+    assert replayed["latency_mean"].iloc[0] > forced["latency_mean"].iloc[0]
+
+
+def test_tracing_proxy_exports_are_a_request_source(tmp_path):
+    """`scepsy traces export` rows (call_id, workflow_id, token counts that may be missing)."""
+    from scepsy.tracing.records import CallRecord
+
+    rows = [
+        CallRecord("c1", "gen", "/v1/completions", 10.0, 11.0, 200, workflow="beam", workflow_id="r1",
+                   prompt_tokens=300, completion_tokens=90, usage_source="usage"),
+        CallRecord("c2", "gen", "/v1/completions", 10.0, 11.2, 200, workflow="beam", workflow_id="r1",
+                   prompt_tokens=300, completion_tokens=80, usage_source="usage"),
+        CallRecord("c3", "ver", "/v1/completions", 11.2, 11.3, 200, workflow="beam", workflow_id="r1",
+                   prompt_tokens=500, completion_tokens=1, usage_source="usage"),
+        CallRecord("c4", "gen", "/v1/completions", 11.3, 12.0, 200, workflow="beam", workflow_id="r1",
+                   prompt_tokens=None, completion_tokens=60, stream=True, usage_source="stream_events"),
+        CallRecord("c5", "gen", "/v1/completions", 20.0, 21.0, 200, workflow="beam", workflow_id="r2",
+                   prompt_tokens=250, completion_tokens=70, usage_source="usage"),
+    ]
+    path = tmp_path / "export.jsonl"
+    path.write_text("".join(json.dumps(r.to_row()) + "\n" for r in rows))
+    source = load_request_source(str(path), llm="gen")
+    assert len(source.shapes) == 3 and "1 calls without token counts" in source.name
+    assert [[len(w) for w in s.waves] for s in source.sessions] == [[2], [1]]

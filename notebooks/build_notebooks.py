@@ -140,7 +140,130 @@ def build(cells, path: Path) -> None:
     nbformat.write(notebook, path)
 
 
-NOTEBOOKS = {"capacity_study.ipynb": CAPACITY_STUDY}
+PAPER_FIGURES = [
+    ("md", """# Our versions of the paper's Fig. 3, 6, 10 and 11
+
+Made with scepsy's simulator (`models/simulator.py`: the workflows' real control flow on replicas
+timed by the engine model) and its planner, with the paper's reported numbers beside ours where it
+reports them. The simulator is not the paper's 16-GPU testbed: our numbers say what the planner and
+the Aggregate LLM Pipeline achieve within the engine model (docs/evidence.md has the full runs and
+their commands). `SCEPSY_NOTEBOOK_SHORT=1` runs a few points with short simulations, as CI does."""),
+    ("code", """import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scepsy.models.autoscaler import HpaSettings
+from scepsy.models.instance import load_instance
+from scepsy.models.simulator import SimulationSettings, simulate
+from scepsy.planner.search import PlanSettings, make_plan
+from scepsy.planner.sweep import SweepSettings, compare, load_points, plot_sweep, sweep
+
+SHORT = os.environ.get("SCEPSY_NOTEBOOK_SHORT") == "1"
+ROOT = Path.cwd() if (Path.cwd() / "instances").exists() else Path.cwd().parent
+sys.path.insert(0, str(ROOT / "bench"))
+INSTANCES = ROOT / "instances"
+print("short mode" if SHORT else "full mode")"""),
+    ("md", """## Fig. 3: relative time per LLM is more stable than absolute time
+
+Beam search on `beam-4xa6000` at its own rate: for every request, each LLM's time (the union of its
+call intervals) and its share of the request's LLM time. The paper (500 traced requests): relative
+shares up to **4x** more stable than absolute times."""),
+    ("code", """beam = load_instance(INSTANCES / "beam-4xa6000.yaml")
+workflow = beam.workflows[0]
+requests = 60 if SHORT else 500
+plan = make_plan(beam)
+result = simulate(beam, plan.allocation, SimulationSettings(duration_s=requests / workflow.arrival_rate / 0.9, seed=0),
+                  record_calls=True)
+stats = result.workflow(workflow.name)
+times = {m: np.array(v) for m, v in stats.per_request_llm_time_s.items()}
+total = sum(times.values())
+rows = []
+for llm, absolute in times.items():
+    relative = absolute / total
+    cv_abs, cv_rel = absolute.std() / absolute.mean(), relative.std() / relative.mean()
+    rows.append({"llm": llm, "absolute_mean_s": absolute.mean(), "absolute_cv": cv_abs,
+                 "relative_mean": relative.mean(), "relative_cv": cv_rel, "stability_ratio": cv_abs / cv_rel})
+fig3 = pd.DataFrame(rows)
+fig3["paper_stability_ratio"] = "up to 4x"
+print(f"{stats.completed} requests measured; LLM time per request {total.min():.2f}-{total.max():.2f} s")
+fig3"""),
+    ("code", """import matplotlib.pyplot as plt
+
+fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+for llm, absolute in times.items():
+    axes[0].hist(absolute, bins=30, alpha=0.6, label=llm)
+    axes[1].hist(absolute / total, bins=30, alpha=0.6, label=llm)
+axes[0].set_xlabel("absolute time in a request (s)")
+axes[1].set_xlabel("share of the request's LLM time")
+for ax in axes:
+    ax.set_ylabel("requests")
+    ax.legend()
+fig.suptitle("Fig. 3: absolute (left) against relative (right) time per LLM, simulated beam search");"""),
+    ("md", """## Fig. 6 and 10: throughput against latency, scepsy against Kubernetes autoscaling and its own ablations
+
+Each system runs on the same simulated GPUs at rising load (fractions of the scepsy plan's predicted
+capacity). `k8s-hpa` scales whole-GPU replicas per LLM on utilisation with a cooldown, like a
+Horizontal Pod Autoscaler; the ablations restrict scepsy to whole GPUs, to TP = 1, or both."""),
+    ("code", """PAPER_FIG6 = {  # paper, section 7.2: throughput gain and latency reduction over Kubernetes HPA
+    ("beam", 4): ("2.4x", "1.4-7.6x"), ("beam", 8): ("1.5x", "1.3-5.2x"), ("beam", 16): ("1.8x", "1.7-10.4x"),
+    ("rag", 4): ("1.5x", "1.9-14.9x"), ("rag", 8): ("1.2x", "1.2-7.2x"), ("rag", 16): ("1.2x", "1.4-27x"),
+}
+if SHORT:
+    cases, loads, duration = ["beam-4xa6000"], (0.3, 0.9, 1.4), 60.0
+    systems = ["scepsy", "k8s-hpa", "scepsy-whole-gpus-tp1"]
+else:
+    cases, loads, duration = ["beam-4xa6000", "rag-4xa6000", "beam-8xa6000", "rag-8xa6000"], (0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.6, 2.0), 400.0
+    systems = ["scepsy", "k8s-hpa", "scepsy-whole-gpus", "scepsy-tp1", "scepsy-whole-gpus-tp1"]
+frames, rows = {}, []
+for case in cases:
+    instance = load_instance(INSTANCES / f"{case}.yaml")
+    base = make_plan(instance)
+    capacity = min(w.max_throughput_rps / w.arrival_rate_rps for w in base.prediction.workflows)
+    points = load_points(instance, load_factors=[k * capacity for k in loads])
+    settings = SweepSettings(SimulationSettings(duration_s=duration, warmup_s=duration / 4, seed=0), HpaSettings())
+    frames[case] = frame = sweep(instance, points, systems, settings)
+    gpus = instance.cluster.gpu_count()
+    for c in compare(frame):
+        paper = PAPER_FIG6.get((c.workflow, gpus), ("-", "-")) if c.baseline == "k8s-hpa" else ("-", "-")
+        rows.append({"instance": case, "baseline": c.baseline, "peak_throughput_ratio": round(c.peak_throughput_ratio, 2),
+                     "latency_ratio_median": round(c.latency_ratio_median, 2),
+                     "latency_ratio_max": round(c.latency_ratio_max, 2),
+                     "paper_throughput_ratio": paper[0], "paper_latency_ratio": paper[1]})
+pd.DataFrame(rows)"""),
+    ("code", """from IPython.display import Image, display
+
+for case, frame in frames.items():
+    path = Path(f"/tmp/{case}-sweep.png") if SHORT else ROOT / "docs" / "figures" / f"notebook-{case}-sweep.png"
+    plot_sweep(frame, path, title=case)
+    display(Image(filename=str(path)))"""),
+    ("md", """## Fig. 11: search time as the problem grows
+
+The paper's prototype (pruned enumeration) needs up to 35 s over LLM counts at 16 GPUs, up to
+70 s at 128 GPUs and up to 1 s over fractions per GPU. Ours: the exact CP-SAT model (and the
+paper's enumeration as the baseline), planned end to end, on the combined workflow of
+`bench/common.py`. Full axes: `python bench/solver_scaling.py`."""),
+    ("code", """from common import combined_instance
+
+points = [("llms", 3, (3, 16, 10)), ("llms", 5, (5, 16, 10)), ("gpus", 64, (3, 64, 10))]
+if not SHORT:
+    points += [("llms", 2, (2, 16, 10)), ("llms", 4, (4, 16, 10)), ("llms", 6, (6, 16, 10)), ("gpus", 16, (3, 16, 10)),
+               ("gpus", 128, (3, 128, 10)), ("fractions", 5, (3, 16, 5)), ("fractions", 20, (3, 16, 20))]
+PAPER_FIG11 = {("llms", 5): "<= 35 s", ("gpus", 128): "70 s", ("fractions", 20): "<= 1 s"}
+rows = []
+for axis, value, (llms, gpus, fractions) in points:
+    instance = combined_instance(llms, gpus, fractions)
+    start = time.perf_counter()
+    plan = make_plan(instance, PlanSettings())
+    rows.append({"axis": axis, "value": value, "cpsat_s": round(time.perf_counter() - start, 3), "status": plan.status,
+                 "paper_prototype": PAPER_FIG11.get((axis, value), "-")})
+pd.DataFrame(rows).sort_values(["axis", "value"])"""),
+]
+
+NOTEBOOKS = {"capacity_study.ipynb": CAPACITY_STUDY, "paper_figures.ipynb": PAPER_FIGURES}
 
 if __name__ == "__main__":
     import sys

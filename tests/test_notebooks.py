@@ -15,7 +15,7 @@ NOTEBOOKS = sorted((REPO / "notebooks").glob("*.ipynb"))
 
 
 def test_notebooks_exist():
-    assert {p.name for p in NOTEBOOKS} >= {"capacity_study.ipynb"}
+    assert {p.name for p in NOTEBOOKS} >= {"capacity_study.ipynb", "paper_figures.ipynb"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

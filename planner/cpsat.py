@@ -54,7 +54,7 @@ from ortools.sat.python import cp_model
 from scepsy.models.allocation import Allocation, LlmAllocation
 from scepsy.models.instance import Cluster
 
-from .formulation import Row, capacity_rows, counts_model_size, cut_rows, grid, items
+from .formulation import Row, capacity_rows, counts_model_size, cut_rows, grid, items, most_replicas_by_shape
 from .objective import GpuCount, LatencySum, MaxLatencySum, Objective
 from .options import Option
 
@@ -161,7 +161,7 @@ def add_placement_counts(
     when the GPU hosts a shard."""
     items = [(m, i, o) for m, opts in options.items() for i, o in enumerate(opts)]
     shapes = sorted({o.shape for _, _, o in items})
-    most = {k: max(o.replicas for _, _, o in items if o.shape == k) for k in shapes}
+    most = most_replicas_by_shape(options)
     domains = cluster.domains()
     n, c = {}, {}
     for k in shapes:

@@ -89,6 +89,19 @@ def capacity_rows(cluster: Cluster, options: dict[str, list[Option]]) -> list[Ro
     return rows
 
 
+def most_replicas_by_shape(options: dict[str, list[Option]]) -> dict[tuple[str, int, int], int]:
+    """The most replicas of each shape an allocation can have: several LLMs may share a shape, so
+    their largest replica counts add up."""
+    most: dict[tuple[str, int, int], int] = {}
+    for opts in options.values():
+        per_llm: dict[tuple[str, int, int], int] = {}
+        for o in opts:
+            per_llm[o.shape] = max(per_llm.get(o.shape, 0), o.replicas)
+        for shape, count in per_llm.items():
+            most[shape] = most.get(shape, 0) + count
+    return most
+
+
 def counts_model_size(cluster: Cluster, options: dict[str, list[Option]]) -> int:
     """(GPU, shape) pairs of the placement counts: their size grows with it."""
     shapes = {o.shape for opts in options.values() for o in opts}

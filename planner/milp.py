@@ -20,7 +20,7 @@ import pulp
 from scepsy.models.allocation import Allocation, LlmAllocation
 from scepsy.models.instance import Cluster
 
-from .formulation import Row, capacity_rows, cut_rows, items
+from .formulation import Row, capacity_rows, cut_rows, items, most_replicas_by_shape
 from .objective import GpuCount, LatencySum, MaxLatencySum, Objective
 from .options import Option
 
@@ -93,7 +93,7 @@ def _placement_counts(problem, cluster: Cluster, options, x) -> dict[tuple[str, 
     """The count model of planner/placeability.py; used[node, gpu] when the GPU hosts a shard."""
     all_items = items(options)
     shapes = sorted({o.shape for _, _, o in all_items})
-    most = {k: max(o.replicas for _, _, o in all_items if o.shape == k) for k in shapes}
+    most = most_replicas_by_shape(options)
     domains = cluster.domains()
     n, c = {}, {}
     for s_index, k in enumerate(shapes):

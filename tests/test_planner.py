@@ -4,8 +4,10 @@ baseline that is never better, the egalitarian objective, determinism and the ti
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from scepsy.models.allocation import Allocation, LlmAllocation
@@ -24,11 +26,13 @@ SEEDS = range(240)
 
 
 def small_instance(seed: int):
-    """1 node of 2-4 GPUs, 2-3 LLMs, F = 4, one or two workflows, loads from light to impossible."""
+    """1 node of 2-4 GPUs, 2-3 LLMs, F = 4, one or two workflows, loads from light to impossible.
+    Every third instance clones one LLM's model and profile into all, so that LLMs share replica
+    shapes (what the placement counts must add up)."""
     rng = np.random.default_rng(1000 + seed)
     gpus = int(rng.choice([2, 3, 4]))
     domains = [d for d in DOMAIN_LAYOUTS[seed % 4] if max(d) < gpus]
-    return random_instance(
+    instance = random_instance(
         seed,
         n_llms=int(rng.choice([2, 3])),
         gpus_per_node=gpus,
@@ -37,6 +41,11 @@ def small_instance(seed: int):
         n_workflows=int(rng.choice([1, 1, 2])),
         load=float(rng.choice([0.3, 0.6, 1.0, 1.5])),
     )
+    if seed % 3 == 2:
+        first = instance.llms[0]
+        clones = tuple(replace(first, name=m.name) for m in instance.llms)
+        instance = replace(instance, llms=clones)
+    return instance
 
 
 def solve(instance, backend):
@@ -176,22 +185,34 @@ def test_prediction_of_the_plan_is_feasible_and_placed():
     assert manual == plan.allocation
 
 
+def _measured(rows):
+    return pd.DataFrame(
+        [dict(gpu_type="A6000", tp=1, fraction=0.5, arrival_rate=r, throughput=r, latency_mean=l,
+              latency_p50=l, latency_p90=1.3 * l, latency_p99=1.4 * l) for r, l in rows]
+    )
+
+
 def test_two_halves_of_one_gpu(write_instance):
-    """Regression (the llama.cpp end-to-end instance): F = 2, one GPU, each LLM profiled at 0.5."""
-    profiles = {"gen.csv": profile_rows(tps=(1,), fractions=(0.5,), light_s=1.0, capacity_rps=2.0),
-                "ver.csv": profile_rows(tps=(1,), fractions=(0.5,), light_s=0.5, capacity_rps=4.0)}
+    """Regression (the llama.cpp end-to-end instance): F = 2, one GPU, each LLM profiled at 0.5 only,
+    with the noisy, non-monotone latencies of a real replay, so that each LLM keeps exactly one
+    option and both share one replica shape: the placement counts must allow both replicas."""
+    profiles = {"gen.csv": _measured([(0.900518, 0.378498), (1.80104, 0.350447), (2.70155, 0.356231)]),
+                "ver.csv": _measured([(0.808548, 0.392289), (1.6171, 0.36168), (2.42564, 0.373147)])}
 
     def one_gpu(doc):
         doc["cluster"]["fractions_per_gpu"] = 2
+        doc["cluster"]["gpu_types"]["A6000"]["memory_gib"] = 24
         doc["cluster"]["nodes"] = [{"name": "cpu", "gpu_type": "A6000", "gpus": 1}]
         for llm in doc["llms"]:
             llm.update(weights_gib=0.1, min_kv_gib=0.1, tp_degrees=[1])
-        doc["workflows"][0]["arrival_rate"] = 0.2
+        doc["workflows"][0]["arrival_rate"] = 0.303205
         doc["workflows"][0]["stages"] = [
-            {"llm": "gen", "invocations": 4.0, "parallelism": 1.72}, {"llm": "ver", "invocations": 4.0, "parallelism": 1.65},
+            {"llm": "gen", "invocations": 4.0, "parallelism": 1.72625}, {"llm": "ver", "invocations": 4.0, "parallelism": 1.62812},
         ]
 
     instance = load_instance(write_instance(one_gpu, profiles))
+    options = all_options(instance)
+    assert [len(o) for o in options.values()] == [1, 1] and options["gen"][0].shape == options["ver"][0].shape
     plans = {b: make_plan(instance, PlanSettings(backend=b)) for b in ("cpsat", "milp", "bruteforce", "enumerate")}
     for plan in plans.values():
         assert [(c.share, c.replicas) for c in plan.allocation.llms] == [(1, 1), (1, 1)]

@@ -7,8 +7,10 @@ import math
 from rich.console import Group
 from rich.table import Table
 
+from .allocation import Placement
 from .alp import Prediction
-from .plan import Plan
+from .fragmentation import GpuTypeFragmentation
+from .plan import PlacementInfo, Plan
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -75,14 +77,48 @@ def llm_table(prediction: Prediction) -> Table:
     return table
 
 
-def placement_table(plan: Plan) -> Table:
+def placement_table(placement: Plan | Placement) -> Table:
+    placement = placement.placement if isinstance(placement, Plan) else placement
     table = Table(title="Placement")
     for column in ("llm", "replica", "node", "gpus", "fraction_per_gpu"):
         table.add_column(column, justify="left" if column in ("llm", "node", "gpus") else "right")
-    f = plan.placement.fractions_per_gpu
-    for r in plan.placement.replicas:
+    f = placement.fractions_per_gpu
+    for r in placement.replicas:
         table.add_row(r.llm, str(r.replica), r.node, ",".join(str(s.gpu) for s in r.shards), _fmt(r.shards[0].units / f, 2))
     return table
+
+
+def fragmentation_table(report: tuple[GpuTypeFragmentation, ...]) -> Table:
+    """What the placement leaves free, per gpu type (models/fragmentation.py)."""
+    table = Table(title="Free after placement")
+    columns = (
+        "gpu_type", "gpus", "free_gpus", "nvlink_domains", "free_domains", "free_capacity_gpus",
+        "stranded_capacity_gpus", "largest_tp_whole_gpu", "largest_tp_half_gpu",
+    )
+    for column in columns:
+        table.add_column(column, justify="left" if column == "gpu_type" else "right")
+    for r in report:
+        table.add_row(
+            r.gpu_type, str(r.gpus), str(r.free_gpus), str(r.domains), str(r.free_domains), _fmt(r.free_capacity_gpus, 1),
+            _fmt(r.stranded_capacity_gpus, 1), str(r.largest_tp_whole_gpu), str(r.largest_tp_half_gpu),
+        )
+    return table
+
+
+def placement_summary(info: PlacementInfo) -> str:
+    o = info.objective
+    parts = [
+        f"placement: {info.method} ({info.status})",
+        f"free_domains: {o.free_domains}",
+        f"free_gpus: {o.free_gpus}",
+        f"shared_gpus: {o.shared_gpus}",
+    ]
+    if o.moved_shards is not None:
+        parts += [f"moved_shards: {o.moved_shards}", f"kept_replicas: {o.kept_replicas}"]
+    if info.gap is not None:
+        parts.append(f"gap: {100 * info.gap:.1f}% ({info.gap_stage})")
+    parts.append(f"wall_time_s: {info.wall_time_s:.3f}")
+    return "   ".join(parts) + "".join(f"\nnote: {n}" for n in info.notes)
 
 
 def plan_summary(plan: Plan) -> str:
@@ -96,13 +132,22 @@ def plan_summary(plan: Plan) -> str:
 
 
 def plan_view(plan: Plan) -> Group:
-    return Group(
+    parts = [
         plan_summary(plan),
         workflow_table(plan.prediction),
         stage_table(plan.prediction),
         llm_table(plan.prediction),
         placement_table(plan),
-    )
+    ]
+    if plan.placement_info is not None:
+        parts.insert(1, placement_summary(plan.placement_info))
+    if plan.fragmentation:
+        parts.append(fragmentation_table(plan.fragmentation))
+    return Group(*parts)
+
+
+def placement_view(placement: Placement, info: PlacementInfo, report: tuple[GpuTypeFragmentation, ...]) -> Group:
+    return Group(placement_summary(info), placement_table(placement), fragmentation_table(report))
 
 
 def prediction_view(prediction: Prediction) -> Group:

@@ -174,3 +174,25 @@ def test_prediction_of_the_plan_is_feasible_and_placed():
     assert total == plan.allocation.units
     manual = Allocation(10, tuple(LlmAllocation(c.llm, c.gpu_type, c.tp, c.share, c.replicas) for c in plan.allocation.llms))
     assert manual == plan.allocation
+
+
+def test_two_halves_of_one_gpu(write_instance):
+    """Regression (the llama.cpp end-to-end instance): F = 2, one GPU, each LLM profiled at 0.5."""
+    profiles = {"gen.csv": profile_rows(tps=(1,), fractions=(0.5,), light_s=1.0, capacity_rps=2.0),
+                "ver.csv": profile_rows(tps=(1,), fractions=(0.5,), light_s=0.5, capacity_rps=4.0)}
+
+    def one_gpu(doc):
+        doc["cluster"]["fractions_per_gpu"] = 2
+        doc["cluster"]["nodes"] = [{"name": "cpu", "gpu_type": "A6000", "gpus": 1}]
+        for llm in doc["llms"]:
+            llm.update(weights_gib=0.1, min_kv_gib=0.1, tp_degrees=[1])
+        doc["workflows"][0]["arrival_rate"] = 0.2
+        doc["workflows"][0]["stages"] = [
+            {"llm": "gen", "invocations": 4.0, "parallelism": 1.72}, {"llm": "ver", "invocations": 4.0, "parallelism": 1.65},
+        ]
+
+    instance = load_instance(write_instance(one_gpu, profiles))
+    plans = {b: make_plan(instance, PlanSettings(backend=b)) for b in ("cpsat", "milp", "bruteforce", "enumerate")}
+    for plan in plans.values():
+        assert [(c.share, c.replicas) for c in plan.allocation.llms] == [(1, 1), (1, 1)]
+        assert plan.objective_value == pytest.approx(plans["bruteforce"].objective_value)

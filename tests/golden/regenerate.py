@@ -1,7 +1,7 @@
 """Regenerate the golden plans and manifests: `python tests/golden/regenerate.py` (from anywhere).
 
-Plans (tests/golden/plans/*.json) are solved from the shipped instances (wall time left out so they
-are byte-stable); manifests (tests/golden/<case>/) are emitted from those plans. Run this after the
+Plans (tests/golden/plans/*.json) are solved and placed from the shipped instances, as `scepsy plan`
+does (wall times left out so they are byte-stable); manifests (tests/golden/<case>/) are emitted from those plans. Run this after the
 shipped instances or profiles change, then review the diff. `--manifests-only` keeps the plans and
 re-emits the manifests (what tests/test_k8s_golden.py compares against).
 
@@ -65,22 +65,26 @@ def _halves_plan(instance):
     from scepsy.models.allocation import Allocation, LlmAllocation
     from scepsy.models.alp import predict
     from scepsy.models.plan import Plan, SolverInfo
-    from scepsy.planner.placeability import check_placement
+    from scepsy.placement.place import place
 
     f = instance.cluster.fractions_per_gpu
     gpu_type = instance.cluster.used_gpu_types()[0]
     allocation = Allocation(f, (LlmAllocation("gen", gpu_type, 1, f // 2, 3), LlmAllocation("ver", gpu_type, 1, f // 2, 5)))
     prediction = predict(instance, allocation)
-    placement = check_placement(instance.cluster, allocation).placement
+    placed = place(instance.cluster, allocation)
     latency = max(w.latency_s for w in prediction.workflows)
     solver = SolverInfo(backend="fixed", wall_time_s=0.0, notes=("fixed allocation for the device-plugin-mps golden",))
-    return Plan("feasible", instance.objective, latency, latency, 0.0, solver, allocation, prediction, placement)
+    return Plan(
+        "feasible", instance.objective, latency, latency, 0.0, solver, allocation, prediction, placed.placement,
+        placement_info=placed.info, fragmentation=placed.fragmentation,
+    )
 
 
 def solve(case: Case) -> dict:
     from scepsy.models.instance import load_instance
+    from scepsy.placement.place import plan_and_place
     from scepsy.planner.options import SearchSpace
-    from scepsy.planner.search import PlanSettings, make_plan
+    from scepsy.planner.search import PlanSettings
 
     instance_file = INSTANCES / f"{case.instance}.yaml"
     instance = load_instance(instance_file)
@@ -88,7 +92,7 @@ def solve(case: Case) -> dict:
         plan = _halves_plan(instance)
     else:
         space = SearchSpace(whole_gpus_only=case.plan_kind == "whole")
-        plan = make_plan(instance, PlanSettings(time_limit_s=120.0, space=space))
+        plan = plan_and_place(instance, PlanSettings(time_limit_s=120.0, space=space))
     data = plan.to_json(include_wall_time=False)
     # relative to the plan file, so that the golden plans work from any directory
     data["instance"] = str(Path("..", "..", "..", "instances", instance_file.name))

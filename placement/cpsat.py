@@ -1,0 +1,680 @@
+"""Exact placement model (OR-Tools CP-SAT): every shard on a GPU, lexicographically least fragmented.
+
+An LLM has exactly one shape (gpu type, tp, share) in an allocation, so counts per (domain, LLM) and
+(GPU, LLM) describe a placement exactly (deal a domain's replicas round robin over its GPUs, each
+GPU listed as often as it holds shards: planner/placeability.py) and are far fewer than one boolean
+per shard and GPU. Shards of a whole GPU (s = F) need even less: a GPU holds at most one, so one
+boolean per GPU says whether it carries a whole shard, and any whole-GPU replica of the domain may
+take it. Formulation (units in brackets; docs/placement.md states the same):
+
+Sets
+    M = W + P  LLMs: W whole-GPU (s_m = F), P fractional (s_m < F); m has gpu type g_m, tp t_m,
+               share s_m [units of 1/F GPU per shard], replicas d_m
+    J          NVLink domains; I_j the GPUs of domain j; j(i) the domain of GPU i
+    J_m        domains eligible for m: type g_m, room for at least one replica of m
+    Q_m        keep candidates of m (re-planning, placement/current.py): domain j_q, GPUs G_q
+    I*, J*     clean GPUs (c_i = F: no reservation) and clean domains (all GPUs clean)
+Parameters
+    F          units per GPU;  c_i  free units of GPU i (F minus reservations)
+    ub_im      most shards of m on GPU i: min(d_m, c_i // s_m, most replicas of m in j(i))
+    w, W(c)    bin-packing weights, the most weight that fits c units (planner/cpsat.py)
+Variables
+    n[j, m]    replicas of m in domain j                           integer, 0..most that fit j
+    c[i, m]    shards of fractional m on GPU i                     integer, 0..ub_im
+    x[i]       clean GPU i carries a whole-GPU shard               {0, 1}
+    u[i]       clean GPU i holds a shard                           {0, 1}
+    v[j]       clean domain j holds a shard                        {0, 1}
+    e[i, m]    GPU i holds shards of m and of no other LLM         {0, 1}
+    h[i]       GPU i holds shards of two or more LLMs              {0, 1}
+    k[q]       candidate q stays where it is                       {0, 1}
+Constraints
+    sum_{j in J_m} n[j, m] = d_m                                   every replica in one domain
+    sum_{i in I_j} x[i] = sum_{m in W} t_m n[j, m]                 whole shards: one GPU each
+    sum_{i in I_j} c[i, m] = t_m n[j, m]            (m in P)        its t_m shards in that domain
+    c[i, m] - K[i, m] <= n[j(i), m] - K[j(i), m]     (m in P)        distinct GPUs per replica (round
+        K[i, m] = sum_{q in Q_m: i in G_q} k[q],  K[j, m] = sum_{q in Q_m: j_q = j} k[q]    robin), kept
+    K[i, m] <= c[i, m] (m in P);  sum_{q in Q_W: i in G_q} k[q] <= x[i];  K[j, m] <= n[j, m]   stay put
+    F x[i] + sum_{m in P} s_m c[i, m] <= c_i u[i]   (i clean; else without x, <= c_i)   capacity
+    u[i] <= v[j(i)]                                                a used GPU uses its domain
+    c[i, m] <= ub_im (e[i, m] + h[i]);  sum_m e[i, m] + h[i] <= u[i]      one LLM's, or shared
+    sum_{m in P} s_m c[i, m] <= sum_m s_m ub_im e[i, m] + c_i h[i]        (fractional LLMs only:
+                                                                   a whole-GPU shard is never shared)
+    sum_{i of type g} (w(F) x[i] + sum_m w(s_m) c[i, m]) <= W(F) sum_i u[i]   (and per clean domain
+                                                                   with v)  bin-packing cuts, valid
+    symmetry breaking: interchangeable nodes (same gpu type, domains and free units, no candidate),
+    domains of a node and GPUs of a domain are ordered by load: load(a) >= load(b), a before b
+Objective (lexicographic; stages solved in turn, each fixed at its optimum)
+    re-planning:  max sum_q t_q k[q]       (= fewest moved shards)
+    1. min sum_{j in J*} v[j]             (= most free whole NVLink domains)
+    2. min sum_{i in I*} u[i]             (= most free whole GPUs)
+    3. min sum_i h[i]                     (= fewest GPUs shared by different LLMs)
+Decode: per domain, kept candidates on their GPUs; the other whole-GPU replicas take the remaining
+GPUs with x = 1, t at a time; the other fractional replicas of m are dealt round robin over the GPUs
+listed c - K times each (valid because c - K <= n - K). Every placement returned is also checked by
+planner.placeability.validate_placement (placement/place.py).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from scepsy.models.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
+from scepsy.models.instance import Cluster, Domain
+from scepsy.planner.formulation import packing_weights
+
+from .current import Candidate, keep_candidates, movable_replicas
+from .heuristic import first_fit_placement
+from .objective import Spot, evaluate, number_replicas
+
+STATUS_NAMES = {
+    cp_model.OPTIMAL: "optimal",
+    cp_model.FEASIBLE: "feasible",
+    cp_model.INFEASIBLE: "infeasible",
+    cp_model.MODEL_INVALID: "model_invalid",
+    cp_model.UNKNOWN: "unknown",
+}
+Gpu = tuple[str, int]  # (node, gpu index)
+Var = cp_model.IntVar
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # moved_shards | free_domains | free_gpus | shared_gpus
+    expr: cp_model.LinearExprT  # minimised (an int when the stage has nothing to decide)
+    offset: int  # reported value = offset + sign * expr
+    sign: int
+
+
+@dataclass(frozen=True)
+class SymmetryClasses:
+    """Interchangeable elements, each tuple in the order their loads are constrained (descending)."""
+
+    nodes: tuple[tuple[str, ...], ...]  # nodes with equal gpu type, domains and free units per GPU
+    domains: tuple[tuple[int, ...], ...]  # domains of one node with equal sorted free units
+    gpus: tuple[tuple[Gpu, ...], ...]  # GPUs of one domain with equal free units
+
+
+@dataclass
+class PlacementModel:
+    cluster: Cluster
+    allocation: Allocation
+    model: cp_model.CpModel
+    domains: list[Domain]
+    candidates: list[Candidate]
+    n: dict[tuple[int, str], Var]
+    c: dict[tuple[Gpu, str], Var]
+    x: dict[Gpu, Var]
+    u: dict[Gpu, Var]
+    v: dict[int, Var]
+    e: dict[tuple[Gpu, str], Var]
+    h: dict[Gpu, Var]
+    k: dict[int, Var]
+    classes: SymmetryClasses = SymmetryClasses((), (), ())
+    stages: list[Stage] = field(default_factory=list)
+
+    def variables(self):
+        for group in (self.n, self.c, self.x, self.u, self.v, self.e, self.h, self.k):
+            yield from group.values()
+
+
+def _fit_in_domain(slots: list[int], tp: int) -> int:
+    """Most replicas of tp shards on distinct GPUs of a domain whose GPUs hold `slots` shards each
+    (planner/options.py: n fit iff sum_i min(slots_i, n) >= n tp)."""
+    n = sum(slots) // tp
+    while n > 0 and sum(min(s, n) for s in slots) < n * tp:
+        n -= 1
+    return n
+
+
+def _sum(terms: list[tuple[int, Var]]) -> cp_model.LinearExprT:
+    return cp_model.LinearExpr.WeightedSum([v for _, v in terms], [k for k, _ in terms]) if terms else 0
+
+
+def build_placement_model(cluster: Cluster, allocation: Allocation, current: Placement | None = None) -> PlacementModel:
+    """Data -> variables -> constraints -> objective stages (module docstring)."""
+    # data
+    f = cluster.fractions_per_gpu
+    llms = [m for m in allocation.llms if m.replicas > 0]
+    whole = {m.llm for m in llms if m.share == f}
+    share = {m.llm: m.share for m in llms}
+    tp = {m.llm: m.tp for m in llms}
+    domains = cluster.domains()
+    free = {(d.node, g): cluster.free_units(d.node, g) for d in domains for g in d.gpus}
+    clean = {i for i, units in free.items() if units == f}
+    candidates = keep_candidates(cluster, allocation, current)
+    model = cp_model.CpModel()
+
+    # n[j, m]: replicas of m in domain j;  c[i, m]: shards of fractional m on GPU i;  x[i]: whole shard
+    n: dict[tuple[int, str], Var] = {}
+    c: dict[tuple[Gpu, str], Var] = {}
+    upper: dict[tuple[Gpu, str], int] = {}
+    x: dict[Gpu, Var] = {}
+    for j, domain in enumerate(domains):
+        gpus = [(domain.node, g) for g in domain.gpus]
+        for m in llms:
+            if domain.gpu_type != m.gpu_type or domain.size < m.tp:
+                continue
+            slots = {i: min(m.replicas, free[i] // m.share) for i in gpus}
+            most = min(m.replicas, _fit_in_domain(list(slots.values()), m.tp))
+            if most == 0:
+                continue
+            n[(j, m.llm)] = model.NewIntVar(0, most, f"n[{j},{m.llm}]")
+            for i, slot in slots.items():
+                if slot == 0:
+                    continue
+                if m.llm in whole:
+                    if i not in x:
+                        x[i] = model.NewBoolVar(f"x[{i[0]}/{i[1]}]")
+                else:
+                    upper[(i, m.llm)] = min(slot, most)
+                    c[(i, m.llm)] = model.NewIntVar(0, upper[(i, m.llm)], f"c[{i[0]}/{i[1]},{m.llm}]")
+    # k[q]: candidate q stays (only where its domain is eligible)
+    k = {q: model.NewBoolVar(f"k[{q}]") for q, cand in enumerate(candidates) if (cand.domain, cand.llm) in n}
+
+    # every replica in one eligible domain (none eligible: infeasible, diagnosed by the caller)
+    for m in llms:
+        eligible = [n[(j, m.llm)] for j in range(len(domains)) if (j, m.llm) in n]
+        if eligible:
+            model.Add(sum(eligible) == m.replicas)
+        else:
+            model.AddBoolOr([])  # the empty clause: no placement
+
+    kept_on_gpu: dict[tuple[Gpu, str], list[Var]] = defaultdict(list)
+    kept_in_domain: dict[tuple[int, str], list[Var]] = defaultdict(list)
+    kept_whole: dict[Gpu, list[Var]] = defaultdict(list)
+    for q, var in k.items():
+        cand = candidates[q]
+        kept_in_domain[(cand.domain, cand.llm)].append(var)
+        for g in cand.gpus:
+            (kept_whole[(cand.node, g)] if cand.llm in whole else kept_on_gpu[((cand.node, g), cand.llm)]).append(var)
+
+    # whole shards: one GPU each, as many per domain as its whole-GPU replicas have shards
+    whole_in_domain: dict[int, list[tuple[int, Var]]] = defaultdict(list)
+    for (j, m), var in n.items():
+        if m in whole:
+            whole_in_domain[j].append((tp[m], var))
+    for j, replicas in whole_in_domain.items():
+        gpus = [(domains[j].node, g) for g in domains[j].gpus if (domains[j].node, g) in x]
+        model.Add(sum(x[i] for i in gpus) == _sum(replicas))
+    for i, kept in kept_whole.items():
+        model.Add(sum(kept) <= x[i])  # a kept whole-GPU replica's GPUs carry whole shards
+    for (j, m), kept in kept_in_domain.items():
+        model.Add(sum(kept) <= n[(j, m)])
+
+    # fractional shards: t_m per replica in its domain, on distinct GPUs (round robin), kept ones stay
+    for (j, m), replicas in n.items():
+        if m in whole:
+            continue
+        gpus = [(domains[j].node, g) for g in domains[j].gpus if ((domains[j].node, g), m) in c]
+        model.Add(sum(c[(i, m)] for i in gpus) == tp[m] * replicas)
+        kd = sum(kept_in_domain.get((j, m), []))
+        for i in gpus:
+            ki = sum(kept_on_gpu.get((i, m), []))
+            model.Add(c[(i, m)] - ki <= replicas - kd)
+            if (i, m) in kept_on_gpu:
+                model.Add(ki <= c[(i, m)])
+
+    # GPU capacity; u[i], v[j]: clean GPUs and clean domains in use
+    fractional: dict[Gpu, list[tuple[str, Var]]] = defaultdict(list)
+    for (i, m), var in c.items():
+        fractional[i].append((m, var))
+    modelled = set(fractional) | set(x)
+    domain_of = {(d.node, g): j for j, d in enumerate(domains) for g in d.gpus}
+    v = {
+        j: model.NewBoolVar(f"v[{j}]")
+        for j, d in enumerate(domains)
+        if all((d.node, g) in clean for g in d.gpus) and any((d.node, g) in modelled for g in d.gpus)
+    }
+    u: dict[Gpu, Var] = {}
+    loads: dict[Gpu, list[tuple[int, Var]]] = {}
+    for i in sorted(modelled):
+        loads[i] = [(share[m], var) for m, var in fractional.get(i, [])] + ([(f, x[i])] if i in x else [])
+        if i in clean:
+            u[i] = model.NewBoolVar(f"u[{i[0]}/{i[1]}]")
+            model.Add(_sum(loads[i]) <= free[i] * u[i])
+            if domain_of[i] in v:
+                model.AddImplication(u[i], v[domain_of[i]])
+        else:
+            model.Add(_sum(loads[i]) <= free[i])
+
+    # e[i, m], h[i]: a GPU is one LLM's or shared (only where two fractional LLMs could meet)
+    e: dict[tuple[Gpu, str], Var] = {}
+    h: dict[Gpu, Var] = {}
+    for i, terms in sorted(fractional.items()):
+        if len(terms) < 2:
+            continue
+        h[i] = model.NewBoolVar(f"h[{i[0]}/{i[1]}]")
+        for m, var in terms:
+            e[(i, m)] = model.NewBoolVar(f"e[{i[0]}/{i[1]},{m}]")
+            model.Add(var <= upper[(i, m)] * (e[(i, m)] + h[i]))
+        model.Add(sum(e[(i, m)] for m, _ in terms) + h[i] <= (u[i] if i in u else 1))
+        model.Add(
+            _sum([(share[m], var) for m, var in terms])
+            <= _sum([(share[m] * upper[(i, m)], e[(i, m)]) for m, _ in terms] + [(free[i], h[i])])
+        )
+
+    _add_packing_cuts(model, cluster, domains, loads, u, v)
+    classes = symmetry_classes(cluster, domains, candidates, modelled)
+    _break_symmetry(model, cluster, domains, classes, loads)
+
+    pm = PlacementModel(cluster, allocation, model, domains, candidates, n, c, x, u, v, e, h, k, classes)
+    if current is not None:
+        movable = sum(tp[m] * count for m, count in movable_replicas(cluster, allocation, current).items() if m in tp)
+        pm.stages.append(Stage("moved_shards", _sum([(-candidates[q].tp, var) for q, var in k.items()]), movable, 1))
+    clean_domains = sum(all((d.node, g) in clean for g in d.gpus) for d in domains)
+    pm.stages.append(Stage("free_domains", _sum([(1, var) for var in v.values()]), clean_domains, -1))
+    pm.stages.append(Stage("free_gpus", _sum([(1, var) for var in u.values()]), len(clean), -1))
+    pm.stages.append(Stage("shared_gpus", _sum([(1, var) for var in h.values()]), 0, 1))
+    return pm
+
+
+def _restricted_weights(f: int, sizes: list[int]) -> list[tuple[dict[int, int], int]]:
+    """Bin-packing weight functions restricted to the shard sizes present, with W(F) = the most
+    weight of present sizes that fits one GPU (a knapsack over those sizes only: valid, and tighter
+    than over all sizes); duplicates and all-zero functions dropped. The identity w(s) = s comes
+    first: the GPUs' capacity summed, which presolve cannot weaken as it may a single GPU's row."""
+    out: dict[tuple[int, ...], int] = {}
+    identity = tuple(range(f + 1))  # w(s) = s: plain capacity, aggregated
+    for weight in [identity, *packing_weights(f)]:
+        restricted = tuple(weight[s] for s in sizes)
+        if not any(restricted):
+            continue
+        best = [0] * (f + 1)
+        for room in range(1, f + 1):
+            best[room] = max([best[room - 1]] + [best[room - s] + w for s, w in zip(sizes, restricted) if s <= room])
+        out[restricted] = min(out.get(restricted, best[f]), best[f])
+    return [(dict(zip(sizes, key)), capacity) for key, capacity in sorted(out.items())]
+
+
+def _add_packing_cuts(model, cluster: Cluster, domains: list[Domain], loads, u, v) -> None:
+    """Aggregated bin-packing inequalities (dual feasible functions) per gpu type over clean GPUs
+    and clean domains: valid, and they give the LP relaxation the bounds of stages 1 and 2."""
+    f = cluster.fractions_per_gpu
+    type_of = {n.name: n.gpu_type for n in cluster.nodes}
+    in_clean_domain = {(domains[j].node, g) for j in v for g in domains[j].gpus}
+    for gpu_type in sorted({type_of[i[0]] for i in u}):
+        gpus = [i for i in u if type_of[i[0]] == gpu_type]
+        shards = [(i, s, var) for i in gpus for s, var in loads[i]]
+        doms = [j for j in v if domains[j].gpu_type == gpu_type]
+        for weight, capacity in _restricted_weights(f, sorted({s for _, s, _ in shards})):
+            terms = [(weight[s], i, var) for i, s, var in shards if weight[s]]
+            model.Add(_sum([(wt, var) for wt, _, var in terms]) <= _sum([(capacity, u[i]) for i in gpus]))
+            in_domains = [(wt, var) for wt, i, var in terms if i in in_clean_domain]
+            if doms and in_domains:
+                model.Add(_sum(in_domains) <= _sum([(capacity * domains[j].size, v[j]) for j in doms]))
+
+
+def symmetry_classes(cluster: Cluster, domains: list[Domain], candidates: list[Candidate], modelled: set[Gpu]) -> SymmetryClasses:
+    """Classes of interchangeable nodes, domains and GPUs. Elements touched by a keep candidate
+    (re-planning) or without variables are left out: they are not interchangeable."""
+    touched = {(cand.node, g) for cand in candidates for g in cand.gpus}
+    nodes: dict[tuple, list[str]] = defaultdict(list)
+    for node in cluster.nodes:
+        gpus = [(node.name, g) for g in range(node.gpus)]
+        if any(i in touched for i in gpus) or not any(i in modelled for i in gpus):
+            continue
+        frees = tuple(cluster.free_units(node.name, g) for g in range(node.gpus))
+        nodes[(node.gpu_type, node.domains, frees)].append(node.name)
+    in_node: dict[tuple, list[int]] = defaultdict(list)
+    in_domain: dict[tuple, list[Gpu]] = defaultdict(list)
+    for j, domain in enumerate(domains):
+        gpus = [(domain.node, g) for g in domain.gpus]
+        if not any(i in modelled for i in gpus):
+            continue
+        if not any(i in touched for i in gpus):
+            in_node[(domain.node, tuple(sorted(cluster.free_units(*i) for i in gpus)))].append(j)
+        for i in gpus:
+            if i not in touched:
+                in_domain[(j, cluster.free_units(*i))].append(i)
+
+    def classes(groups: dict) -> tuple:
+        return tuple(tuple(members) for _, members in sorted(groups.items(), key=lambda kv: repr(kv[0])) if len(members) > 1)
+
+    return SymmetryClasses(classes(nodes), classes(in_node), classes(in_domain))
+
+
+def _break_symmetry(model, cluster: Cluster, domains: list[Domain], classes: SymmetryClasses, loads) -> None:
+    """Order the loads of interchangeable nodes, domains within a node and GPUs within a domain.
+
+    Sorting nodes by load, then each node's domains, then each domain's GPUs maps any placement to
+    one that satisfies all three orders with the same objective (`canonical` does exactly that to
+    the hint), so some optimum survives."""
+
+    def load(gpus: list[Gpu]) -> cp_model.LinearExprT:
+        return _sum([term for i in gpus for term in loads.get(i, [])])
+
+    sizes = {n.name: n.gpus for n in cluster.nodes}
+    groups = [[[(name, g) for g in range(sizes[name])] for name in members] for members in classes.nodes]
+    groups += [[[(domains[j].node, g) for g in domains[j].gpus] for j in members] for members in classes.domains]
+    groups += [[[i] for i in members] for members in classes.gpus]
+    for members in groups:
+        for a, b in zip(members, members[1:]):
+            la, lb = load(a), load(b)
+            if not (isinstance(la, int) and isinstance(lb, int)):
+                model.Add(la >= lb)
+
+
+def canonical(pm: PlacementModel, placement: Placement) -> Placement:
+    """The same placement with interchangeable nodes, then domains, then GPUs permuted into
+    descending load order: it satisfies the symmetry-breaking constraints, so it can be a hint.
+    Objective values are unchanged (the permutations preserve free units and domains)."""
+    content: dict[Gpu, list[tuple[int, int]]] = defaultdict(list)  # GPU -> (replica position, units)
+    for r, rp in enumerate(placement.replicas):
+        for shard in rp.shards:
+            content[(rp.node, shard.gpu)].append((r, shard.units))
+
+    def load(gpus) -> int:
+        return sum(units for i in gpus for _, units in content.get(i, ()))
+
+    def permute(mapping: dict[Gpu, Gpu]) -> None:  # the contents of GPU src move to GPU dst
+        moved = {dst: content.pop(src, []) for src, dst in mapping.items()}
+        content.update({dst: items for dst, items in moved.items() if items})
+
+    sizes = {n.name: n.gpus for n in pm.cluster.nodes}
+    for members in pm.classes.nodes:
+        order = sorted(members, key=lambda name: -load([(name, g) for g in range(sizes[name])]))
+        permute({(src, g): (dst, g) for src, dst in zip(order, members) for g in range(sizes[src])})
+    for members in pm.classes.domains:
+        doms = [pm.domains[j] for j in members]
+        order = sorted(doms, key=lambda d: -load([(d.node, g) for g in d.gpus]))
+        mapping = {}
+        for src, dst in zip(order, doms):  # pair GPUs of equal free units
+            a = sorted(src.gpus, key=lambda g: (pm.cluster.free_units(src.node, g), g))
+            b = sorted(dst.gpus, key=lambda g: (pm.cluster.free_units(dst.node, g), g))
+            mapping.update({(src.node, p): (dst.node, q) for p, q in zip(a, b)})
+        permute(mapping)
+    for members in pm.classes.gpus:
+        order = sorted(members, key=lambda i: -load([i]))
+        permute(dict(zip(order, members)))
+    shards: dict[int, list[Shard]] = defaultdict(list)
+    node_of: dict[int, str] = {}
+    for (node, gpu), items in content.items():
+        for r, units in items:
+            shards[r].append(Shard(gpu, units))
+            node_of[r] = node
+    replicas = tuple(
+        ReplicaPlacement(rp.llm, rp.replica, node_of[r], tuple(sorted(shards[r]))) for r, rp in enumerate(placement.replicas)
+    )
+    return Placement(placement.fractions_per_gpu, replicas)
+
+
+def hint_values(pm: PlacementModel, placement: Placement) -> dict[Var, int]:
+    """The value of every variable for a valid placement that satisfies the symmetry breaking."""
+    f = pm.cluster.fractions_per_gpu
+    domain_of = {(d.node, g): j for j, d in enumerate(pm.domains) for g in d.gpus}
+    replicas: dict[tuple[int, str], int] = defaultdict(int)
+    counts: dict[tuple[Gpu, str], int] = defaultdict(int)
+    holds: dict[Gpu, set[str]] = defaultdict(set)
+    whole: set[Gpu] = set()
+    spots: dict[tuple, int] = defaultdict(int)
+    for rp in placement.replicas:
+        replicas[(domain_of[(rp.node, rp.shards[0].gpu)], rp.llm)] += 1
+        spots[(rp.llm, rp.node, tuple(sorted(s.gpu for s in rp.shards)))] += 1
+        for shard in rp.shards:
+            counts[((rp.node, shard.gpu), rp.llm)] += 1
+            holds[(rp.node, shard.gpu)].add(rp.llm)
+            if shard.units == f:
+                whole.add((rp.node, shard.gpu))
+    values: dict[Var, int] = {}
+    values.update({var: replicas.get(key, 0) for key, var in pm.n.items()})
+    values.update({var: counts.get(key, 0) for key, var in pm.c.items()})
+    values.update({var: int(i in whole) for i, var in pm.x.items()})
+    values.update({var: int(i in holds) for i, var in pm.u.items()})
+    values.update({var: int(any((pm.domains[j].node, g) in holds for g in pm.domains[j].gpus)) for j, var in pm.v.items()})
+    values.update({var: int(holds.get(i, set()) == {m}) for (i, m), var in pm.e.items()})
+    values.update({var: int(len(holds.get(i, ())) > 1) for i, var in pm.h.items()})
+    for q, var in sorted(pm.k.items()):
+        cand = pm.candidates[q]
+        key = (cand.llm, cand.node, cand.gpus)
+        values[var] = int(spots.get(key, 0) > 0)
+        spots[key] -= values[var]
+    return values
+
+
+# ---------------------------------------------------------------------------------------------
+# solve and decode
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    name: str
+    status: str  # optimal | feasible | unknown | infeasible
+    value: int | None  # the reported value (free counts, moved or shared ...)
+    bound: int | None  # the best bound on it
+
+
+@dataclass(frozen=True)
+class CpsatOutcome:
+    placement: Placement | None
+    stages: tuple[StageOutcome, ...]
+    status: str  # optimal (every stage proven) | feasible | infeasible | unknown (no placement in time)
+    wall_time_s: float
+
+
+def solve_placement(
+    pm: PlacementModel,
+    time_limit_s: float,
+    workers: int = 1,
+    hint: Placement | None = None,
+    deadline: float | None = None,
+    current: Placement | None = None,
+    polish: bool = True,
+) -> CpsatOutcome:
+    """Solve the stages in turn, each fixed at its optimum before the next; a stage that hits the
+    time limit ends the search. Every placement met (the hint, each stage's solution) is polished
+    domain by domain (`Polisher`) and kept in a pool; each stage starts from the pool's best
+    placement that attains the optima fixed so far, and the pool's lexicographically best
+    placement is returned, so the result is never worse than the hint."""
+    start = time.perf_counter()
+    deadline = deadline if deadline is not None else start + time_limit_s
+    polisher = Polisher(pm, deadline) if polish else None
+    pool: list[tuple[tuple, Placement]] = []
+
+    def remember(placement: Placement) -> None:
+        if polisher is not None:
+            placement = polisher(placement)
+        objective = evaluate(pm.cluster, pm.allocation, placement, current)
+        pool.append((tuple(getattr(objective, stage.name) for stage in pm.stages), placement))
+
+    if hint is not None:
+        remember(hint)
+    if polish:  # a second start aimed at the objective (not for re-planning: it ignores candidates)
+        packed = first_fit_placement(pm.cluster, pm.allocation) if current is None else None
+        if packed is not None:
+            remember(packed)
+    outcomes: list[StageOutcome] = []
+    fixed: list[int] = []  # reported optimum of each stage solved so far
+    status = "optimal"
+    for index, stage in enumerate(pm.stages):
+        if isinstance(stage.expr, int):  # nothing to decide in this stage
+            value = stage.offset + stage.sign * stage.expr
+            outcomes.append(StageOutcome(stage.name, "optimal", value, value))
+            fixed.append(value)
+            continue
+        usable = [(values, p) for values, p in pool if list(values[:index]) == fixed]
+        seed = min(usable, key=lambda item: stage.sign * item[0][index], default=(None, None))[1]
+        values = hint_values(pm, canonical(pm, seed)) if seed is not None else None
+        result, solver = _solve_once(pm, stage, deadline - time.perf_counter(), workers, values)
+        if result == cp_model.MODEL_INVALID:
+            raise RuntimeError(f"internal error: invalid placement model ({pm.model.Validate()})")
+        if result == cp_model.INFEASIBLE:
+            outcomes.append(StageOutcome(stage.name, "infeasible", None, None))
+            return CpsatOutcome(None, tuple(outcomes), "infeasible", time.perf_counter() - start)
+        if result not in (cp_model.OPTIMAL, cp_model.FEASIBLE):  # the time limit before a solution
+            outcomes.append(StageOutcome(stage.name, "unknown", None, None))
+            status = "unknown" if not pool else "feasible"
+            break
+        # the minimised expression is integer, so its bound rounds up
+        bound = stage.offset + stage.sign * math.ceil(solver.BestObjectiveBound() - 1e-6)
+        remember(decode(pm, solver))
+        optimum = stage.offset + stage.sign * int(round(solver.ObjectiveValue()))
+        outcomes.append(StageOutcome(stage.name, STATUS_NAMES[result], optimum, bound))
+        if result != cp_model.OPTIMAL:
+            status = "feasible"
+            break
+        pm.model.Add(stage.expr <= int(round(solver.ObjectiveValue())))
+        fixed.append(optimum)
+    if not pool:
+        return CpsatOutcome(None, tuple(outcomes), status, time.perf_counter() - start)
+    signs = [stage.sign for stage in pm.stages]
+    values, best = min(pool, key=lambda item: tuple(s * v for s, v in zip(signs, item[0])))
+    # report the values of the placement returned (polishing may have improved the last stage)
+    outcomes = [
+        StageOutcome(o.name, o.status, values[k], o.bound) if o.value is not None else o for k, o in enumerate(outcomes)
+    ]
+    return CpsatOutcome(best, tuple(outcomes), status, time.perf_counter() - start)
+
+
+@dataclass
+class Polisher:
+    """Re-arrange each NVLink domain's replicas over its GPUs, exactly, for the fewest used GPUs and
+    then the fewest shared GPUs, keeping what each domain holds. The objective is a sum over domains,
+    so this never makes a placement worse; identical (free units, contents) pairs are solved once.
+    Domains with keep candidates, and domains already at their lower bounds (used GPUs = whole shards
+    + the fractional units over F, nothing shared), are left alone."""
+
+    pm: PlacementModel
+    deadline: float
+    per_domain_s: float = 0.5
+    memo: dict = field(default_factory=dict)
+
+    def __call__(self, placement: Placement) -> Placement:
+        cluster = self.pm.cluster
+        domain_of = {(d.node, g): j for j, d in enumerate(self.pm.domains) for g in d.gpus}
+        frozen = {c.domain for c in self.pm.candidates}
+        groups: dict[int, list[ReplicaPlacement]] = defaultdict(list)
+        for rp in placement.replicas:
+            groups[domain_of[(rp.node, rp.shards[0].gpu)]].append(rp)
+        spots: list[Spot] = []
+        for j, replicas in sorted(groups.items()):
+            domain = self.pm.domains[j]
+            arranged = None
+            if j not in frozen and self._improvable(domain, replicas) and time.perf_counter() < self.deadline:
+                arranged = self._arrange(domain, replicas)
+            if arranged is None:
+                spots += [Spot(rp.llm, rp.node, tuple(s.gpu for s in rp.shards), rp.shards[0].units, rp.replica) for rp in replicas]
+            else:
+                spots += [Spot(m, domain.node, tuple(domain.gpus[k] for k in local), share) for m, local, share in arranged]
+        return number_replicas(cluster, spots)
+
+    def _improvable(self, domain: Domain, replicas: list[ReplicaPlacement]) -> bool:
+        f = self.pm.cluster.fractions_per_gpu
+        free = {g: self.pm.cluster.free_units(domain.node, g) for g in domain.gpus}
+        holds: dict[int, set[str]] = defaultdict(set)
+        whole = fractional = 0
+        for rp in replicas:
+            for s in rp.shards:
+                holds[s.gpu].add(rp.llm)
+                whole += s.units == f
+                fractional += s.units if s.units < f else 0
+        spare = sum(units for units in free.values() if units < f)  # room on reserved GPUs
+        lower = whole + -(-max(0, fractional - spare) // f)
+        used = sum(1 for g in holds if free[g] == f)
+        return used > lower or any(len(llms) > 1 for llms in holds.values())
+
+    def _arrange(self, domain: Domain, replicas: list[ReplicaPlacement]):
+        """(llm, local GPU indices, share) of each replica in the best arrangement, or None."""
+        frees = tuple(self.pm.cluster.free_units(domain.node, g) for g in domain.gpus)
+        counts: dict[str, int] = defaultdict(int)
+        for rp in replicas:
+            counts[rp.llm] += 1
+        key = (domain.gpu_type, frees, tuple(sorted(counts.items())))
+        if key not in self.memo:
+            self.memo[key] = self._solve(domain, replicas, frees, counts)
+        return self.memo[key]
+
+    def _solve(self, domain: Domain, replicas, frees, counts):
+        from scepsy.models.instance import Node
+
+        f = self.pm.cluster.fractions_per_gpu
+        local = {g: k for k, g in enumerate(domain.gpus)}
+        node = Node("d", domain.gpu_type, domain.size, (tuple(range(domain.size)),))
+        reserved = {("d", k): f - units for k, units in enumerate(frees) if units < f}
+        sub_cluster = Cluster(f, self.pm.cluster.gpu_types, (node,), reserved)
+        shapes = {m.llm: m for m in self.pm.allocation.llms}
+        sub_allocation = Allocation(f, tuple(
+            LlmAllocation(m, shapes[m].gpu_type, shapes[m].tp, shapes[m].share, count) for m, count in sorted(counts.items())
+        ))
+        sub_hint = number_replicas(
+            sub_cluster, [Spot(rp.llm, "d", tuple(sorted(local[s.gpu] for s in rp.shards)), rp.shards[0].units) for rp in replicas]
+        )
+        limit = min(self.per_domain_s, self.deadline - time.perf_counter())
+        if limit <= 0:
+            return None
+        sub = build_placement_model(sub_cluster, sub_allocation)
+        outcome = solve_placement(sub, limit, 1, sub_hint, polish=False)
+        if outcome.placement is None:
+            return None
+        return [(rp.llm, tuple(s.gpu for s in rp.shards), rp.shards[0].units) for rp in outcome.placement.replicas]
+
+
+def _solve_once(pm: PlacementModel, stage: Stage, time_limit_s: float, workers: int, hint):
+    pm.model.ClearObjective()
+    pm.model.Minimize(stage.expr)
+    pm.model.ClearHints()
+    for var, value in (hint or {}).items():
+        pm.model.AddHint(var, value)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = 0
+    # measured on bench/placement_scaling.py: the full LP (all constraints, added up front) gives the
+    # stage bounds; presolve probing costs seconds on large clusters and buys nothing here
+    solver.parameters.linearization_level = 2
+    solver.parameters.add_lp_constraints_lazily = False
+    solver.parameters.cp_model_probing_level = 0
+    if workers > 1:
+        solver.parameters.interleave_search = True  # deterministic whatever the thread timing
+    return solver.Solve(pm.model), solver
+
+
+def decode(pm: PlacementModel, solver: cp_model.CpSolver) -> Placement:
+    """Counts -> replicas (module docstring)."""
+    f = pm.cluster.fractions_per_gpu
+    choices: dict[str, LlmAllocation] = {m.llm: m for m in pm.allocation.llms}
+    spots: list[Spot] = []
+    kept_replicas: dict[tuple[int, str], int] = defaultdict(int)
+    kept_shards: dict[tuple[Gpu, str], int] = defaultdict(int)
+    kept_whole: set[Gpu] = set()
+    for q, var in sorted(pm.k.items()):
+        if solver.BooleanValue(var):
+            cand = pm.candidates[q]
+            spots.append(Spot(cand.llm, cand.node, cand.gpus, choices[cand.llm].share, cand.replica))
+            kept_replicas[(cand.domain, cand.llm)] += 1
+            for g in cand.gpus:
+                kept_shards[((cand.node, g), cand.llm)] += 1
+                if choices[cand.llm].share == f:
+                    kept_whole.add((cand.node, g))
+    by_domain: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    for (j, m), var in sorted(pm.n.items()):
+        count = solver.Value(var) - kept_replicas.get((j, m), 0)
+        if count > 0:
+            by_domain[j].append((m, count))
+    for j, entries in sorted(by_domain.items()):
+        domain = pm.domains[j]
+        # whole-GPU replicas take the free GPUs with x = 1, t at a time
+        whole = [g for g in domain.gpus if (domain.node, g) in pm.x and solver.BooleanValue(pm.x[(domain.node, g)])]
+        whole = [g for g in whole if (domain.node, g) not in kept_whole]
+        for m, count in entries:
+            choice = choices[m]
+            if choice.share == f:
+                for _ in range(count):
+                    gpus, whole = tuple(whole[: choice.tp]), whole[choice.tp :]
+                    spots.append(Spot(m, domain.node, gpus, f))
+                continue
+            # fractional replicas: round robin over each GPU listed c - K times
+            positions = [
+                g
+                for g in domain.gpus
+                if ((domain.node, g), m) in pm.c
+                for _ in range(solver.Value(pm.c[((domain.node, g), m)]) - kept_shards.get(((domain.node, g), m), 0))
+            ]
+            for r in range(count):
+                gpus = tuple(sorted(positions[r + t * count] for t in range(choice.tp)))
+                spots.append(Spot(m, domain.node, gpus, choice.share))
+    return number_replicas(pm.cluster, spots)

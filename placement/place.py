@@ -1,0 +1,199 @@
+"""Placement as a step of planning: place an allocation, and plan with placement in the loop.
+
+`place(cluster, allocation, settings, current)` places one allocation with the chosen method:
+* `heuristic`: the paper's heuristic (placement/heuristic.py). If it gets stuck on an allocation
+  that the exact count model can place, that placement is used (noted), so a placeable allocation
+  is never refused.
+* `cpsat` (default): the exact model (placement/cpsat.py), hinted with the heuristic's placement,
+  lexicographic objective, `time_limit_s` for all stages together; status `optimal` when every
+  stage is proven, else `feasible` with the gap of the first stage not proven. The result is never
+  worse than the heuristic's (if the solver's best is, the heuristic's placement is returned).
+Every placement returned has passed planner.placeability.validate_placement. An allocation that
+cannot be placed raises PlacementInfeasibleError (exit code 3) with the binding reason
+(placement/diagnose.py).
+
+`plan_and_place(instance, plan_settings, settings, current)` runs the allocation search with a
+placer in its loop (heuristic, then the exact count model: an allocation that cannot be placed is
+cut off and the allocation model solved again, planner/search.py) and places the chosen allocation
+with `settings`; the plan carries the placement, how it was found and the fragmentation report.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+
+from scepsy.models.allocation import Allocation, Placement
+from scepsy.models.errors import InfeasibleError
+from scepsy.models.fragmentation import GpuTypeFragmentation, fragmentation_report
+from scepsy.models.instance import Cluster, Instance
+from scepsy.models.plan import PlacementInfo, Plan
+from scepsy.planner.placeability import PlacementCheck, exact_placement, validate_placement
+from scepsy.planner.search import PlanSettings, Placer, make_plan
+
+from .cpsat import CpsatOutcome, build_placement_model, solve_placement
+from .diagnose import explain_unplaceable, necessary_condition_violated
+from .heuristic import heuristic_placement
+from .objective import evaluate
+
+METHODS = ("cpsat", "heuristic")
+DEFAULT_TIME_LIMIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class PlacementSettings:
+    method: str = "cpsat"
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    workers: int = 1
+
+
+class PlacementInfeasibleError(InfeasibleError):
+    """The allocation cannot be placed (or the time limit passed undecided); exit code 3."""
+
+
+@dataclass(frozen=True)
+class PlacementResult:
+    placement: Placement
+    info: PlacementInfo
+    fragmentation: tuple[GpuTypeFragmentation, ...]
+
+
+def _unplaceable(cluster: Cluster, allocation: Allocation) -> PlacementInfeasibleError:
+    return PlacementInfeasibleError(f"the allocation cannot be placed: {explain_unplaceable(cluster, allocation)}")
+
+
+def _undecided(settings: PlacementSettings) -> PlacementInfeasibleError:
+    return PlacementInfeasibleError(
+        f"no placement found within the placement time limit of {settings.time_limit_s:g} s and none proven "
+        "impossible; raise --placement-time-limit-s"
+    )
+
+
+def _gap(outcome: CpsatOutcome) -> tuple[float | None, str | None]:
+    """Relative gap of the first stage not proven optimal: |bound - value| / max(|value|, 1), relative
+    to the placement returned as a MIP solver reports it."""
+    for stage in outcome.stages:
+        if stage.status == "optimal":
+            continue
+        if stage.value is None or stage.bound is None:
+            return None, stage.name
+        return abs(stage.bound - stage.value) / max(abs(stage.value), 1), stage.name
+    return None, None
+
+
+def _heuristic_method(cluster, allocation, settings, heuristic, hint, notes) -> tuple[Placement, str]:
+    if heuristic.placement is not None:
+        return heuristic.placement, "heuristic"
+    if hint is not None:
+        notes.append("placed by the planner's exact placement check instead")
+        return hint, "feasible"
+    check = exact_placement(cluster, allocation, settings.time_limit_s)
+    if check.placement is None:
+        raise _unplaceable(cluster, allocation) if check.proven else _undecided(settings)
+    notes.append("placed by the exact count model instead")
+    return check.placement, "feasible"
+
+
+def _cpsat_method(cluster, allocation, settings, current, heuristic, hint, notes, deadline):
+    model = build_placement_model(cluster, allocation, current)
+    seed = heuristic.placement if heuristic.placement is not None else hint
+    outcome = solve_placement(model, settings.time_limit_s, settings.workers, seed, deadline, current)
+    if outcome.status == "infeasible":
+        raise _unplaceable(cluster, allocation)
+    bounds = tuple((s.name, s.bound) for s in outcome.stages if s.bound is not None)
+    gap, gap_stage = _gap(outcome)
+    status = "optimal" if outcome.status == "optimal" else "feasible"
+    if outcome.placement is None:  # no start and no solution in time
+        raise _undecided(settings)
+    if any(stage.status == "unknown" for stage in outcome.stages):
+        notes.append("a stage hit the time limit before the solver's first solution; kept the best placement so far")
+    return outcome.placement, status, bounds, gap, gap_stage  # the pool's best: never worse than the seed
+
+
+def place(
+    cluster: Cluster,
+    allocation: Allocation,
+    settings: PlacementSettings = PlacementSettings(),
+    current: Placement | None = None,
+    hint: Placement | None = None,
+) -> PlacementResult:
+    """Place `allocation` on `cluster` (module docstring). `hint`: a valid placement to start from
+    when the heuristic gets stuck (the planner's). Never changes its inputs."""
+    if settings.method not in METHODS:
+        raise ValueError(f"unknown placement method {settings.method!r}; use one of {', '.join(METHODS)}")
+    start = time.perf_counter()
+    deadline = start + settings.time_limit_s
+    violated = necessary_condition_violated(cluster, allocation)
+    if violated is not None:  # a proof by itself, before any search
+        raise PlacementInfeasibleError(f"the allocation cannot be placed: {violated}")
+    notes: list[str] = []
+    heuristic = heuristic_placement(cluster, allocation, current)
+    if heuristic.placement is None:
+        notes.append(f"the heuristic got stuck: {heuristic.stuck}")
+    bounds: tuple[tuple[str, int], ...] = ()
+    gap = gap_stage = None
+    if settings.method == "heuristic":
+        placement, status = _heuristic_method(cluster, allocation, settings, heuristic, hint, notes)
+    else:
+        placement, status, bounds, gap, gap_stage = _cpsat_method(
+            cluster, allocation, settings, current, heuristic, hint, notes, deadline
+        )
+    problems = validate_placement(cluster, allocation, placement)
+    if problems:  # cannot happen; never hand out an invalid placement
+        raise RuntimeError(f"internal error: invalid placement ({'; '.join(problems[:3])})")
+    info = PlacementInfo(
+        method=settings.method,
+        status=status,
+        objective=evaluate(cluster, allocation, placement, current),
+        wall_time_s=time.perf_counter() - start,
+        bounds=bounds,
+        gap=gap,
+        gap_stage=gap_stage,
+        notes=tuple(notes),
+    )
+    return PlacementResult(placement, info, fragmentation_report(cluster, placement))
+
+
+def feasibility_placer(settings: PlacementSettings = PlacementSettings()) -> Placer:
+    """The placer of the allocation search's cut loop: the heuristic, then the exact count model
+    (so an allocation is cut off only when it is proven unplaceable, or undecided in time)."""
+
+    def placer(cluster: Cluster, allocation: Allocation) -> PlacementCheck:
+        result = heuristic_placement(cluster, allocation)
+        if result.placement is not None:
+            return PlacementCheck(result.placement, True)
+        return exact_placement(cluster, allocation, settings.time_limit_s)
+
+    return placer
+
+
+def plan_and_place(
+    instance: Instance,
+    plan_settings: PlanSettings = PlanSettings(),
+    settings: PlacementSettings = PlacementSettings(),
+    current: Placement | None = None,
+) -> Plan:
+    """Plan the allocation (placement in the loop), then place it with `settings` (module docstring).
+
+    GPU objectives (min_gpus, min_cost) count the GPUs of the planner's fewest-GPU placement; a
+    re-placement that would use more (costlier) GPUs is not taken, so the plan keeps its value."""
+    plan = make_plan(instance, plan_settings, feasibility_placer(settings))
+    result = place(instance.cluster, plan.allocation, settings, current, hint=plan.placement)
+    if instance.objective in ("min_gpus", "min_cost") and current is None:
+        if _gpu_cost(instance, result.placement) > _gpu_cost(instance, plan.placement) + 1e-9:
+            info = replace(
+                result.info,
+                objective=evaluate(instance.cluster, plan.allocation, plan.placement, current),
+                notes=result.info.notes + ("kept the planner's placement on the fewest GPUs",),
+            )
+            return replace(plan, placement_info=info, fragmentation=fragmentation_report(instance.cluster, plan.placement))
+    return replace(plan, placement=result.placement, placement_info=result.info, fragmentation=result.fragmentation)
+
+
+def _gpu_cost(instance: Instance, placement: Placement) -> float:
+    """GPUs hosting a shard, weighted by price for min_cost (1 each for min_gpus)."""
+    types = {n.name: n.gpu_type for n in instance.cluster.nodes}
+    busy = {(r.node, s.gpu) for r in placement.replicas for s in r.shards}
+    if instance.objective == "min_cost":
+        return sum(instance.cluster.gpu_types[types[node]].cost_per_hour for node, _ in busy)
+    return float(len(busy))

@@ -1,0 +1,120 @@
+"""The measurement commands end to end through the CLI (typer's runner, real servers on loopback)."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from typer.testing import CliRunner
+
+from scepsy.cli import app
+from scepsy.models.profile import load_profile
+from scepsy.tracing.proxy import ServerThread
+from scepsy.tracing.scripted import ScriptedEngine
+from scepsy.tracing.store import write_store
+
+from test_benchimport import SGLANG, VLLM_NEW
+from test_replay import beam_trace
+
+runner = CliRunner()
+
+
+def test_aggregate_and_export(tmp_path):
+    write_store(tmp_path / "t.db", beam_trace(3))
+    result = runner.invoke(app, ["aggregate", str(tmp_path / "t.db"), "--out", str(tmp_path / "stats.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "p_pooled" in result.output
+    stats = yaml.safe_load((tmp_path / "stats.yaml").read_text())
+    assert stats["workflows"][0]["stages"][0] == {"llm": "gen", "invocations": 4.0, "parallelism": stats["workflows"][0]["stages"][0]["parallelism"]}
+    as_json = json.loads(runner.invoke(app, ["aggregate", str(tmp_path / "t.db"), "--json"]).output)
+    assert as_json["workflows"][0]["name"] == "wf"
+    result = runner.invoke(app, ["traces", "export", str(tmp_path / "t.db"), "--format", "parquet", "--out", str(tmp_path / "t.parquet")])
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, ["aggregate", str(tmp_path / "t.parquet"), "--json"]).output == runner.invoke(app, ["aggregate", str(tmp_path / "t.db"), "--json"]).output
+
+
+def test_profile_command_writes_core_rows(tmp_path):
+    write_store(tmp_path / "t.db", beam_trace(3, scale=0.1))
+    engine = ScriptedEngine(token_delay_s=0.005)
+    with ServerThread(engine.app()) as server:
+        result = runner.invoke(app, ["profile", "--traces", str(tmp_path / "t.db"), "--llm", "gen", "--endpoint", server.url,
+                                     "--gpu-type", "cpu", "--tp", "1", "--fraction", "0.5", "--rates", "20,40",
+                                     "--duration-s", "0.5", "--min-requests", "3", "--out", str(tmp_path / "p.csv"), "--json"])
+    assert result.exit_code == 0, result.output
+    points = json.loads(result.output)["points"]
+    assert len(points) == 2 and all(not p["saturated"] and p["failed"] == 0 for p in points)
+    profile = load_profile(tmp_path / "p.csv")
+    assert profile.configurations() == [("cpu", 1)]
+    assert len(profile.curves[("cpu", 1)][0].rates_rps) == 2
+
+
+def test_profiles_import(tmp_path):
+    (tmp_path / "v.json").write_text(json.dumps(VLLM_NEW))
+    (tmp_path / "s.jsonl").write_text(json.dumps(SGLANG) + "\n")
+    out = tmp_path / "p.csv"
+    result = runner.invoke(app, ["profiles", "import", str(tmp_path / "v.json"), str(tmp_path / "s.jsonl"), "--gpu-type", "H100", "--tp", "1", "--fraction", "1.0", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["profiles", "import", str(tmp_path / "v.json"), "--gpu-type", "H100", "--tp", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert load_profile(out).configurations() == [("H100", 1), ("H100", 2)]
+    assert out.read_text().splitlines()[0] == "gpu_type,tp,fraction,arrival_rate,throughput,latency_mean,latency_p50,latency_p90,latency_p99"
+
+
+def test_bad_input_gets_one_line_and_exit_2(tmp_path):
+    cases = [
+        ["proxy", "--upstream", "gen"],
+        ["proxy", "--upstream", "gen=ftp://x"],
+        ["aggregate", str(tmp_path / "missing.db")],
+        ["traces", "export", str(tmp_path / "missing.db"), "--out", str(tmp_path / "x"), "--format", "csv"],
+        ["profile", "--traces", str(tmp_path / "missing.db"), "--llm", "gen", "--endpoint", "http://127.0.0.1:9",
+         "--gpu-type", "cpu", "--out", str(tmp_path / "p.csv"), "--rates", "1,-2"],
+        ["profiles", "import", str(tmp_path / "missing.json"), "--gpu-type", "A", "--out", str(tmp_path / "p.csv")],
+    ]
+    for args in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "Traceback" not in result.output
+    write_store(tmp_path / "u.db", [c.__class__(**{**c.__dict__, "workflow_id": None}) for c in beam_trace(1)])
+    result = runner.invoke(app, ["aggregate", str(tmp_path / "u.db")])
+    assert result.exit_code == 2 and "X-Workflow-Id" in result.output
+
+
+def test_proxy_command_serves_records_and_shuts_down_cleanly(tmp_path):
+    """`scepsy proxy` as a user runs it: a process on loopback; Ctrl-C flushes every record."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from scepsy.tracing.llamacpp import free_port
+    from scepsy.tracing.store import read_store
+
+    engine = ScriptedEngine()
+    with ServerThread(engine.app()) as server:
+        port = free_port()
+        store = tmp_path / "traces.db"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "scepsy.cli", "proxy", "--upstream", f"gen={server.url}", "--port", str(port), "--store", str(store)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    httpx.get(url + "/v1/models", timeout=0.5)
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            for i in range(5):
+                response = httpx.post(url + "/v1/chat/completions", headers={"X-Workflow-Id": f"w{i}"},
+                                      json={"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+                assert response.status_code == 200
+        finally:
+            process.send_signal(signal.SIGINT)
+            _, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err.decode()
+    assert "recorded 5 calls" in err.decode()
+    assert sorted(c.workflow_id for c in read_store(store)) == [f"w{i}" for i in range(5)]

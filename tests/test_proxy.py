@@ -1,0 +1,221 @@
+"""The tracing proxy against real loopback servers, with the real openai client: nothing lost, nothing altered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+
+import httpx
+import openai
+import pytest
+
+from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app, workflow_request_id
+from scepsy.tracing.store import TraceStore, read_store
+
+from tracing_fixtures import Recorder, engine, proxied, wait_for  # noqa: F401 - fixtures
+
+CHAT = {"model": "gen", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 5}
+
+
+def test_non_streaming_chat_is_passed_through_and_recorded(proxied):
+    url, recorder, engine = proxied
+    client = openai.OpenAI(base_url=f"{url}/gen/v1", api_key="sk-test-secret", max_retries=0)
+    response = client.chat.completions.create(
+        model="gen", messages=CHAT["messages"], max_tokens=5, extra_headers={"X-Workflow-Id": "req-1", "X-Workflow-Name": "beam"}
+    )
+    assert response.choices[0].message.content == "tok0 tok1 tok2 tok3 tok4 "
+    wait_for(lambda: recorder.records)
+    (record,) = recorder.records
+    assert (record.llm, record.path, record.workflow, record.workflow_id) == ("gen", "/v1/chat/completions", "beam", "req-1")
+    assert (record.status, record.outcome, record.stream) == (200, "ok", False)
+    assert (record.prompt_tokens, record.completion_tokens, record.usage_source) == (response.usage.prompt_tokens, 5, "usage")
+    assert record.end_s > record.start_s and record.ttft_s is None
+    # the upstream got the body unchanged and the client's Authorization (forwarded, never stored)
+    assert json.loads(engine.received[-1]["body"]) == json.loads(record.request_body)
+    assert engine.received[-1]["headers"]["authorization"] == "Bearer sk-test-secret"
+    assert json.loads(record.response_body)["choices"][0]["message"]["content"] == "tok0 tok1 tok2 tok3 tok4 "
+
+
+def test_bytes_identical_to_direct_streamed_and_not(proxied):
+    url, recorder, engine = proxied
+    for payload in (CHAT, {**CHAT, "stream": True}, {"model": "gen", "prompt": "x", "max_tokens": 4, "stream": True}):
+        path = "/v1/chat/completions" if "messages" in payload else "/v1/completions"
+        direct = httpx.post(engine.url + path, json=payload)
+        proxied_response = httpx.post(f"{url}/gen{path}", json=payload)
+        assert proxied_response.status_code == direct.status_code == 200
+        assert proxied_response.content == direct.content
+        assert proxied_response.headers["content-type"] == direct.headers["content-type"]
+    wait_for(lambda: len(recorder.records) == 3)
+    # the recorded response body is exactly what the client got
+    assert recorder.records[-1].response_body == proxied_response.content
+
+
+def test_streaming_with_openai_client_records_ttft_and_tokens(proxied):
+    url, recorder, engine = proxied
+    client = openai.OpenAI(base_url=f"{url}/gen/v1", api_key="k", max_retries=0)
+    stream = client.chat.completions.create(model="gen", messages=CHAT["messages"], max_tokens=6, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == "".join(f"tok{i} " for i in range(6))
+    stream = client.chat.completions.create(
+        model="gen", messages=CHAT["messages"], max_tokens=3, stream=True, stream_options={"include_usage": True}
+    )
+    usage = [chunk.usage for chunk in stream if chunk.usage]
+    wait_for(lambda: len(recorder.records) == 2)
+    without, with_usage = recorder.records
+    assert (without.stream, without.completion_tokens, without.prompt_tokens, without.usage_source) == (True, 6, None, "stream_events")
+    assert 0 < without.ttft_s < without.latency_s
+    assert (with_usage.completion_tokens, with_usage.prompt_tokens, with_usage.usage_source) == (3, usage[0].prompt_tokens, "usage")
+
+
+def test_chunks_are_forwarded_as_they_arrive(engine):
+    slow = engine
+    slow.token_delay_s = 0.1
+    recorder = Recorder()
+    with ServerThread(create_app(ProxyConfig({"gen": slow.url}, store=recorder))) as proxy:
+        start = time.perf_counter()
+        arrivals = []
+        with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json={**CHAT, "max_tokens": 5, "stream": True}) as response:
+            for _ in response.iter_raw():
+                arrivals.append(time.perf_counter() - start)
+    # 5 tokens 0.1 s apart: the first token reaches the client long before the last one
+    assert arrivals[0] < 0.15 and arrivals[-1] > 0.38
+    wait_for(lambda: recorder.records)
+    assert recorder.records[0].ttft_s < 0.15
+
+
+def test_routing_by_model_field_and_errors(proxied):
+    url, recorder, engine = proxied
+    assert httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "model": "ver"}).status_code == 200
+    wait_for(lambda: recorder.records)
+    assert recorder.records[0].llm == "ver"
+    unknown = httpx.post(f"{url}/v1/chat/completions", json={**CHAT, "model": "other"})
+    assert unknown.status_code == 404 and "gen, ver" in unknown.json()["error"]["message"]
+    assert httpx.post(f"{url}/nope/v1/chat/completions", json=CHAT).status_code == 404
+    assert httpx.post(f"{url}/gen/v1/images/generations", json=CHAT).status_code == 404
+    assert len(recorder.records) == 1  # routing errors are not LLM calls
+
+
+def test_models_listing_merges_upstreams(proxied):
+    url, recorder, engine = proxied
+    listing = httpx.get(f"{url}/v1/models").json()
+    assert [m["id"] for m in listing["data"]] == ["scripted", "scripted"]
+    assert httpx.get(f"{url}/gen/v1/models").json()["data"][0]["id"] == "scripted"
+    assert recorder.records == []
+
+
+def test_embeddings_and_rerank_are_traced(proxied):
+    url, recorder, engine = proxied
+    client = openai.OpenAI(base_url=f"{url}/gen/v1", api_key="k", max_retries=0)
+    client.embeddings.create(model="gen", input=["a b c", "d e"])
+    httpx.post(f"{url}/gen/v1/rerank", json={"model": "gen", "query": "q", "documents": ["a b", "c"]})
+    wait_for(lambda: len(recorder.records) == 2)
+    embed, rerank = recorder.records
+    assert (embed.path, embed.prompt_tokens, embed.completion_tokens) == ("/v1/embeddings", 5, None)
+    assert (rerank.path, rerank.prompt_tokens) == ("/v1/rerank", 3)
+
+
+def test_upstream_error_status_and_body_pass_through(proxied):
+    url, recorder, engine = proxied
+    client = openai.OpenAI(base_url=f"{url}/gen/v1", api_key="k", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as failure:
+        client.chat.completions.create(model="gen", messages=CHAT["messages"], extra_headers={"X-Script-Status": "503"})
+    assert failure.value.status_code == 503
+    assert failure.value.body["message"] == "scripted failure" or failure.value.body.get("error", {}).get("message") == "scripted failure"
+    wait_for(lambda: recorder.records)
+    assert (recorder.records[0].status, recorder.records[0].outcome) == (503, "ok")
+
+
+def test_slow_upstream_times_out_with_504(proxied):
+    url, recorder, engine = proxied  # the proxy's timeout is 1 s
+    response = httpx.post(f"{url}/gen/v1/chat/completions", json=CHAT, headers={"X-Script-Delay-S": "3"}, timeout=10)
+    assert response.status_code == 504 and response.json()["error"]["type"] == "upstream_timeout"
+    wait_for(lambda: recorder.records)
+    assert (recorder.records[0].status, recorder.records[0].outcome) == (504, "timeout")
+    # a slow upstream within the timeout is just slow
+    assert httpx.post(f"{url}/gen/v1/chat/completions", json=CHAT, headers={"X-Script-Delay-S": "0.3"}).status_code == 200
+
+
+def test_unreachable_upstream_is_502():
+    recorder = Recorder()
+    with ServerThread(create_app(ProxyConfig({"gen": "http://127.0.0.1:9"}, store=recorder))) as proxy:
+        response = httpx.post(f"{proxy.url}/v1/chat/completions", json=CHAT)
+    assert response.status_code == 502 and response.json()["error"]["type"] == "upstream_error"
+    assert (recorder.records[0].status, recorder.records[0].outcome) == (502, "upstream_error")
+
+
+def test_client_disconnect_mid_stream_is_recorded(engine):
+    engine.token_delay_s = 0.05
+    recorder = Recorder()
+    with ServerThread(create_app(ProxyConfig({"gen": engine.url}, store=recorder))) as proxy:
+        with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json={**CHAT, "max_tokens": 40, "stream": True}) as response:
+            received = b""
+            for chunk in response.iter_raw():
+                received += chunk
+                if received.count(b"tok") >= 2:
+                    break
+        wait_for(lambda: recorder.records)
+        # the proxy keeps serving afterwards
+        assert httpx.post(f"{proxy.url}/v1/chat/completions", json=CHAT).status_code == 200
+        wait_for(lambda: len(recorder.records) == 2)
+    record = recorder.records[0]
+    assert record.outcome == "client_disconnect" and record.status == 200
+    assert record.latency_s < 1.5  # the upstream stream was closed, not read to its end (2 s)
+    assert record.response_body.startswith(received[: len(received) // 2])
+
+
+def test_upstream_breaking_a_stream_breaks_the_client_response(proxied):
+    url, recorder, engine = proxied
+    with pytest.raises(httpx.HTTPError):
+        with httpx.stream("POST", f"{url}/gen/v1/chat/completions", json={**CHAT, "stream": True},
+                          headers={"X-Script-Break-After": "2"}) as response:
+            for _ in response.iter_raw():
+                pass
+    wait_for(lambda: recorder.records)
+    assert recorder.records[0].outcome == "upstream_error"
+
+
+def test_workflow_id_from_traceparent():
+    assert workflow_request_id({"x-workflow-id": " abc "}) == "abc"
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert workflow_request_id({"traceparent": f"00-{trace}-00f067aa0ba902b7-01"}) == trace
+    assert workflow_request_id({"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01"}) is None
+    assert workflow_request_id({"traceparent": "garbage"}) is None
+    assert workflow_request_id({}) is None
+
+
+def test_concurrent_streams_to_sqlite_store_nothing_lost(engine, tmp_path):
+    store = TraceStore(tmp_path / "t.db")
+    with ServerThread(create_app(ProxyConfig({"gen": engine.url}, store=store))) as proxy:
+
+        async def one(i: int, client: httpx.AsyncClient) -> bytes:
+            body = {**CHAT, "max_tokens": 4, "stream": i % 2 == 0}
+            response = await client.post(f"{proxy.url}/v1/chat/completions", json=body, headers={
+                "X-Workflow-Id": f"w{i % 10}", "Authorization": "Bearer sk-never-stored"})
+            return response.content
+
+        async def main():
+            async with httpx.AsyncClient(timeout=30) as client:
+                return await asyncio.gather(*(one(i, client) for i in range(60)))
+
+        bodies = asyncio.run(main())
+    store.close()
+    records = list(read_store(tmp_path / "t.db"))
+    assert len(records) == 60 and all(r.outcome == "ok" and r.status == 200 for r in records)
+    assert sorted(r.response_body for r in records) == sorted(bodies)
+    assert sum(r.stream for r in records) == 30
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    assert b"sk-never-stored" not in raw and b"authorization" not in raw.lower()
+    with sqlite3.connect(tmp_path / "t.db") as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_no_bodies_mode(engine):
+    recorder = Recorder()
+    with ServerThread(create_app(ProxyConfig({"gen": engine.url}, store=recorder, record_bodies=False))) as proxy:
+        httpx.post(f"{proxy.url}/v1/chat/completions", json={**CHAT, "stream": True})
+        wait_for(lambda: recorder.records)
+    record = recorder.records[0]
+    assert record.request_body is None and record.response_body is None
+    assert record.completion_tokens == 5 and record.ttft_s is not None  # still measured

@@ -1,0 +1,51 @@
+"""Fixtures of the tracing tests: real HTTP servers on loopback (uvicorn in threads).
+
+A plain module (not conftest.py) so that it merges with any project-wide conftest; test modules
+import the fixtures they use.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app
+from scepsy.tracing.scripted import ScriptedEngine
+
+
+class Recorder:
+    """A store stand-in that keeps records in memory (the SQLite store has its own tests)."""
+
+    def __init__(self):
+        self.records = []
+
+    def put(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def engine():
+    scripted = ScriptedEngine(token_delay_s=0.002)
+    with ServerThread(scripted.app()) as server:
+        scripted.url = server.url
+        yield scripted
+
+
+@pytest.fixture
+def proxied(engine):
+    """(proxy url, recorder, engine) with upstreams gen and ver on the scripted engine."""
+    recorder = Recorder()
+    config = ProxyConfig({"gen": engine.url, "ver": engine.url}, store=recorder, timeout_s=1.0)
+    with ServerThread(create_app(config)) as proxy:
+        yield proxy.url, recorder, engine
+
+
+def wait_for(condition, timeout_s: float = 5.0):
+    """Poll until `condition()` is truthy (records are stored just after the response ends)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    raise AssertionError("condition not met in time")

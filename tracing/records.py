@@ -1,0 +1,75 @@
+"""One traced LLM call (`CallRecord`) and its row form, shared by the store, the exports and the readers.
+
+Times are Unix epoch seconds (float) taken from one monotonic clock anchored to the wall clock when
+the proxy starts, so that differences between calls are exact to the microsecond. A call's
+latency is `end_s - start_s`: from the moment the proxy received the request to the moment the last
+response byte reached the client (or the call failed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+# What ended a call. "ok": the whole response was passed on (whatever its HTTP status);
+# "client_disconnect": the client went away before the end; "timeout": the upstream did not answer
+# (or stalled) within the proxy's timeout; "upstream_error": the upstream could not be reached or
+# broke the connection.
+OUTCOMES = ("ok", "client_disconnect", "timeout", "upstream_error")
+
+# Where the token counts come from: the response's `usage` object, or (streams without usage)
+# the number of SSE events that carried generated text, which is the completion token count for
+# engines that send one token per event (vLLM, SGLang, llama.cpp); prompt_tokens is then unknown.
+USAGE_SOURCES = ("usage", "stream_events")
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    call_id: str
+    llm: str
+    path: str  # the upstream path, e.g. /v1/chat/completions
+    start_s: float
+    end_s: float
+    status: int  # HTTP status the client got (504 for a timeout, 502 for an unreachable upstream)
+    outcome: str = "ok"
+    workflow: str | None = None  # workflow name (X-Workflow-Name), if the client sent one
+    workflow_id: str | None = None  # workflow request id (X-Workflow-Id, else traceparent trace id)
+    model: str | None = None  # the request's `model` field
+    stream: bool = False
+    ttft_s: float | None = None  # time to the first event carrying generated text (streams only)
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    usage_source: str | None = None
+    request_body: bytes | None = None
+    response_body: bytes | None = None
+    error: str | None = None
+
+    @property
+    def latency_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def to_row(self, bodies_as_text: bool = True) -> dict:
+        """A flat dict; bodies as UTF-8 text (JSON/SSE are text) unless `bodies_as_text` is False."""
+        row = asdict(self)
+        if bodies_as_text:
+            for key in ("request_body", "response_body"):
+                value = row[key]
+                row[key] = value.decode("utf-8", errors="replace") if value is not None else None
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict) -> "CallRecord":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in row.items() if k in known}
+        for key in ("request_body", "response_body"):
+            value = values.get(key)
+            if isinstance(value, str):
+                values[key] = value.encode("utf-8")
+        for key in ("prompt_tokens", "completion_tokens", "status"):
+            if values.get(key) is not None:
+                values[key] = int(values[key])
+        if "stream" in values:
+            values["stream"] = bool(values["stream"])
+        return cls(**values)
+
+
+COLUMNS = tuple(f.name for f in fields(CallRecord))

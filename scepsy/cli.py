@@ -679,9 +679,9 @@ TpOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree 
 FractionOpt = Annotated[float, typer.Option("--fraction", min=0.0, max=1.0, help="GPU fraction per shard of the profiled replica, in (0, 1].")]
 
 traces_app = typer.Typer(help="Inspect and export recorded traces.", no_args_is_help=True)
-profiles_app = typer.Typer(help="Build profile CSVs (rows: gpu_type, tp, fraction, arrival_rate, throughput, latencies).", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
-app.add_typer(profiles_app, name="profiles")
+# `profiles import` joins the `profiles` group defined at the top (with `profiles synthesize`): a
+# second group of the same name would hide the first one's commands.
 
 
 def _parse_upstreams(values: list[str]) -> dict[str, str]:

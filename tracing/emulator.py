@@ -383,9 +383,9 @@ class Emulator:
                                      "messages or completion.", param="max_tokens" if cap else "messages")
             for j in range(body.n):
                 index = prompt_index * body.n + j
-                rng = sequence_rng(seed, index)
-                length, finish = _sequence_plan(body, limit - prompt_tokens, rng, self.config.mean_output_tokens)
-                tokens = filler_tokens(rng, length)
+                eos = sequence_rng(seed, index, "eos")
+                length, finish = _sequence_plan(body, limit - prompt_tokens, eos, self.config.mean_output_tokens)
+                tokens = filler_tokens(sequence_rng(seed, index), length)
                 used, text, stop = apply_stop(tokens, body.stops) if body.stops else (length, "".join(tokens), None)
                 plans.append((index, prompt_index, units, tokens, used, text, stop, "stop" if stop else finish))
         choices = []

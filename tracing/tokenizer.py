@@ -134,10 +134,16 @@ VOCABULARY = (
 _NUMBERS = tuple(str(n) for n in range(0, 13))
 
 
+# fields that limit or deliver an answer without changing what is sampled: with a fixed seed, a
+# real engine's longer answer starts with its shorter one, whatever the stop strings or choices
+DELIVERY_FIELDS = frozenset({"stream", "stream_options", "max_tokens", "max_completion_tokens", "min_tokens",
+                             "ignore_eos", "stop", "n", "user"})
+
+
 def request_seed(payload: dict) -> bytes:
-    """A seed that identifies a request's content: the SHA-256 of its JSON body with sorted keys,
-    without the fields that only change how the answer is delivered (stream, stream_options)."""
-    content = {k: v for k, v in payload.items() if k not in ("stream", "stream_options")}
+    """A seed that identifies what a request asks: the SHA-256 of its JSON body with sorted keys,
+    without the `DELIVERY_FIELDS` (so the same prompt with a larger max_tokens extends the text)."""
+    content = {k: v for k, v in payload.items() if k not in DELIVERY_FIELDS}
     canonical = _canonical(content)
     return hashlib.sha256(canonical.encode()).digest()
 
@@ -148,9 +154,10 @@ def _canonical(value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def sequence_rng(seed: bytes, index: int) -> random.Random:
-    """The random stream of sequence `index` (a choice) of a request."""
-    return random.Random(hashlib.sha256(seed + index.to_bytes(4, "big")).digest())
+def sequence_rng(seed: bytes, index: int, purpose: str = "text") -> random.Random:
+    """The random stream of sequence `index` (a choice) of a request, one per purpose (the text,
+    the end-of-sequence draw), so that drawing one never shifts the other."""
+    return random.Random(hashlib.sha256(seed + index.to_bytes(4, "big") + purpose.encode()).digest())
 
 
 def filler_tokens(rng: random.Random, count: int) -> list[str]:
@@ -160,11 +167,12 @@ def filler_tokens(rng: random.Random, count: int) -> list[str]:
     since_period = 0
     while len(tokens) < count:
         roll = rng.random()
-        if not sentence_start and since_period >= 4 and roll < 0.12:
+        after_word = bool(tokens) and tokens[-1] not in (".", ",")  # punctuation never doubles up
+        if after_word and since_period >= 4 and roll < 0.12:
             tokens.append(".")
             sentence_start, since_period = True, 0
             continue
-        if not sentence_start and since_period >= 2 and roll < 0.17:
+        if after_word and since_period >= 2 and roll < 0.17:
             tokens.append(",")
             continue
         word = rng.choice(_NUMBERS) if roll > 0.9 else rng.choice(VOCABULARY)

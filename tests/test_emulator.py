@@ -416,3 +416,55 @@ def test_bad_cli_input_exits_2(arguments, field):
 def test_profiles_group_has_synthesize_and_import():
     output = runner.invoke(app, ["profiles", "--help"]).output
     assert "synthesize" in output and "import" in output
+
+
+# ----------------------------------------------------------------------------------------------
+# At scale: workflows on emulated replicas, measured with scepsy's own tools
+
+
+def test_beam_search_on_emulated_replicas_profiles_like_the_engine_model(tmp_path):
+    """The beam-search workflow on two emulated 8B replicas (half an A6000 each) through the proxy;
+    `scepsy aggregate` and `scepsy profile` measure it; the measured light-load profile of the
+    generator agrees with `scepsy profiles synthesize` for the same model, GPU and traced calls.
+
+    The emulators run 10x faster than modelled time (`speedup`), so measured rates are divided and
+    latencies multiplied by 10 before comparing. That also multiplies the HTTP hops (client,
+    emulator; a few ms of wall time per call) by 10: the replayed calls come out up to ~10% slower
+    than the simulation, which has no HTTP. bench/emulator_e2e.py runs the full sweep at 2x.
+    """
+    from scepsy.models.profile import read_profile_frame
+    from scepsy.tracing.store import TraceStore
+    from scepsy.tracing.workflows import BeamSearch, run_closed_loop
+
+    speedup = 10.0
+    gen_config = emulator_config("llama-3.1-8b", "A6000", fraction=0.5, served_model_names=["gen"], speedup=speedup)
+    ver_config = emulator_config("llama-3.1-8b-prm", "A6000", fraction=0.5, served_model_names=["ver"], speedup=speedup)
+    traces = tmp_path / "traces.db"
+    with ServerThread(create_app(gen_config)) as gen, ServerThread(create_app(ver_config)) as ver:
+        store = TraceStore(traces)
+        with ServerThread(create_proxy(ProxyConfig({"gen": gen.url, "ver": ver.url}, store=store))) as proxy:
+            results = run_closed_loop(BeamSearch(proxy.url, gen_max_tokens=16), count=4)
+        store.close()
+        assert all(r.error is None for r in results)
+        stats = runner.invoke(app, ["aggregate", str(traces), "--json"])
+        assert stats.exit_code == 0, stats.output
+        stages = {s["llm"]: s for s in json.loads(stats.output)["workflows"][0]["stages"]}
+        assert stages["gen"]["invocations"] == sum(r.calls for r in results) / 2 / len(results)
+        assert stages["gen"]["parallelism"] > 1.5  # the fan-outs run side by side on the batching engine
+        profiled = runner.invoke(app, [
+            "profile", "--traces", str(traces), "--llm", "gen", "--endpoint", gen.url, "--gpu-type", "A6000",
+            "--fraction", "0.5", "--rates", f"{0.5 * speedup},{1.0 * speedup}", "--duration-s", "2.5",
+            "--min-requests", "3", "--arrivals", "uniform", "--out", str(tmp_path / "gen.csv"), "--json"])
+        assert profiled.exit_code == 0, profiled.output
+    exported = runner.invoke(app, ["traces", "export", str(traces), "--out", str(tmp_path / "calls.jsonl"), "--no-bodies"])
+    assert exported.exit_code == 0, exported.output
+    synthesized = runner.invoke(app, [
+        "profiles", "synthesize", "--model", "llama-3.1-8b", "--gpu", "A6000", "--fractions", "0.5",
+        "--requests", str(tmp_path / "calls.jsonl"), "--llm", "gen", "--out", str(tmp_path / "synth.csv"), "--json"])
+    assert synthesized.exit_code == 0, synthesized.output
+    measured = read_profile_frame(tmp_path / "gen.csv").sort_values("arrival_rate")
+    simulated = read_profile_frame(tmp_path / "synth.csv").sort_values("arrival_rate")
+    assert (measured["throughput"] >= 0.95 * measured["arrival_rate"]).all()
+    measured_latency_s = float(measured["latency_mean"].iloc[0]) * speedup
+    simulated_latency_s = float(simulated["latency_mean"].iloc[0])
+    assert simulated_latency_s <= measured_latency_s <= 1.15 * simulated_latency_s, (measured_latency_s, simulated_latency_s)

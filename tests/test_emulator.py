@@ -284,9 +284,28 @@ def test_choices_prompt_lists_stops_and_lengths(gen):
     # a shorter cap gives the start of the same text (limits do not change what is "sampled")
     short = httpx.post(gen.url + "/v1/completions", json={**body, "max_tokens": 10}).json()["choices"][0]["text"]
     assert full.startswith(short) and count_tokens(short) == 10
+    # n choices stream interleaved, each its own text (the same as not streamed)
+    texts = {}
+    for chunk in c.completions.create(model="gen", prompt="one prompt", max_tokens=4, n=2, stream=True):
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+    plain = c.completions.create(model="gen", prompt="one prompt", max_tokens=4, n=2)
+    assert texts == {ch.index: ch.text for ch in plain.choices} and texts[0] != texts[1]
     # without max_tokens the length is drawn (mean 256), and min_tokens holds
     free = httpx.post(gen.url + "/v1/completions", json={"model": "gen", "prompt": "y", "min_tokens": 3, "ignore_eos": False}).json()
     assert free["usage"]["completion_tokens"] >= 3 and free["choices"][0]["finish_reason"] == "stop"
+
+
+def test_mean_output_tokens_draws_shorter_answers():
+    config = emulator_config(**GEN, speedup=20.0, mean_output_tokens=4.0)
+    with ServerThread(create_app(config)) as server:
+        c = client(server.url)
+        response = c.completions.create(model="gen", prompt="draw", max_tokens=64, n=16)
+        lengths = [count_tokens(ch.text) for ch in response.choices]
+        assert response.usage.completion_tokens == sum(lengths) < 16 * 20
+        assert {ch.finish_reason for ch in response.choices} == {"stop"}
+        kept = c.completions.create(model="gen", prompt="draw", max_tokens=64, extra_body={"ignore_eos": True})
+        assert kept.usage.completion_tokens == 64 and kept.choices[0].finish_reason == "length"
 
 
 def test_errors_are_openai_shaped(gen):

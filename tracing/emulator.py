@@ -307,7 +307,6 @@ class Emulator:
 
     def __init__(self, config: EmulatorConfig):
         self.config = config
-        self.engine = config.engine
         self.live: LiveReplica | None = None
         self.started_s = int(time.time())
         self.requests_ok = 0
@@ -332,12 +331,14 @@ class Emulator:
         return body, payload
 
     def _require(self, task: str, endpoint: str) -> None:
+        """Refuse an endpoint the model does not serve: decoders generate; embedders embed and
+        score; cross-encoders score."""
         model = self.config.model
-        actual = encoder_task(model) if model.encoder else "generate"
-        serves = {"generate": {"generate"}, "embed": {"embed", "score"}, "score": {"score"}}[actual]
+        kind = encoder_task(model) if model.encoder else "generate"
+        serves, what = {"generate": ({"generate"}, "decoder"), "embed": ({"embed", "score"}, "embedding model"),
+                        "score": ({"score"}, "cross-encoder")}[kind]
         if task not in serves:
-            raise HttpError(400, f"{model.name} does not serve the {endpoint} API (it is a "
-                            f"{'decoder' if actual == 'generate' else 'cross-encoder' if actual == 'score' else 'embedding model'})")
+            raise HttpError(400, f"{model.name} does not serve the {endpoint} API (it is a {what})")
 
     @property
     def _name(self) -> str:
@@ -369,29 +370,32 @@ class Emulator:
             raise HttpError(400, "prompt: empty")
         return await self._generate(request, body, payload, [prompt_units(p) for p in prompts], chat=False)
 
-    def _choices(self, body: _Sampling, payload: dict, prompts: list[list[str]], notify: asyncio.Event) -> list[_Choice]:
+    def _check_length(self, prompt_tokens: int, cap: int | None) -> None:
         limit = self.config.max_model_len
+        if prompt_tokens >= limit or (cap is not None and prompt_tokens + cap > limit):
+            asked = f"{prompt_tokens} in the messages, {cap} in the completion" if cap else f"{prompt_tokens} in the prompt"
+            raise HttpError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                 f"{prompt_tokens + (cap or 0)} tokens ({asked}). Please reduce the length of the "
+                                 "messages or completion.", param="max_tokens" if cap else "messages")
+
+    def _choices(self, body: _Sampling, payload: dict, prompts: list[list[str]], notify: asyncio.Event) -> list[_Choice]:
+        """Plan every choice (its length, text and finish reason), then enter them all into the
+        engine; a request that is too long for the context is refused before anything runs."""
+        for units in prompts:
+            self._check_length(len(units), body.cap)
         seed = request_seed(payload)
-        plans = []
+        room = [self.config.max_model_len - len(units) for units in prompts]
+        choices = []
         for prompt_index, units in enumerate(prompts):
-            prompt_tokens = len(units)
-            cap = body.cap
-            if prompt_tokens >= limit or (cap is not None and prompt_tokens + cap > limit):
-                asked = f"{prompt_tokens} in the messages, {cap or 0} in the completion" if cap else f"{prompt_tokens} in the prompt"
-                raise HttpError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                                     f"{prompt_tokens + (cap or 0)} tokens ({asked}). Please reduce the length of the "
-                                     "messages or completion.", param="max_tokens" if cap else "messages")
             for j in range(body.n):
                 index = prompt_index * body.n + j
-                eos = sequence_rng(seed, index, "eos")
-                length, finish = _sequence_plan(body, limit - prompt_tokens, eos, self.config.mean_output_tokens)
+                length, finish = _sequence_plan(body, room[prompt_index], sequence_rng(seed, index, "eos"),
+                                                self.config.mean_output_tokens)
                 tokens = filler_tokens(sequence_rng(seed, index), length)
                 used, text, stop = apply_stop(tokens, body.stops) if body.stops else (length, "".join(tokens), None)
-                plans.append((index, prompt_index, units, tokens, used, text, stop, "stop" if stop else finish))
-        choices = []
-        for index, prompt_index, units, tokens, used, text, stop, finish in plans:
-            sequence = self._submit(notify, units, used, tokens[:used], body.stream)
-            choices.append(_Choice(index, prompt_index, len(units), _token_texts(tokens, used, text), finish, stop, sequence))
+                sequence = self._submit(notify, units, used, tokens[:used], body.stream)
+                choices.append(_Choice(index, prompt_index, len(units), _token_texts(tokens, used, text),
+                                       "stop" if stop else finish, stop, sequence))
         return choices
 
     def _usage(self, choices: list[_Choice]) -> dict:

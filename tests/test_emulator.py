@@ -8,7 +8,8 @@ request on this 2-core machine, (b) the lateness of the final iteration's timer,
 (uvloop's timers have millisecond resolution; lateness does not accumulate over iterations, see
 tracing/livereplica.py), and (c) scheduling noise when other jobs share the two cores. The bounds
 below are therefore one-sided: `modelled - 1 ms <= measured <= modelled + 5% + 40 ms`, on the
-median of repeated requests; a wrong iteration count (one token too many or few) already moves a
+median of repeated requests (times measured from a first token on may look early by that token's
+own lateness, up to 15 ms); a wrong iteration count (one token too many or few) already moves a
 latency by 40-95 ms with the models used here, and batching or queueing errors by far more.
 """
 
@@ -51,8 +52,13 @@ SLACK_S, SLACK_REL, EARLY_S = 0.040, 0.05, 0.001
 GEN = dict(model="llama-3.2-1b", gpu="L4", fraction=0.25, served_model_names=["gen"])
 
 
-def within(measured: float, modelled: float) -> bool:
-    return modelled - EARLY_S <= measured <= modelled * (1 + SLACK_REL) + SLACK_S
+def within(measured: float, modelled: float, early_s: float = EARLY_S) -> bool:
+    return modelled - early_s <= measured <= modelled * (1 + SLACK_REL) + SLACK_S
+
+
+# Times measured from the first token on can look early by as much as that first token was late
+# (its iteration's lateness, a few ms when other jobs load the cores), never by more.
+ORIGIN_LATENESS_S = 0.015
 
 
 def ids(n: int, start: int) -> list[int]:
@@ -173,7 +179,7 @@ def test_concurrent_streams_batch_as_the_engine_model_predicts(gen):
     # the engine model: the first arrival starts an iteration alone, the others join the next one
     requests = offline(engine, [(prompt, completion)] * n, [0.0] + [1e-9] * (n - 1))
     modelled = max(r.finish_s for r in requests) - min(r.first_token_s for r in requests)
-    assert within(span, modelled), (span, modelled)
+    assert within(span, modelled, ORIGIN_LATENESS_S), (span, modelled)
     assert within(single, engine.request_time_s(prompt, completion))
     makespan = max(end for _, end, _ in results) - min(first for first, _, _ in results) + engine.prefill_time_s(prompt)
     aggregate_tps, single_tps = n * completion / makespan, completion / single
@@ -201,7 +207,7 @@ def test_kv_capacity_queues_requests():
     measured = _relative(firsts, origin) + _relative(ends, origin)
     modelled = _relative([r.first_token_s for r in requests], modelled_origin) + _relative([r.finish_s for r in requests], modelled_origin)
     for got, want in zip(measured, modelled):
-        assert within(got, want), (measured, modelled)
+        assert within(got, want, ORIGIN_LATENESS_S), (measured, modelled)
     assert 'vllm:num_requests_running{model_name="gen"} 0' in metrics
 
 

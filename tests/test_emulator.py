@@ -211,6 +211,24 @@ def test_kv_capacity_queues_requests():
     assert 'vllm:num_requests_running{model_name="gen"} 0' in metrics
 
 
+def test_decodes_that_outgrow_the_kv_cache_preempt_and_still_finish():
+    """Three 700-token prompts fit the 2,432-token KV cache, but not with 120 tokens each of output:
+    the newest is preempted (recomputed later), as the engine model's scheduler does. 20x faster."""
+    speedup = 20.0
+    config = emulator_config("llama-3.2-1b", "L4", fraction=0.11, served_model_names=["gen"], speedup=speedup)
+    with ServerThread(create_app(config)) as server:
+        results = asyncio.run(_streams(server.url, [ids(700, 5000 * k) for k in range(3)], 120))
+        assert _metric(server.url, "vllm:num_preemptions_total") == 1
+    assert all(tokens == 120 for _, _, tokens in results)  # every token once, none lost or repeated
+    requests = offline(config.engine, [(700, 120)] * 3, [0.0, 1e-9, 1e-9])
+    assert sum(r.preemptions for r in requests) == 1
+    origin, modelled_origin = min(r[0] for r in results), min(r.first_token_s for r in requests)
+    measured = _relative([r[1] for r in results], origin)
+    modelled = _relative([r.finish_s / speedup for r in requests], modelled_origin / speedup)
+    for got, want in zip(measured, modelled):
+        assert within(got, want, ORIGIN_LATENESS_S), (measured, modelled)
+
+
 def test_iteration_times_are_the_engine_models(gen):
     """One request alone runs one prefill iteration and completion-1 decode iterations, each as long
     as `Engine.iteration_time_s` says (busy time counted by the emulator, in modelled seconds)."""

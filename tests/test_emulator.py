@@ -413,6 +413,7 @@ def test_proxy_in_front_records_the_emulated_calls(gen):
     assert (first.workflow_id, first.prompt_tokens, first.completion_tokens, first.usage_source) == ("w1", plain.usage.prompt_tokens, 6, "usage")
     assert (second.stream, second.completion_tokens, second.usage_source) == (True, 8, "stream_events")
     assert (third.prompt_tokens, third.completion_tokens, third.usage_source) == (30, 5, "usage")
+    assert (with_usage[-1].usage.prompt_tokens, with_usage[-1].usage.completion_tokens) == (30, 5)
     assert json.loads(first.response_body)["choices"][0]["message"]["content"] == plain.choices[0].message.content
     assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) != ""
     # the recorded timing is the engine model's (plus the HTTP hops)

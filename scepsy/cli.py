@@ -677,11 +677,17 @@ def _grid_table(frame, best):
 
 TracesArg = Annotated[list[Path], typer.Argument(help="Trace files: proxy stores (.db), .jsonl/.parquet exports, OTLP JSON (.json).", show_default=False)]
 GpuTypeOpt = Annotated[str, typer.Option("--gpu-type", help="GPU type the profile rows are for (a name of the instance's cluster.gpu_types).")]
-TpOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree of the profiled replica.")]
-FractionOpt = Annotated[float, typer.Option("--fraction", min=0.0, max=1.0, help="GPU fraction per shard of the profiled replica, in (0, 1].")]
+TpOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree of the replica (profiled or emulated).")]
+FractionOpt = Annotated[float, typer.Option("--fraction", min=0.0, max=1.0, help="GPU fraction per shard of the replica (profiled or emulated), in (0, 1].")]
+CatalogModelOpt = Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id), see models/catalog.py.")]
+CatalogGpuOpt = Annotated[str, typer.Option("--gpu", help="Catalog GPU (A6000, A100-80G, H100, H200, L40S, L4, ...).")]
+HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")]
+PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")]
 
 traces_app = typer.Typer(help="Inspect and export recorded traces.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")
+# `profiles import` joins the `profiles` group defined at the top (with `profiles synthesize`): a
+# second group of the same name would hide the first one's commands.
 
 
 def _parse_upstreams(values: list[str]) -> dict[str, str]:
@@ -711,8 +717,8 @@ def _parse_llm_names(values: list[str]) -> dict[str, str]:
 @app.command()
 def proxy(
     upstream: Annotated[list[str], typer.Option("--upstream", help="LLM name and engine base URL, NAME=URL (repeat per LLM).")],
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")] = 9000,
-    host: Annotated[str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")] = "127.0.0.1",
+    port: PortOpt = 9000,
+    host: HostOpt = "127.0.0.1",
     store: Annotated[Path, typer.Option("--store", help="SQLite trace store (WAL mode).")] = Path("traces.db"),
     no_bodies: Annotated[bool, typer.Option("--no-bodies", help="Do not record request/response bodies (traces then cannot be replayed).")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Answer 504 when an upstream sends nothing for this long.")] = 600.0,
@@ -734,6 +740,30 @@ def proxy(
         finally:
             trace_store.close()
             stderr.print(f"recorded {trace_store.written} calls to {store}" + (f" ({trace_store.write_errors} failed to write)" if trace_store.write_errors else ""), markup=False)
+
+
+@app.command()
+def emulate(
+    model: CatalogModelOpt,
+    gpu: CatalogGpuOpt,
+    tp: TpOpt = 1,
+    fraction: FractionOpt = 1.0,
+    port: PortOpt = 8000,
+    host: HostOpt = "127.0.0.1",
+    served_model_name: Annotated[list[str], typer.Option("--served-model-name", help="Name clients put in the `model` field (repeat for several; default: the model's Hugging Face id).")] = [],
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", min=2, help="Longest prompt + completion, tokens (default: the model's context, capped by the KV cache).")] = None,
+    speedup: Annotated[float, typer.Option("--speedup", help="Run the modelled clock this many times faster than the wall clock (every modelled time is divided by it).")] = 1.0,
+    mean_output_tokens: Annotated[float, typer.Option("--mean-output-tokens", min=0.0, help="Draw each sequence's end from a geometric length of this mean (0: sequences run to max_tokens).")] = 0.0,
+    prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="Reuse the KV cache of earlier prompts and outputs (vLLM's default).")] = True,
+) -> None:
+    """Serve an OpenAI-compatible engine emulator whose timing follows the engine model (until Ctrl-C)."""
+    from scepsy.tracing.emulator import emulator_config, serve
+
+    with _errors():
+        config = emulator_config(model, gpu, tp, fraction, served_model_name, max_model_len, speedup,
+                                 mean_output_tokens, prefix_caching)
+        stderr.print(f"scepsy emulate on http://{host}:{port}: {config.describe()}", markup=False, highlight=False, soft_wrap=True)
+        serve(config, host=host, port=port)
 
 
 @traces_app.command("export")

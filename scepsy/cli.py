@@ -53,6 +53,14 @@ NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the
 PlacementOpt = Annotated[str, typer.Option("--placement", help="Placement: cpsat (exact, least fragmented, the heuristic as hint) or heuristic (the paper's).")]
 PlacementTimeLimitOpt = Annotated[float, typer.Option("--placement-time-limit-s", min=0.01, help="Stop the placement search after this many seconds and keep the best placement with its gap.")]
 CurrentOpt = Annotated[Optional[Path], typer.Option("--current", help="Re-plan: the running placement (a previous plan JSON or its placement list); replicas that can stay where they are, stay.")]
+TracesArg = Annotated[list[Path], typer.Argument(help="Trace files: proxy stores (.db), .jsonl/.parquet exports, OTLP JSON (.json).", show_default=False)]
+GpuTypeOpt = Annotated[str, typer.Option("--gpu-type", help="GPU type the profile rows are for (a name of the instance's cluster.gpu_types).")]
+TpOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree of the replica (profiled or emulated).")]
+FractionOpt = Annotated[float, typer.Option("--fraction", min=0.0, max=1.0, help="GPU fraction per shard of the replica (profiled or emulated), in (0, 1].")]
+CatalogModelOpt = Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id), see models/catalog.py.")]
+CatalogGpuOpt = Annotated[str, typer.Option("--gpu", help="Catalog GPU (A6000, A100-80G, H100, H200, L40S, L4, ...).")]
+HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")]
+PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")]
 
 
 def _fail(error: ScepsyError) -> None:
@@ -675,14 +683,6 @@ def _grid_table(frame, best):
 # ---------------------------------------------------------------------------------------------
 # Measurement: tracing proxy, traces, workflow statistics, replay profiling (docs/tracing.md)
 
-TracesArg = Annotated[list[Path], typer.Argument(help="Trace files: proxy stores (.db), .jsonl/.parquet exports, OTLP JSON (.json).", show_default=False)]
-GpuTypeOpt = Annotated[str, typer.Option("--gpu-type", help="GPU type the profile rows are for (a name of the instance's cluster.gpu_types).")]
-TpOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree of the replica (profiled or emulated).")]
-FractionOpt = Annotated[float, typer.Option("--fraction", min=0.0, max=1.0, help="GPU fraction per shard of the replica (profiled or emulated), in (0, 1].")]
-CatalogModelOpt = Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id), see models/catalog.py.")]
-CatalogGpuOpt = Annotated[str, typer.Option("--gpu", help="Catalog GPU (A6000, A100-80G, H100, H200, L40S, L4, ...).")]
-HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")]
-PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")]
 
 traces_app = typer.Typer(help="Inspect and export recorded traces.", no_args_is_help=True)
 app.add_typer(traces_app, name="traces")

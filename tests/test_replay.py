@@ -120,3 +120,15 @@ def test_arrival_processes():
     assert poisson[-1] / 1999 == pytest.approx(0.5, rel=0.1)
     with pytest.raises(InputError, match="poisson or uniform"):
         arrival_times(2, 1.0, "bursty", random.Random(0))
+
+
+def test_a_long_request_arriving_last_is_not_lost_throughput():
+    from scepsy.tracing.replay import replay_throughput
+
+    light = {"short": 1.0, "long": 20.0}
+    # 10 requests, one per second; the long one arrives last and ends 20 s later, as on an idle engine
+    finished = [("short", float(a), a + 1.0) for a in range(9)] + [("long", 9.0, 29.0)]
+    assert replay_throughput(30, 10.0, 1.0, finished, light) == pytest.approx(3.0)
+    # a backlog still counts: every request 5 s later than its idle time by the end
+    backlog = [("short", float(a), a + 1.0 + 0.5 * a) for a in range(10)]
+    assert replay_throughput(30, 10.0, 1.0, backlog, light) == pytest.approx(30 / (4.5 + 9.0 + 1.0))

@@ -17,13 +17,15 @@ Load. At a target LLM arrival rate lambda (calls/s), workflow requests arrive as
 shuffled cycle; each point runs max(min_requests, ceil(lambda / n * duration_s)) requests. With the
 last arrival at a_last, the point's offered rate is
 
-    arrival_rate = N_calls / (a_last + n / lambda)                calls/s (the realised rate)
-    throughput   = N_ok / max(a_last + n / lambda, makespan - tail_s)
+    arrival_rate = N_calls / (a_last + n / lambda)                           calls/s (the realised rate)
+    throughput   = N_ok / max(a_last + n / lambda, max_r (end_r - tail_r) + n / lambda)
 
-where makespan runs from the first arrival to the last response and tail_s is the mean time from a
-request's arrival to its last response at the lightest rate: the last request needs that long even
-on an idle engine, so it does not count against throughput. Latency is per call (send to last
-byte): mean, p50, p90, p99 of the completed calls.
+where end_r is request r's last response (from the first arrival) and tail_r the time the same
+traced request took from arrival to last response at the lightest rate (its mean there; requests the
+lightest point did not run take that point's mean): a request needs that long even on an idle
+engine, so only the delay beyond it counts against throughput. A long request arriving last
+therefore does not look like lost throughput, while a backlog still does. Latency is per call (send
+to last byte): mean, p50, p90, p99 of the completed calls.
 
 Sweep. `rates="auto"` first probes the idle engine's service time S (`probe_service_time`: a dozen
 calls one at a time), starts at 0.2 / S, doubles the rate until saturation, then bisects twice
@@ -41,7 +43,7 @@ import json
 import math
 import random
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 import httpx
@@ -88,6 +90,7 @@ class PointResult:
     failed: int
     latency_s: dict  # mean, p50, p90, p99
     tail_s: float  # mean arrival-to-last-response per request
+    tails_s: dict = field(default_factory=dict)  # request key -> mean arrival-to-last-response
     saturated: bool = False
     first_error: str | None = None
 
@@ -157,6 +160,7 @@ class _Replayer:
         self.first_error: str | None = None
         self.last_end = 0.0
         self.request_tails: list[float] = []
+        self.finished: list[tuple[str, float, float]] = []  # (request key, arrival, last end)
 
     async def _send(self, call: ReplayCall) -> bool:
         headers = {"content-type": "application/json"}
@@ -204,7 +208,9 @@ class _Replayer:
                 self.on_call()
 
         await asyncio.gather(*(one(i, c) for i, c in enumerate(request.calls)))
-        self.request_tails.append(self.last_end_of(request, ends) - arrival)
+        last_end = self.last_end_of(request, ends)
+        self.request_tails.append(last_end - arrival)
+        self.finished.append((request.key, arrival, last_end))
 
     @staticmethod
     def last_end_of(request: ReplayRequest, ends: dict[int, float]) -> float:
@@ -218,7 +224,7 @@ async def _run_point(
     duration_s: float,
     min_requests: int,
     seed: int,
-    tail_s: float | None,
+    light_tails: dict | None,
     timeout_s: float,
     on_call: Callable[[], None] | None,
     process: str = "poisson",
@@ -242,10 +248,10 @@ async def _run_point(
         t0 = loop.time() + 0.05
         await asyncio.gather(*(replayer.request(r, t0 + a, loop) for r, a in zip(order, arrivals)))
     nominal_s = arrivals[-1] + 1.0 / workflow_rate
-    makespan = replayer.last_end - t0
-    tail = tail_s if tail_s is not None else float(np.mean(replayer.request_tails))
+    tails_s = _mean_tails(replayer.finished)
     completed = len(replayer.latencies)
-    throughput = completed / max(nominal_s, makespan - tail)
+    finished = [(key, arrival - t0, end - t0) for key, arrival, end in replayer.finished]
+    throughput = replay_throughput(completed, nominal_s, workflow_rate, finished, light_tails or tails_s)
     lat = np.asarray(replayer.latencies, dtype=float)
     latency = (
         {"mean": float(lat.mean()), "p50": float(np.percentile(lat, 50)), "p90": float(np.percentile(lat, 90)),
@@ -262,8 +268,27 @@ async def _run_point(
         failed=replayer.failed,
         latency_s=latency,
         tail_s=float(np.mean(replayer.request_tails)) if replayer.request_tails else 0.0,
+        tails_s=tails_s,
         first_error=replayer.first_error,
     )
+
+
+def replay_throughput(
+    completed: int, nominal_s: float, workflow_rate: float, finished: list[tuple[str, float, float]], light_tails: dict
+) -> float:
+    """N_ok / max(a_last + n/lambda, max_r (end_r - tail_r) + n/lambda) (module docstring); `finished`
+    holds (request key, arrival, last end) in seconds from the first arrival."""
+    fallback = float(np.mean(list(light_tails.values()))) if light_tails else 0.0
+    backlog_end = max((end - light_tails.get(key, fallback) for key, _, end in finished), default=0.0)
+    return completed / max(nominal_s, backlog_end + 1.0 / workflow_rate)
+
+
+def _mean_tails(finished: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Mean arrival-to-last-response per traced request key."""
+    by_key: dict[str, list[float]] = defaultdict(list)
+    for key, arrival, end in finished:
+        by_key[key].append(end - arrival)
+    return {key: float(np.mean(values)) for key, values in sorted(by_key.items())}
 
 
 ARRIVAL_PROCESSES = ("poisson", "uniform")
@@ -342,7 +367,7 @@ class Sweep:
         light = self.points[0] if self.points else None
         point = await _run_point(
             self.requests, self.endpoint, rate, self.settings.duration_s, self.settings.min_requests,
-            self.settings.seed + len(self.points), light.tail_s if light else None, self.settings.timeout_s, on_call,
+            self.settings.seed + len(self.points), light.tails_s if light else None, self.settings.timeout_s, on_call,
             self.settings.arrivals,
         )
         if point.completed == 0:

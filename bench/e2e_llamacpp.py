@@ -68,8 +68,7 @@ class E2ESettings:
     # Workflow requests 1 / rate apart, in the profiles and in the run alike: with a dozen requests
     # per phase, Poisson bursts alone move the mean latency by tens of percent (docs/tracing.md)
     arrivals: str = "uniform"
-    # CP-SAT wrongly reports this 1-GPU, F=2 instance infeasible (reported to the lead); the exact
-    # brute force gives the same plan CP-SAT should
+    # any exact backend; this 1-GPU, F=2 instance is tests/test_planner.py::test_two_halves_of_one_gpu
     backend: str = "cpsat"
 
 

@@ -118,3 +118,59 @@ def test_proxy_command_serves_records_and_shuts_down_cleanly(tmp_path):
     assert process.returncode == 0, err.decode()
     assert "recorded 5 calls" in err.decode()
     assert sorted(c.workflow_id for c in read_store(store)) == [f"w{i}" for i in range(5)]
+
+
+def test_proxy_terminated_mid_stream_finishes_the_streams_and_keeps_their_records(tmp_path):
+    """SIGTERM (what Kubernetes sends) while streams are in flight: they complete and are all recorded.
+
+    uvicorn drains the connections, then re-raises SIGTERM, which ends the process at once: the
+    records must be written before that, not in a `finally` that never runs.
+    """
+    import asyncio
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from scepsy.tracing.llamacpp import free_port
+    from scepsy.tracing.store import read_store
+
+    engine = ScriptedEngine(token_delay_s=0.03)
+    with ServerThread(engine.app()) as server:
+        port = free_port()
+        store = tmp_path / "traces.db"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "scepsy.cli", "proxy", "--upstream", f"gen={server.url}", "--port", str(port), "--store", str(store)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(url + "/v1/models", timeout=0.5)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+
+        async def one(client: httpx.AsyncClient, i: int) -> bytes:
+            body = {"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "stream": True}
+            async with client.stream("POST", url + "/v1/chat/completions", json=body, headers={"X-Workflow-Id": f"w{i}"}) as response:
+                return b"".join([chunk async for chunk in response.aiter_raw()])
+
+        async def streams_then_sigterm() -> list[bytes]:
+            async with httpx.AsyncClient(timeout=20) as client:
+                tasks = [asyncio.create_task(one(client, i)) for i in range(8)]
+                await asyncio.sleep(0.15)  # every stream has started; none has ended (10 tokens x 30 ms)
+                process.send_signal(signal.SIGTERM)
+                return await asyncio.gather(*tasks)
+
+        try:
+            bodies = asyncio.run(streams_then_sigterm())
+        finally:
+            process.communicate(timeout=20)
+    assert all(body.rstrip().endswith(b"data: [DONE]") for body in bodies)
+    records = list(read_store(store))
+    assert sorted(c.workflow_id for c in records) == [f"w{i}" for i in range(8)]
+    assert all(c.outcome == "ok" and c.completion_tokens == 10 for c in records)

@@ -94,6 +94,8 @@ def test_routing_by_model_field_and_errors(proxied):
     assert unknown.status_code == 404 and "gen, ver" in unknown.json()["error"]["message"]
     assert httpx.post(f"{url}/nope/v1/chat/completions", json=CHAT).status_code == 404
     assert httpx.post(f"{url}/gen/v1/images/generations", json=CHAT).status_code == 404
+    wrong_method = httpx.put(f"{url}/gen/v1/chat/completions", json=CHAT)
+    assert wrong_method.status_code == 405 and "use GET or POST" in wrong_method.json()["error"]["message"]
     assert len(recorder.records) == 1  # routing errors are not LLM calls
 
 

@@ -8,7 +8,7 @@ response byte reached the client (or the call failed).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 # What ended a call. "ok": the whole response was passed on (whatever its HTTP status);
 # "client_disconnect": the client went away before the end; "timeout": the upstream did not answer
@@ -49,7 +49,7 @@ class CallRecord:
 
     def to_row(self, bodies_as_text: bool = True) -> dict:
         """A flat dict; bodies as UTF-8 text (JSON/SSE are text) unless `bodies_as_text` is False."""
-        row = asdict(self)
+        row = {name: getattr(self, name) for name in COLUMNS}  # flat fields: no deep copy (asdict) needed
         if bodies_as_text:
             for key in ("request_body", "response_body"):
                 value = row[key]

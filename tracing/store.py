@@ -60,10 +60,14 @@ def init_schema(connection: sqlite3.Connection) -> None:
     connection.commit()
 
 
+_STREAM = COLUMNS.index("stream")
+
+
 def _row(record: CallRecord) -> tuple:
-    row = record.to_row(bodies_as_text=False)
-    row["stream"] = int(row["stream"])
-    return tuple(row[name] for name in COLUMNS)
+    # Runs on the writer thread while holding the GIL, so it is kept to plain attribute reads.
+    row = [getattr(record, name) for name in COLUMNS]
+    row[_STREAM] = int(row[_STREAM])
+    return tuple(row)
 
 
 class TraceStore:

@@ -79,9 +79,8 @@ def test_bad_input_gets_one_line_and_exit_2(tmp_path):
     assert result.exit_code == 2 and "X-Workflow-Id" in result.output
 
 
-def test_proxy_command_serves_records_and_shuts_down_cleanly(tmp_path):
-    """`scepsy proxy` as a user runs it: a process on loopback; Ctrl-C flushes every record."""
-    import signal
+def _start_proxy_process(upstream_url: str, store):
+    """`scepsy proxy` as a user runs it, in its own process; returns (process, url) once it answers."""
     import subprocess
     import sys
     import time
@@ -89,25 +88,36 @@ def test_proxy_command_serves_records_and_shuts_down_cleanly(tmp_path):
     import httpx
 
     from scepsy.tracing.llamacpp import free_port
+
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "scepsy.cli", "proxy", "--upstream", f"gen={upstream_url}", "--port", str(port), "--store", str(store)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url + "/v1/models", timeout=0.5)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return process, url
+
+
+def test_proxy_command_serves_records_and_shuts_down_cleanly(tmp_path):
+    """`scepsy proxy` as a user runs it: a process on loopback; Ctrl-C flushes every record."""
+    import signal
+
+    import httpx
+
     from scepsy.tracing.store import read_store
 
     engine = ScriptedEngine()
     with ServerThread(engine.app()) as server:
-        port = free_port()
         store = tmp_path / "traces.db"
-        process = subprocess.Popen(
-            [sys.executable, "-m", "scepsy.cli", "proxy", "--upstream", f"gen={server.url}", "--port", str(port), "--store", str(store)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
+        process, url = _start_proxy_process(server.url, store)
         try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                try:
-                    httpx.get(url + "/v1/models", timeout=0.5)
-                    break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
             for i in range(5):
                 response = httpx.post(url + "/v1/chat/completions", headers={"X-Workflow-Id": f"w{i}"},
                                       json={"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
@@ -128,31 +138,15 @@ def test_proxy_terminated_mid_stream_finishes_the_streams_and_keeps_their_record
     """
     import asyncio
     import signal
-    import subprocess
-    import sys
-    import time
 
     import httpx
 
-    from scepsy.tracing.llamacpp import free_port
     from scepsy.tracing.store import read_store
 
     engine = ScriptedEngine(token_delay_s=0.03)
     with ServerThread(engine.app()) as server:
-        port = free_port()
         store = tmp_path / "traces.db"
-        process = subprocess.Popen(
-            [sys.executable, "-m", "scepsy.cli", "proxy", "--upstream", f"gen={server.url}", "--port", str(port), "--store", str(store)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(url + "/v1/models", timeout=0.5)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        process, url = _start_proxy_process(server.url, store)
 
         async def one(client: httpx.AsyncClient, i: int) -> bytes:
             body = {"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "stream": True}

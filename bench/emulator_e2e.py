@@ -40,7 +40,6 @@ import json
 import math
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,7 @@ import yaml
 from scepsy.models import catalog
 from scepsy.models.engine import Engine
 from scepsy.models.profile import STABLE_THROUGHPUT_RATIO, read_profile_frame, write_profile
+from scepsy.tracing.llamacpp import free_port
 from scepsy.tracing.workflows import BeamSearch, Rag, run_closed_loop, run_open_loop
 
 GPU = "A6000"
@@ -103,12 +103,6 @@ class Settings:
     gen_max_tokens: int = 48
     seed: int = 0
     arrivals: str = "uniform"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
@@ -232,7 +226,7 @@ def run(s: Settings, log=print) -> dict:
         for suffix in ("", "-wal", "-shm"):
             (out / f"{name}{suffix}").unlink(missing_ok=True)
     timings, t0 = {}, time.perf_counter()
-    ports = {r.name: _free_port() for r in REPLICAS}
+    ports = {r.name: free_port() for r in REPLICAS}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     with ExitStack() as stack:
         for r in REPLICAS:
@@ -244,7 +238,7 @@ def run(s: Settings, log=print) -> dict:
         upstreams = [f"--upstream={name}={urls[name]}" for name in WORKFLOW_REPLICAS]
 
         def proxy(store: Path):
-            port = _free_port()
+            port = free_port()
             command = SCEPSY + ["proxy", *upstreams, "--port", str(port), "--store", str(store)]
             return _server(command, f"http://127.0.0.1:{port}/v1/models", out / f"proxy-{store.stem}.log"), f"http://127.0.0.1:{port}"
 

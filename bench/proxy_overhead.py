@@ -88,8 +88,7 @@ def _serve_upstream(port: int, cpus: set[int] | None) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         chunk = {"id": "bench", "object": "chat.completion.chunk", "model": body.get("model"),
-                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "sent_ns": 0}
-        chunk["sent_ns"] = time.monotonic_ns()
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "sent_ns": time.monotonic_ns()}
         await response.write(_event(chunk))
         for index in range(tokens):
             # absolute deadlines: a late event does not delay the ones after it
@@ -199,14 +198,6 @@ def _start(args: list[str], url: str) -> subprocess.Popen:
     raise RuntimeError(f"server {args} did not start")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _summary_ms(values_ns: list[int]) -> dict:
     values = np.asarray(values_ns, dtype=float) / 1e6
     if values.size == 0:
@@ -232,7 +223,9 @@ def run(streams_list: list[int], delays_ms: list[float], tokens: int, phase_s: f
     proxy_cpus, other_cpus = _cpu_sets(pin)
     _pin(other_cpus)
     _fast_loop()
-    upstream_port, proxy_port = _free_port(), _free_port()
+    from scepsy.tracing.llamacpp import free_port
+
+    upstream_port, proxy_port = free_port(), free_port()
     upstream_url, proxy_url = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{proxy_port}"
     scenarios = []
     proxied_requests = 0

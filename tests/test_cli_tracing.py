@@ -15,6 +15,7 @@ from scepsy.tracing.store import write_store
 
 from test_benchimport import SGLANG, VLLM_NEW
 from test_replay import beam_trace
+from tracing_fixtures import wait_for
 
 runner = CliRunner()
 
@@ -83,7 +84,6 @@ def _start_proxy_process(upstream_url: str, store):
     """`scepsy proxy` as a user runs it, in its own process; returns (process, url) once it answers."""
     import subprocess
     import sys
-    import time
 
     import httpx
 
@@ -95,13 +95,14 @@ def _start_proxy_process(upstream_url: str, store):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         try:
-            httpx.get(url + "/v1/models", timeout=0.5)
-            break
+            return httpx.get(url + "/v1/models", timeout=0.5).status_code == 200
         except httpx.HTTPError:
-            time.sleep(0.1)
+            return False
+
+    wait_for(answers, timeout_s=20)
     return process, url
 
 

@@ -1,0 +1,361 @@
+"""Amortized planning of many scenarios that share a cluster: what a what-if grid reuses, exactly.
+
+A *family* is a list of scenarios with the same cluster, LLMs, workflows and objective that differ
+only in their arrival rates (one line or block of a what-if grid). `plan_family` returns, for
+each scenario, the plan an independent `make_plan` of it returns (same objective value, same
+allocation), found with less work:
+
+* **Options and profiles once per LLM and rate.** An LLM's options depend only on the cluster and
+  its own offered rate Lambda_m; they are cached per (LLM, Lambda_m), so an LLM whose workflows keep
+  their rate (`--rate beam=10 --rate rag=2:40:2`) is evaluated once for the whole family.
+* **References once per workflow and rate.** The egalitarian ref_w is the optimum of workflow w
+  alone on the cluster at its own rate: a family solves each (w, rate) once, as a family of its own.
+* **Neighbours' optima as hints.** Each solve starts from the previous scenario's optimum.
+* **Certified blocks: one optimum for a run of rates, without a solve per rate.** After a solve
+  at one scenario returns A*, a block K of the next scenarios is *certified*: A* is proven the
+  unique optimum of every k in K by one CP-SAT model (`_least_gap`), built once for the block.
+
+Why a certificate is exact (docs/capacity.md states the same). Write L_{o,k} for the latency of
+option o at scenario k and f_k(B) for the stage values of allocation B at k. Every latency stage is
+linear in the chosen options' latencies, f_k(B) = sum_m w_{m,k} L_{B_m,k} (the egalitarian ratio
+is a max of such rows). For any B and any row r,
+
+    f_k(B) - f_k(A*) >= sum_m w^r_{m,k} (L_{B_m,k} - L_{A*_m,k})              (r binding for A* at k)
+                     >= sum_m min_{k in K} delta_{m,k}(B_m)  =:  D(B),
+
+with delta_{m,k}(o) = w^r_{m,k} (L_{o,k} - L_{A*_m,k}), so delta_{m,k}(A*_m) = 0: D is
+*separable* per LLM, a linear objective over the same option variables, placement counts and
+placement cuts as the allocation model. If min D over every placeable B != A* (from the union of
+the block's option sets) exceeds a margin of 1e-4 of the stage value, no B can win stage 1 at any
+k of the block, and A* is what a solve at k returns (the model's integer scaling moves a stage by
+at most 1e-5 of its value, planner/cpsat.py). Egalitarian ties: allocations that keep A*'s choice
+for every LLM of the binding rows have the same binding rows, so their ratio is never below
+A*'s (also after scaling); they are separated at the second stage (the mean latency) by the same
+argument with its weights. A* must be among the pruned options of every k (else an independent
+solve could not return it), and the objective must be latency stages then share units (min_latency:
+GPU-count stages depend on the placement and are not certified).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Sequence
+
+from ortools.sat.python import cp_model
+
+from scepsy.models.allocation import Allocation
+from scepsy.models.errors import ScepsyError
+from scepsy.models.instance import Instance
+from scepsy.models.plan import Plan
+
+from . import cpsat
+from .objective import LatencySum, MaxLatencySum, Objective, ShareUnits, build_objective, needs_references
+from .options import Option
+from .placeability import PlacementCheck, check_placement
+from .search import (
+    Outcome, Placer, PlanSettings, assemble_plan, make_plan, placer_for, plan_options, solo_problem, solo_settings,
+    solve_at_load, stage_values,
+)
+
+CERTIFY_MARGIN = 1e-4  # relative to the stage value: 10x the integer scaling tolerance
+DELTA_STEPS = 1e4  # integer steps of D per margin (floor rounding keeps D a lower bound)
+BINDING_TOLERANCE = 1e-4  # rows within this share of the max ratio count as binding
+FIRST_BLOCK = 1  # scenarios certified at once after a solve (doubled after each success)
+
+Key = tuple[str, int, int, int]  # an option's choice: (gpu_type, tp, share, replicas)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One scenario's plan, or why it has none, and how it was found (`solved`: a CP-SAT solve;
+    `certified`: proven optimal by a block certificate; `independent`: a plain make_plan)."""
+
+    plan: Plan | None
+    error: ScepsyError | None
+    method: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One scenario's allocation problem: the instance at its rates and its objective."""
+
+    instance: Instance
+    objective: Objective
+
+
+def plan_family(
+    instances: Sequence[Instance], settings: PlanSettings, reuse: bool = True, placer: Placer = check_placement,
+    progress: Callable[[int], None] | None = None,
+) -> list[Answer]:
+    """The plan of each scenario (same cluster and structure, rates differ), in order.
+
+    `reuse=False` plans each one with an independent make_plan (the reference the reuse is tested
+    against). `progress(n)` is called as n more scenarios are done."""
+    done = progress or (lambda n: None)
+    if not reuse or not _certifiable_kind(instances[0], settings):
+        return [_independent(instance, settings, placer, done) for instance in instances]
+    start = time.perf_counter()
+    cache: dict = {}
+    references = _family_references(instances, settings, placer, cache)
+    problems: list[Problem | ScepsyError] = []
+    for instance, refs in zip(instances, references):
+        problems.append(refs if isinstance(refs, ScepsyError) else Problem(instance, build_objective(instance, refs)))
+    outcomes = _chain(problems, settings, placer, cache, done)
+    answers = []
+    for problem, (outcome, method) in zip(problems, outcomes):
+        if isinstance(outcome, ScepsyError):
+            answers.append(Answer(None, outcome, "infeasible"))
+        else:
+            plan = assemble_plan(problem.instance, problem.objective, outcome, settings, start)
+            answers.append(Answer(plan, None, method))
+    return answers
+
+
+def _independent(instance: Instance, settings: PlanSettings, placer: Placer, done) -> Answer:
+    try:
+        answer = Answer(make_plan(instance, settings, placer), None, "independent")
+    except ScepsyError as error:
+        answer = Answer(None, error, "infeasible")
+    done(1)
+    return answer
+
+
+def _certifiable_kind(instance: Instance, settings: PlanSettings) -> bool:
+    """Latency stages then share units, exact CP-SAT: what the certificate covers."""
+    return instance.objective == "min_latency" and settings.backend == "cpsat" and settings.epsilon in (None, 0.0)
+
+
+def _family_references(instances, settings: PlanSettings, placer: Placer, cache: dict) -> list:
+    """ref_w of every scenario (None where not needed), each distinct (workflow, rate) solved
+    once as a family of solo problems; a scenario whose solo problem fails gets that error."""
+    first = instances[0]
+    if not needs_references(first, first.objective):
+        return [None] * len(instances)
+    solo = solo_settings(first, settings)
+    by_workflow: dict[str, dict[float, float | ScepsyError]] = {}
+    for workflow in (w.name for w in first.workflows if w.latency_slo_s is None):
+        rates = sorted({_rate(i, workflow) for i in instances})
+        problems = [Problem(*solo_problem(_at_rate(first, workflow, r), workflow)) for r in rates]
+        outcomes = _chain(problems, solo, placer, cache, lambda n: None)
+        by_workflow[workflow] = {
+            r: o if isinstance(o, ScepsyError) else o.values[0] for r, (o, _) in zip(rates, outcomes)
+        }
+    references = []
+    for instance in instances:
+        refs = {w: values[_rate(instance, w)] for w, values in by_workflow.items()}
+        failed = next((v for v in refs.values() if isinstance(v, ScepsyError)), None)
+        references.append(failed or refs)
+    return references
+
+
+def _rate(instance: Instance, workflow: str) -> float:
+    return next(w.arrival_rate for w in instance.workflows if w.name == workflow)
+
+
+def _at_rate(instance: Instance, workflow: str, rate: float) -> Instance:
+    return instance.with_arrival_rates({workflow: rate})
+
+
+# ---------------------------------------------------------------------------------------------
+# The chain: solve, then certify blocks of the following scenarios with the same optimum
+
+
+def _chain(problems, settings: PlanSettings, placer: Placer, cache: dict, done) -> list[tuple]:
+    """(Outcome or error, method) per problem, in order."""
+    results: list[tuple] = [None] * len(problems)  # type: ignore[list-item]
+    options: dict[int, tuple] = {}
+
+    def options_at(k: int):
+        if k not in options:
+            options[k] = plan_options(problems[k].instance, settings, problems[k].objective, cache)
+        return options[k]
+
+    hint: Allocation | None = None
+    i = 0
+    while i < len(problems):
+        problem = problems[i]
+        if isinstance(problem, ScepsyError):
+            results[i] = (problem, "infeasible")
+            i, _ = i + 1, done(1)
+            continue
+        try:
+            deadline = time.perf_counter() + settings.time_limit_s
+            outcome = solve_at_load(problem.instance, problem.objective, settings, placer, deadline, hint, cache)
+        except ScepsyError as error:
+            results[i] = (error, "infeasible")
+            i, _ = i + 1, done(1)
+            continue
+        results[i] = (outcome, "solved")
+        hint = outcome.allocation
+        i, _ = i + 1, done(1)
+        if outcome.status != "optimal" or options_at(i - 1)[1] != 0:
+            continue
+        i = _certify_forward(problems, i, outcome, options_at, settings, placer, results, done)
+    return results
+
+
+def _certify_forward(problems, i: int, anchor: Outcome, options_at, settings, placer, results, done) -> int:
+    """Certify blocks of scenarios from i on with the anchor's optimum; the first index left."""
+    size = FIRST_BLOCK
+    while i < len(problems) and size >= 1:
+        block = []
+        for k in range(i, min(i + size, len(problems))):
+            if isinstance(problems[k], ScepsyError) or options_at(k)[1] != 0:
+                break
+            if not _holds(options_at(k)[0], anchor.allocation):
+                break
+            block.append(k)
+        if not block:
+            return i
+        if _certify(problems, block, anchor.allocation, options_at, settings, placer):
+            for k in block:
+                results[k] = (_certified_outcome(problems[k], options_at(k)[0], anchor), "certified")
+            done(len(block))
+            i += len(block)
+            size = 2 * len(block)
+        else:
+            return i  # the optimum changes within the block: solve at its start
+    return i
+
+
+def _holds(options: dict[str, list[Option]], allocation: Allocation) -> bool:
+    """The allocation is made of this scenario's (pruned) options."""
+    return all(_key_of(c) in {_key(o) for o in options[c.llm]} for c in allocation.llms)
+
+
+def _key(option: Option) -> Key:
+    return (option.gpu_type, option.tp, option.share, option.replicas)
+
+
+def _key_of(choice) -> Key:
+    return (choice.gpu_type, choice.tp, choice.share, choice.replicas)
+
+
+def _certified_outcome(problem: Problem, options, anchor: Outcome) -> Outcome:
+    """What a solve at this scenario returns, given the certificate: the anchor's allocation and
+    placement (placement depends on the cluster and allocation only), its values at these rates."""
+    check: PlacementCheck = anchor.placement_check
+    values = stage_values(problem.objective, options, problem.instance.cluster, anchor.allocation, check.placement)
+    note = "certified optimal without a solve: the optimum of a neighbouring rate (docs/capacity.md)"
+    return Outcome(anchor.allocation, check, "optimal", values, values[0], iterations=0, cuts=0, notes=(note,))
+
+
+# ---------------------------------------------------------------------------------------------
+# The certificate
+
+
+def _certify(problems, block: list[int], candidate: Allocation, options_at, settings, placer) -> bool:
+    """True when `candidate` is the unique optimum of every scenario of `block` (module docstring)."""
+    objective = problems[block[0]].objective
+    stages = objective.stages
+    if not isinstance(stages[0], (LatencySum, MaxLatencySum)) or objective.latency_limits:
+        return False
+    if not all(isinstance(s, (LatencySum, ShareUnits)) for s in stages[1:]):
+        return False
+    llms = [c.llm for c in candidate.llms]
+    chosen = {c.llm: _key_of(c) for c in candidate.llms}
+    rows: dict[str, dict] = {}  # stage-1 row -> (llm, option key) -> min over k of delta
+    slack: dict[str, float] = {}  # stage-1 row -> max over k of (z_A - row value of A)
+    mean_gap: dict = {}
+    binding: set[str] = set()
+    first_value = mean_value = 0.0
+    union: dict[tuple[str, Key], Option] = {}
+    for k in block:
+        options = options_at(k)[0]
+        latency = {m: next(o.latency_s for o in options[m] if _key(o) == chosen[m]) for m in llms}
+        weights = _rows(problems[k].objective.stages[0])
+        values = {r: sum(w * latency[m] for m, w in row.items()) for r, row in weights.items()}
+        top = max(values.values())
+        first_value = max(first_value, top)
+        binding |= {m for r, v in values.items() if v >= top * (1 - BINDING_TOLERANCE) for m, w in weights[r].items() if w > 0}
+        mean = problems[k].objective.stages[1] if len(stages) > 2 else None
+        if mean is not None:
+            mean_value = max(mean_value, sum(mean.weights.get(m, 0.0) * latency[m] for m in llms))
+        for r, row in weights.items():
+            slack[r] = max(slack.get(r, 0.0), top - values[r])
+            gaps = rows.setdefault(r, {})
+            for m in llms:
+                for o in options[m]:
+                    key = (m, _key(o))
+                    union.setdefault(key, o)
+                    gaps[key] = min(gaps.get(key, math.inf), row.get(m, 0.0) * (o.latency_s - latency[m]))
+                    if mean is not None:
+                        gap = mean.weights.get(m, 0.0) * (o.latency_s - latency[m])
+                        mean_gap[key] = min(mean_gap.get(key, math.inf), gap)
+    options = {m: [o for (mm, _), o in sorted(union.items(), key=lambda kv: kv[0]) if mm == m] for m in llms}
+    cluster = problems[block[0]].instance.cluster
+    placer = placer_for(objective, placer)
+    margin = CERTIFY_MARGIN * first_value
+    # a rival ties or beats A* at stage 1 only if every row stays within the margin of z_A
+    within = [(rows[r], margin + slack[r], margin) for r in sorted(rows)]
+    # rivals that change an LLM of a binding row: none may stay within the margin on every row
+    if _rival_exists(cluster, options, chosen, within, [], sorted(binding), settings, placer):
+        return False
+    others = [m for m in llms if m not in binding]
+    if not others:
+        return True
+    if len(stages) <= 2:
+        return False  # no mean stage to separate allocations that only change other LLMs
+    # rivals that keep the binding LLMs tie at stage 1 at best: they must lose the mean stage
+    within.append((mean_gap, CERTIFY_MARGIN * mean_value, CERTIFY_MARGIN * mean_value))
+    return not _rival_exists(cluster, options, chosen, within, sorted(binding), others, settings, placer)
+
+
+def _rows(stage) -> dict[str, dict[str, float]]:
+    """A latency stage as rows of LLM weights whose max is the stage value (one row for a sum)."""
+    if isinstance(stage, LatencySum):
+        return {stage.name: dict(stage.weights)}
+    return {r: dict(row) for r, row in stage.weights.items()}
+
+
+def _rival_exists(
+    cluster, options, chosen: dict[str, Key], rows: list[tuple[dict, float, float]], keep: list[str],
+    change: list[str], settings: PlanSettings, placer: Placer,
+) -> bool:
+    """Is there a placeable B that keeps `keep` at the candidate's choice, changes at least one
+    of `change`, and has sum_m gap[m, B_m] <= bound for every row (gap, bound, margin)?
+
+    Data -> variables (the allocation model's x, its capacity rows and placement counts) ->
+    constraints (keep, change, and each row with its gaps floor-scaled on a grid of margin / 1e4,
+    so a scaled row above its scaled bound proves the true row above the bound) -> solve for
+    feasibility -> a rival found is checked for placement (lazy cuts on large clusters)."""
+    counts = cpsat.counts_model_size(cluster, options) <= settings.placement_counts_limit
+    units_only = Objective("min_latency", (ShareUnits(),), {}, {})
+    am = cpsat.build_allocation_model(cluster, options, units_only, placement_counts=counts)
+    index = {m: {_key(o): i for i, o in enumerate(opts)} for m, opts in options.items()}
+    for m in keep:
+        am.model.Add(am.x[(m, index[m][chosen[m]])] == 1)
+    am.model.Add(sum(am.x[(m, index[m][chosen[m]])] for m in change) <= len(change) - 1)
+    for gaps, bound, margin in rows:
+        if margin <= 0:
+            return True  # nothing to separate by: treat as not proven
+        step = margin / DELTA_STEPS
+        terms = [(math.floor(gaps[(m, _key(o))] / step), am.x[(m, i)]) for m, opts in options.items() for i, o in enumerate(opts)]
+        am.model.Add(cp_model.LinearExpr.WeightedSum([v for _, v in terms], [c for c, _ in terms]) <= math.floor(bound / step))
+    deadline = time.perf_counter() + settings.time_limit_s
+    while True:
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(deadline - time.perf_counter(), 0.01)
+        solver.parameters.num_workers = settings.workers
+        solver.parameters.random_seed = 0
+        solver.parameters.cp_model_presolve = False
+        solver.parameters.cp_model_probing_level = 0
+        status = solver.Solve(am.model)
+        if status == cp_model.INFEASIBLE:
+            return False
+        if status != cp_model.FEASIBLE and status != cp_model.OPTIMAL:
+            return True  # time limit: not proven
+        rival = am.decode(solver)
+        if counts or placer(cluster, rival).placeable:
+            return True
+        cpsat.add_placement_cut(am, rival)
+        if time.perf_counter() >= deadline:
+            return True
+
+
+def family_key(instance: Instance) -> tuple:
+    """Scenarios with equal keys form one family (everything but the arrival rates)."""
+    stripped = replace(instance, workflows=tuple(replace(w, arrival_rate=1.0) for w in instance.workflows))
+    return (repr(stripped.cluster), repr(stripped.llms), repr(stripped.workflows), stripped.objective)

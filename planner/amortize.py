@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
-from scepsy.models.allocation import Allocation
+from scepsy.models.allocation import Allocation, LlmAllocation
 from scepsy.models.errors import ScepsyError
 from scepsy.models.instance import Instance
 from scepsy.models.plan import Plan
@@ -59,8 +59,10 @@ from .search import (
     solve_at_load, stage_values,
 )
 
-CERTIFY_MARGIN = 1e-4  # relative to the stage value: 10x the integer scaling tolerance
-DELTA_STEPS = 1e4  # integer steps of D per margin (floor rounding keeps D a lower bound)
+# a rival must lose by more than ROUNDING_SAFETY x |M| grid steps of the stage (cpsat.latency_step):
+# then the model's rounding, at most half a step per term, cannot reverse the order
+ROUNDING_SAFETY = 2.0
+DELTA_STEPS = 1e4  # integer steps of a certificate row per margin (floor rounding keeps it a lower bound)
 BINDING_TOLERANCE = 1e-4  # rows within this share of the max ratio count as binding
 FIRST_BLOCK = 1  # scenarios certified at once after a solve (doubled after each success)
 
@@ -98,6 +100,9 @@ def plan_family(
         return [_independent(instance, settings, placer, done) for instance in instances]
     start = time.perf_counter()
     cache: dict = {}
+    # latency objectives: the optimum does not depend on how placeability enters the model, and
+    # lazy placement cuts prove it faster than the placement counts on these families
+    settings = replace(settings, placement_counts_limit=0)
     references = _family_references(instances, settings, placer, cache)
     problems: list[Problem | ScepsyError] = []
     for instance, refs in zip(instances, references):
@@ -173,6 +178,7 @@ def _chain(problems, settings: PlanSettings, placer: Placer, cache: dict, done) 
         return options[k]
 
     hint: Allocation | None = None
+    pause = _Backoff()
     i = 0
     while i < len(problems):
         problem = problems[i]
@@ -180,6 +186,13 @@ def _chain(problems, settings: PlanSettings, placer: Placer, cache: dict, done) 
             results[i] = (problem, "infeasible")
             i, _ = i + 1, done(1)
             continue
+        if options_at(i)[1] == 0 and all(options_at(i)[0].values()):
+            free = _unconstrained(problem, options_at(i)[0], placer)
+            if free is not None:
+                results[i] = (free, "unconstrained")
+                hint = free.allocation
+                i, _ = i + 1, done(1)
+                continue
         try:
             deadline = time.perf_counter() + settings.time_limit_s
             outcome = solve_at_load(problem.instance, problem.objective, settings, placer, deadline, hint, cache)
@@ -190,10 +203,31 @@ def _chain(problems, settings: PlanSettings, placer: Placer, cache: dict, done) 
         results[i] = (outcome, "solved")
         hint = outcome.allocation
         i, _ = i + 1, done(1)
-        if outcome.status != "optimal" or options_at(i - 1)[1] != 0:
+        if outcome.status != "optimal" or options_at(i - 1)[1] != 0 or pause.skip():
             continue
+        before = i
         i = _certify_forward(problems, i, outcome, options_at, settings, placer, results, done)
+        pause.record(i > before)
     return results
+
+
+@dataclass
+class _Backoff:
+    """Where the optimum changes at every rate, a certificate fails and costs about a solve: after
+    f failures in a row, the next 2^f - 1 solves skip it (a success resets)."""
+
+    failures: int = 0
+    waiting: int = 0
+
+    def skip(self) -> bool:
+        if self.waiting > 0:
+            self.waiting -= 1
+            return True
+        return False
+
+    def record(self, success: bool) -> None:
+        self.failures = 0 if success else self.failures + 1
+        self.waiting = 2 ** self.failures - 1
 
 
 def _certify_forward(problems, i: int, anchor: Outcome, options_at, settings, placer, results, done) -> int:
@@ -242,6 +276,40 @@ def _certified_outcome(problem: Problem, options, anchor: Outcome) -> Outcome:
     return Outcome(anchor.allocation, check, "optimal", values, values[0], iterations=0, cuts=0, notes=(note,))
 
 
+def _unconstrained(problem: Problem, options: dict[str, list[Option]], placer: Placer) -> Outcome | None:
+    """Each LLM at its own fastest option, when that places and each LLM's fastest option is
+    fastest by a margin: then it is the optimum, without a solve (docs/capacity.md).
+
+    Why: every stage row is a non-negative combination of LLM latencies, so no allocation has a
+    row below this one's (also after the model's monotone integer rounding); any other allocation
+    changes some LLM m to a slower option, which raises the separating stage (the mean latency
+    after an egalitarian ratio, else the first stage) by w_m (L_o - L_m) > 2 grid steps, more
+    than the rounding of its two terms (half a step each) can hide."""
+    objective = problem.objective
+    stages = objective.stages
+    if objective.latency_limits or not isinstance(stages[0], (LatencySum, MaxLatencySum)):
+        return None
+    separating = stages[1] if isinstance(stages[0], MaxLatencySum) else stages[0]
+    if not isinstance(separating, LatencySum) or not all(isinstance(s, (LatencySum, ShareUnits)) for s in stages[1:]):
+        return None
+    fastest = {m: min(opts, key=lambda o: (o.latency_s, o.units)) for m, opts in options.items()}
+    margin = ROUNDING_SAFETY * cpsat.latency_step(options, separating)  # per changed LLM
+    for m, opts in options.items():
+        weight = separating.weights.get(m, 0.0)
+        if any(o is not fastest[m] and weight * (o.latency_s - fastest[m].latency_s) <= margin for o in opts):
+            return None
+    allocation = Allocation(
+        problem.instance.cluster.fractions_per_gpu,
+        tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in fastest.values()),
+    )
+    check = placer_for(objective, placer)(problem.instance.cluster, allocation)
+    if not check.placeable:
+        return None
+    values = stage_values(objective, options, problem.instance.cluster, allocation, check.placement)
+    note = "optimal without a solve: every LLM at its fastest option, and they place (docs/capacity.md)"
+    return Outcome(allocation, check, "optimal", values, values[0], iterations=0, cuts=0, notes=(note,))
+
+
 # ---------------------------------------------------------------------------------------------
 # The certificate
 
@@ -260,7 +328,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     slack: dict[str, float] = {}  # stage-1 row -> max over k of (z_A - row value of A)
     mean_gap: dict = {}
     binding: set[str] = set()
-    first_value = mean_value = 0.0
+    first_step = mean_step = 0.0
     union: dict[tuple[str, Key], Option] = {}
     for k in block:
         options = options_at(k)[0]
@@ -268,11 +336,11 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
         weights = _rows(problems[k].objective.stages[0])
         values = {r: sum(w * latency[m] for m, w in row.items()) for r, row in weights.items()}
         top = max(values.values())
-        first_value = max(first_value, top)
+        first_step = max(first_step, cpsat.latency_step(options, problems[k].objective.stages[0]))
         binding |= {m for r, v in values.items() if v >= top * (1 - BINDING_TOLERANCE) for m, w in weights[r].items() if w > 0}
         mean = problems[k].objective.stages[1] if len(stages) > 2 else None
         if mean is not None:
-            mean_value = max(mean_value, sum(mean.weights.get(m, 0.0) * latency[m] for m in llms))
+            mean_step = max(mean_step, cpsat.latency_step(options, mean))
         for r, row in weights.items():
             slack[r] = max(slack.get(r, 0.0), top - values[r])
             gaps = rows.setdefault(r, {})
@@ -287,7 +355,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     options = {m: [o for (mm, _), o in sorted(union.items(), key=lambda kv: kv[0]) if mm == m] for m in llms}
     cluster = problems[block[0]].instance.cluster
     placer = placer_for(objective, placer)
-    margin = CERTIFY_MARGIN * first_value
+    margin = ROUNDING_SAFETY * len(llms) * first_step
     # a rival ties or beats A* at stage 1 only if every row stays within the margin of z_A
     within = [(rows[r], margin + slack[r], margin) for r in sorted(rows)]
     # rivals that change an LLM of a binding row: none may stay within the margin on every row
@@ -299,7 +367,8 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     if len(stages) <= 2:
         return False  # no mean stage to separate allocations that only change other LLMs
     # rivals that keep the binding LLMs tie at stage 1 at best: they must lose the mean stage
-    within.append((mean_gap, CERTIFY_MARGIN * mean_value, CERTIFY_MARGIN * mean_value))
+    mean_margin = ROUNDING_SAFETY * len(llms) * mean_step
+    within.append((mean_gap, mean_margin, mean_margin))
     return not _rival_exists(cluster, options, chosen, within, sorted(binding), others, settings, placer)
 
 
@@ -340,7 +409,7 @@ def _rival_exists(
         solver.parameters.max_time_in_seconds = max(deadline - time.perf_counter(), 0.01)
         solver.parameters.num_workers = settings.workers
         solver.parameters.random_seed = 0
-        solver.parameters.cp_model_presolve = False
+        solver.parameters.cp_model_presolve = False  # as in planner/cpsat.py: it costs more than it saves here
         solver.parameters.cp_model_probing_level = 0
         status = solver.Solve(am.model)
         if status == cp_model.INFEASIBLE:

@@ -224,17 +224,26 @@ def _stage_grid(options, weight_of) -> float:
     return grid([min(weight_of(m) * o.latency_s for o in opts) for m, opts in options.items() if opts])
 
 
+def latency_step(options, stage) -> float:
+    """The integer grid of a latency stage (LatencySum or MaxLatencySum) on these options: each
+    option's term is rounded to the nearest multiple, so two allocations whose true values differ
+    by more than |M| steps keep their order after rounding."""
+    if isinstance(stage, LatencySum):
+        return _stage_grid(options, lambda m: stage.weights.get(m, 0.0))
+    return min(_stage_grid(options, lambda m, row=row: row.get(m, 0.0)) for row in stage.weights.values())
+
+
 def _stage_expr(model, options, x, gpus, stage) -> StageExpr:
     """One objective stage as an integer expression, with the value of one integer step."""
     if isinstance(stage, LatencySum):
         weight = lambda m: stage.weights.get(m, 0.0)  # noqa: E731
-        step = _stage_grid(options, weight)
+        step = latency_step(options, stage)
         expr, _ = _scaled(options, x, weight, step)
         return StageExpr(stage.name, expr, step)
     if isinstance(stage, MaxLatencySum):
         # z >= each row's latency sum, all rows on the finest of their grids
         rows = [lambda m, row=row: row.get(m, 0.0) for row in stage.weights.values()]
-        step = min(_stage_grid(options, row) for row in rows)
+        step = latency_step(options, stage)
         scaled = [_scaled(options, x, row, step) for row in rows]
         z = model.NewIntVar(0, max(upper for _, upper in scaled), "z")
         for expr, _ in scaled:

@@ -115,9 +115,13 @@ def _point(answer: Answer) -> dict:
 
 
 def _failure_status(error) -> str:
+    from scepsy.models.errors import InfeasibleError
+
     from .search import SolveTimeoutError
 
-    return "timeout" if isinstance(error, SolveTimeoutError) else "infeasible"
+    if isinstance(error, SolveTimeoutError):
+        return "timeout"
+    return "infeasible" if isinstance(error, InfeasibleError) else "error"
 
 
 def run_study(
@@ -303,8 +307,8 @@ def frontier(frame: pd.DataFrame) -> pd.DataFrame:
             if row["workflow_latency_s"] < best * (1 - 1e-12):
                 keep.append(index)
                 best = row["workflow_latency_s"]
-    cost = "cluster_cost_per_hour" if priced else "cluster_gpus"
-    return points.loc[keep, ["rate_rps", "mix", "cluster_gpus", cost, "workflow_latency_s", "scenario"]].reset_index(drop=True)
+    columns = ["rate_rps", "mix", "cluster_gpus"] + (["cluster_cost_per_hour"] if priced else []) + ["workflow_latency_s", "scenario"]
+    return points.loc[keep, columns].reset_index(drop=True)
 
 
 def plot_grid(frame: pd.DataFrame, directory: Path) -> list[Path]:

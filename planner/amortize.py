@@ -170,13 +170,7 @@ def _at_rate(instance: Instance, workflow: str, rate: float) -> Instance:
 def _chain(problems, settings: PlanSettings, placer: Placer, cache: dict, done) -> list[tuple]:
     """(Outcome or error, method) per problem, in order."""
     results: list[tuple] = [None] * len(problems)  # type: ignore[list-item]
-    options: dict[int, tuple] = {}
-
-    def options_at(k: int):
-        if k not in options:
-            options[k] = plan_options(problems[k].instance, settings, problems[k].objective, cache)
-        return options[k]
-
+    options_at = ScenarioOptions(problems, settings, cache)
     hint: Allocation | None = None
     pause = _Backoff()
     i = 0
@@ -209,6 +203,40 @@ def _chain(problems, settings: PlanSettings, placer: Placer, cache: dict, done) 
         i = _certify_forward(problems, i, outcome, options_at, settings, placer, results, done)
         pause.record(i > before)
     return results
+
+
+class ScenarioOptions:
+    """The options of each scenario of a chain (`options_at(k)` -> (options, epsilon), computed
+    once), and the certificate model's structure, built once for the chain: the allocation
+    model's variables and capacity rows over the union of every scenario's options. A certificate
+    copies it and adds its own rows; placement cuts found on the way are kept in it (they hold for
+    every scenario: placeability does not depend on the rates)."""
+
+    def __init__(self, problems, settings: PlanSettings, cache: dict):
+        self.problems, self.settings, self.cache = problems, settings, cache
+        self.options: dict[int, tuple] = {}
+        self.base: cpsat.AllocationModel | None = None
+
+    def __call__(self, k: int):
+        if k not in self.options:
+            problem = self.problems[k]
+            self.options[k] = plan_options(problem.instance, self.settings, problem.objective, self.cache)
+        return self.options[k]
+
+    def certificate_base(self) -> cpsat.AllocationModel:
+        if self.base is None:
+            union: dict[tuple[str, Key], Option] = {}
+            for k, problem in enumerate(self.problems):
+                if not isinstance(problem, ScepsyError):
+                    for m, opts in self(k)[0].items():
+                        for o in opts:
+                            union.setdefault((m, _key(o)), o)
+            llms = [m.name for m in next(p for p in self.problems if not isinstance(p, ScepsyError)).instance.llms]
+            options = {m: [o for (mm, _), o in sorted(union.items(), key=lambda kv: kv[0]) if mm == m] for m in llms}
+            cluster = next(p for p in self.problems if not isinstance(p, ScepsyError)).instance.cluster
+            units_only = Objective("min_latency", (ShareUnits(),), {}, {})
+            self.base = cpsat.build_allocation_model(cluster, options, units_only, placement_counts=False)
+        return self.base
 
 
 @dataclass
@@ -352,14 +380,15 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
                     if mean is not None:
                         gap = mean.weights.get(m, 0.0) * (o.latency_s - latency[m])
                         mean_gap[key] = min(mean_gap.get(key, math.inf), gap)
-    options = {m: [o for (mm, _), o in sorted(union.items(), key=lambda kv: kv[0]) if mm == m] for m in llms}
     cluster = problems[block[0]].instance.cluster
     placer = placer_for(objective, placer)
+    base = options_at.certificate_base()
+    options = set(union)
     margin = ROUNDING_SAFETY * len(llms) * first_step
     # a rival ties or beats A* at stage 1 only if every row stays within the margin of z_A
     within = [(rows[r], margin + slack[r], margin) for r in sorted(rows)]
     # rivals that change an LLM of a binding row: none may stay within the margin on every row
-    if _rival_exists(cluster, options, chosen, within, [], sorted(binding), settings, placer):
+    if _rival_exists(base, cluster, options, chosen, within, [], sorted(binding), settings, placer):
         return False
     others = [m for m in llms if m not in binding]
     if not others:
@@ -369,7 +398,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     # rivals that keep the binding LLMs tie at stage 1 at best: they must lose the mean stage
     mean_margin = ROUNDING_SAFETY * len(llms) * mean_step
     within.append((mean_gap, mean_margin, mean_margin))
-    return not _rival_exists(cluster, options, chosen, within, sorted(binding), others, settings, placer)
+    return not _rival_exists(base, cluster, options, chosen, within, sorted(binding), others, settings, placer)
 
 
 def _rows(stage) -> dict[str, dict[str, float]]:
@@ -380,29 +409,37 @@ def _rows(stage) -> dict[str, dict[str, float]]:
 
 
 def _rival_exists(
-    cluster, options, chosen: dict[str, Key], rows: list[tuple[dict, float, float]], keep: list[str],
-    change: list[str], settings: PlanSettings, placer: Placer,
+    base: cpsat.AllocationModel, cluster, block_options: set, chosen: dict[str, Key], rows: list[tuple[dict, float, float]],
+    keep: list[str], change: list[str], settings: PlanSettings, placer: Placer,
 ) -> bool:
-    """Is there a placeable B that keeps `keep` at the candidate's choice, changes at least one
-    of `change`, and has sum_m gap[m, B_m] <= bound for every row (gap, bound, margin)?
+    """Is there a placeable B of the block's options that keeps `keep` at the candidate's choice,
+    changes at least one of `change`, and has sum_m gap[m, B_m] <= bound for every row (gap,
+    bound, margin)?
 
-    Data -> variables (the allocation model's x, its capacity rows and placement counts) ->
-    constraints (keep, change, and each row with its gaps floor-scaled on a grid of margin / 1e4,
-    so a scaled row above its scaled bound proves the true row above the bound) -> solve for
-    feasibility -> a rival found is checked for placement (lazy cuts on large clusters)."""
-    counts = cpsat.counts_model_size(cluster, options) <= settings.placement_counts_limit
-    units_only = Objective("min_latency", (ShareUnits(),), {}, {})
-    am = cpsat.build_allocation_model(cluster, options, units_only, placement_counts=counts)
-    index = {m: {_key(o): i for i, o in enumerate(opts)} for m, opts in options.items()}
+    Data (the chain's base model: x over every option of the chain, capacity rows, cuts so far) ->
+    variables (a copy's x) -> constraints (options outside the block off; keep, change; each row
+    with its gaps floor-scaled on a grid of margin / 1e4, so a scaled row above its scaled bound
+    proves the true row above the bound) -> solve for feasibility -> a rival found is checked for
+    placement, and cut off (in the base too) if it does not place."""
+    model = base.model.clone()
+    x = {key: model.get_bool_var_from_proto_index(v.Index()) for key, v in base.x.items()}
+    am = cpsat.AllocationModel(model, base.options, x, [], base.fractions_per_gpu)
+    index = {m: {_key(o): i for i, o in enumerate(opts)} for m, opts in base.options.items()}
+    for (m, i), v in x.items():
+        if (m, _key(base.options[m][i])) not in block_options:
+            model.Add(v == 0)
     for m in keep:
-        am.model.Add(am.x[(m, index[m][chosen[m]])] == 1)
-    am.model.Add(sum(am.x[(m, index[m][chosen[m]])] for m in change) <= len(change) - 1)
+        model.Add(x[(m, index[m][chosen[m]])] == 1)
+    model.Add(sum(x[(m, index[m][chosen[m]])] for m in change) <= len(change) - 1)
     for gaps, bound, margin in rows:
         if margin <= 0:
             return True  # nothing to separate by: treat as not proven
         step = margin / DELTA_STEPS
-        terms = [(math.floor(gaps[(m, _key(o))] / step), am.x[(m, i)]) for m, opts in options.items() for i, o in enumerate(opts)]
-        am.model.Add(cp_model.LinearExpr.WeightedSum([v for _, v in terms], [c for c, _ in terms]) <= math.floor(bound / step))
+        terms = [
+            (math.floor(gaps[(m, _key(o))] / step), x[(m, i)])
+            for m, opts in base.options.items() for i, o in enumerate(opts) if (m, _key(o)) in block_options
+        ]
+        model.Add(cp_model.LinearExpr.WeightedSum([v for _, v in terms], [c for c, _ in terms]) <= math.floor(bound / step))
     deadline = time.perf_counter() + settings.time_limit_s
     while True:
         solver = cp_model.CpSolver()
@@ -411,15 +448,16 @@ def _rival_exists(
         solver.parameters.random_seed = 0
         solver.parameters.cp_model_presolve = False  # as in planner/cpsat.py: it costs more than it saves here
         solver.parameters.cp_model_probing_level = 0
-        status = solver.Solve(am.model)
+        status = solver.Solve(model)
         if status == cp_model.INFEASIBLE:
             return False
         if status != cp_model.FEASIBLE and status != cp_model.OPTIMAL:
             return True  # time limit: not proven
         rival = am.decode(solver)
-        if counts or placer(cluster, rival).placeable:
+        if placer(cluster, rival).placeable:
             return True
         cpsat.add_placement_cut(am, rival)
+        cpsat.add_placement_cut(base, rival)  # a cut holds for every scenario of the chain
         if time.perf_counter() >= deadline:
             return True
 

@@ -86,8 +86,7 @@ def test_certificate_rejects_an_optimum_of_another_rate():
     assert plans[0].allocation != plans[1].allocation
     problems = [_problem(low), _problem(high)]
     fast = PlanSettings(placement_counts_limit=0)
-    cache: dict = {}
-    options_at = lambda k: plan_options(problems[k].instance, fast, problems[k].objective, cache)  # noqa: E731
+    options_at = amortize.ScenarioOptions(problems, fast, {})
     certify = lambda k, allocation: amortize._certify(problems, [k], allocation, options_at, fast, amortize.check_placement)  # noqa: E731
     if amortize._holds(options_at(1)[0], plans[0].allocation):
         assert not certify(1, plans[0].allocation)

@@ -369,17 +369,22 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
         mean = problems[k].objective.stages[1] if len(stages) > 2 else None
         if mean is not None:
             mean_step = max(mean_step, cpsat.latency_step(options, mean))
-        for r, row in weights.items():
+        for r in weights:
             slack[r] = max(slack.get(r, 0.0), top - values[r])
-            gaps = rows.setdefault(r, {})
-            for m in llms:
-                for o in options[m]:
-                    key = (m, _key(o))
-                    union.setdefault(key, o)
-                    gaps[key] = min(gaps.get(key, math.inf), row.get(m, 0.0) * (o.latency_s - latency[m]))
-                    if mean is not None:
-                        gap = mean.weights.get(m, 0.0) * (o.latency_s - latency[m])
-                        mean_gap[key] = min(mean_gap.get(key, math.inf), gap)
+        row_gaps = [(rows.setdefault(r, {}), row) for r, row in weights.items()]
+        for m in llms:
+            mine = latency[m]
+            mean_weight = mean.weights.get(m, 0.0) if mean is not None else 0.0
+            for o in options[m]:
+                key = (m, _key(o))
+                union.setdefault(key, o)
+                extra = o.latency_s - mine
+                for gaps, row in row_gaps:
+                    gap = row.get(m, 0.0) * extra
+                    if gap < gaps.get(key, math.inf):
+                        gaps[key] = gap
+                if mean is not None and mean_weight * extra < mean_gap.get(key, math.inf):
+                    mean_gap[key] = mean_weight * extra
     cluster = problems[block[0]].instance.cluster
     placer = placer_for(objective, placer)
     base = options_at.certificate_base()

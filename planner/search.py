@@ -310,7 +310,7 @@ def plan_options(
     return options, 0.0
 
 
-OptionsCache = dict  # (llm, offered rate, prune, epsilon) -> list[Option]
+OptionsCache = dict  # (llm, offered rate, prune, epsilon) -> list[Option]; "shapes" -> llm_options' shapes
 
 
 def _cached_options(
@@ -322,7 +322,7 @@ def _cached_options(
     for llm in instance.llms:
         key = (llm.name, instance.offered_rate_rps(llm.name), prune, epsilon)
         if key not in cache:
-            cache[key] = llm_options(instance, llm, space, prune, epsilon)
+            cache[key] = llm_options(instance, llm, space, prune, epsilon, shapes=cache.setdefault("shapes", {}))
         options[llm.name] = cache[key]
     return options
 

@@ -189,7 +189,9 @@ def _chain(problems, settings: PlanSettings, placer: Placer, cache: dict, done) 
                 continue
         try:
             deadline = time.perf_counter() + settings.time_limit_s
-            outcome = solve_at_load(problem.instance, problem.objective, settings, placer, deadline, hint, cache)
+            outcome = solve_at_load(
+                problem.instance, problem.objective, settings, placer, deadline, hint, cache, options_at.unplaceable
+            )
         except ScepsyError as error:
             results[i] = (error, "infeasible")
             i, _ = i + 1, done(1)
@@ -216,6 +218,10 @@ class ScenarioOptions:
         self.problems, self.settings, self.cache = problems, settings, cache
         self.options: dict[int, tuple] = {}
         self.base: cpsat.AllocationModel | None = None
+        # allocations proven unplaceable on the family's cluster: cuts for every model of every
+        # chain of the family (solo chains' cuts hold for joint models and back: a cut forbids
+        # allocations with at least as many replicas of each shape, at any rates)
+        self.unplaceable: list[Allocation] = cache.setdefault("unplaceable", [])
 
     def __call__(self, k: int):
         if k not in self.options:
@@ -236,6 +242,8 @@ class ScenarioOptions:
             cluster = next(p for p in self.problems if not isinstance(p, ScepsyError)).instance.cluster
             units_only = Objective("min_latency", (ShareUnits(),), {}, {})
             self.base = cpsat.build_allocation_model(cluster, options, units_only, placement_counts=False)
+            for allocation in self.unplaceable:
+                cpsat.add_placement_cut(self.base, allocation)
         return self.base
 
 
@@ -393,7 +401,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     # a rival ties or beats A* at stage 1 only if every row stays within the margin of z_A
     within = [(rows[r], margin + slack[r], margin) for r in sorted(rows)]
     # rivals that change an LLM of a binding row: none may stay within the margin on every row
-    if _rival_exists(base, cluster, options, chosen, within, [], sorted(binding), settings, placer):
+    if _rival_exists(base, options_at.unplaceable, cluster, options, chosen, within, [], sorted(binding), settings, placer):
         return False
     others = [m for m in llms if m not in binding]
     if not others:
@@ -403,7 +411,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     # rivals that keep the binding LLMs tie at stage 1 at best: they must lose the mean stage
     mean_margin = ROUNDING_SAFETY * len(llms) * mean_step
     within.append((mean_gap, mean_margin, mean_margin))
-    return not _rival_exists(base, cluster, options, chosen, within, sorted(binding), others, settings, placer)
+    return not _rival_exists(base, options_at.unplaceable, cluster, options, chosen, within, sorted(binding), others, settings, placer)
 
 
 def _rows(stage) -> dict[str, dict[str, float]]:
@@ -414,7 +422,7 @@ def _rows(stage) -> dict[str, dict[str, float]]:
 
 
 def _rival_exists(
-    base: cpsat.AllocationModel, cluster, block_options: set, chosen: dict[str, Key], rows: list[tuple[dict, float, float]],
+    base: cpsat.AllocationModel, unplaceable: list, cluster, block_options: set, chosen: dict[str, Key], rows: list[tuple[dict, float, float]],
     keep: list[str], change: list[str], settings: PlanSettings, placer: Placer,
 ) -> bool:
     """Is there a placeable B of the block's options that keeps `keep` at the candidate's choice,
@@ -430,9 +438,9 @@ def _rival_exists(
     x = {key: model.get_bool_var_from_proto_index(v.Index()) for key, v in base.x.items()}
     am = cpsat.AllocationModel(model, base.options, x, [], base.fractions_per_gpu)
     index = {m: {_key(o): i for i, o in enumerate(opts)} for m, opts in base.options.items()}
-    for (m, i), v in x.items():
-        if (m, _key(base.options[m][i])) not in block_options:
-            model.Add(v == 0)
+    outside = [v for (m, i), v in x.items() if (m, _key(base.options[m][i])) not in block_options]
+    if outside:
+        model.Add(sum(outside) == 0)
     for m in keep:
         model.Add(x[(m, index[m][chosen[m]])] == 1)
     model.Add(sum(x[(m, index[m][chosen[m]])] for m in change) <= len(change) - 1)
@@ -459,10 +467,12 @@ def _rival_exists(
         if status != cp_model.FEASIBLE and status != cp_model.OPTIMAL:
             return True  # time limit: not proven
         rival = am.decode(solver)
-        if placer(cluster, rival).placeable:
-            return True
+        check = placer(cluster, rival)
+        if check.placeable or not check.proven:
+            return True  # a placeable rival (or one not proven unplaceable): not certified
         cpsat.add_placement_cut(am, rival)
         cpsat.add_placement_cut(base, rival)  # a cut holds for every scenario of the chain
+        unplaceable.append(rival)
         if time.perf_counter() >= deadline:
             return True
 

@@ -166,6 +166,7 @@ class _CutLoop:
     deadline: float
     solves: int = 0
     unproven: bool = False
+    unplaceable: list | None = None  # proven unplaceable allocations are added here (shared cuts)
 
     def run(self, stage, hint):
         while True:
@@ -177,6 +178,8 @@ class _CutLoop:
             if check.placeable:
                 return result, allocation, check
             self.unproven |= not check.proven
+            if check.proven and self.unplaceable is not None:
+                self.unplaceable.append(allocation)
             self.add_cut(self.model, allocation)
             if time.perf_counter() >= self.deadline:
                 return result, None, None
@@ -239,9 +242,11 @@ def _warm_start(
 
 def _solve_model(
     instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float,
-    epsilon: float = 0.0, coarse: bool = True, hint: Allocation | None = None,
+    epsilon: float = 0.0, coarse: bool = True, hint: Allocation | None = None, unplaceable: list | None = None,
 ):
-    """CP-SAT or MILP: lexicographic stages with the lazy cut loop, from a warm start."""
+    """CP-SAT or MILP: lexicographic stages with the lazy cut loop, from a warm start. Allocations
+    in `unplaceable` (proven on this cluster, e.g. by a neighbouring scenario of a what-if grid)
+    are cut off from the start, and the ones found here are added to it."""
     backend = cpsat if settings.backend == "cpsat" else milp
     counts = cpsat.counts_model_size(instance.cluster, options) <= settings.placement_counts_limit
     warm = (
@@ -252,7 +257,9 @@ def _solve_model(
     model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
     hint = warm[0] if warm is not None else None
     solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h)  # noqa: E731
-    loop = _CutLoop(model, solve, backend.add_placement_cut, instance.cluster, placer, deadline)
+    for allocation in unplaceable or ():
+        backend.add_placement_cut(model, allocation)  # valid at any rates: placement ignores them
+    loop = _CutLoop(model, solve, backend.add_placement_cut, instance.cluster, placer, deadline, unplaceable=unplaceable)
     best = first = None
     for index, stage in enumerate(model.stages):
         result, allocation, check = loop.run(stage, hint)
@@ -329,16 +336,17 @@ def _cached_options(
 
 def solve_at_load(
     instance: Instance, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float,
-    hint: Allocation | None = None, cache: OptionsCache | None = None,
+    hint: Allocation | None = None, cache: OptionsCache | None = None, unplaceable: list | None = None,
 ) -> Outcome:
     """Search the allocation of `instance` (at its own rates) for `objective`; `hint` (CP-SAT and
-    MILP) is tried first as the warm start; `cache` as in plan_options."""
+    MILP) is tried first as the warm start; `cache` as in plan_options; `unplaceable` as in
+    _solve_model (what-if grids share it between the scenarios of one cluster)."""
     placer = placer_for(objective, placer)
     options, epsilon = plan_options(instance, settings, objective, cache)
     outcome = None
     if all(options.values()):
         if settings.backend in ("cpsat", "milp"):
-            outcome = _solve_model(instance, options, objective, settings, placer, deadline, epsilon, hint=hint)
+            outcome = _solve_model(instance, options, objective, settings, placer, deadline, epsilon, hint=hint, unplaceable=unplaceable)
         elif settings.backend == "enumerate":
             found = solve_enumerate(instance, objective, settings.space, placer)
             if found is not None:

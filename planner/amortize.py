@@ -110,7 +110,7 @@ def plan_family(
     outcomes = _chain(problems, settings, placer, cache, done)
     answers = []
     for problem, (outcome, method) in zip(problems, outcomes):
-        if isinstance(outcome, ScepsyError):
+        if isinstance(outcome, ScepsyError) or not isinstance(problem, Problem):
             answers.append(Answer(None, outcome, "infeasible"))
         else:
             plan = assemble_plan(problem.instance, problem.objective, outcome, settings, start)
@@ -169,7 +169,7 @@ def _at_rate(instance: Instance, workflow: str, rate: float) -> Instance:
 
 def _chain(problems, settings: PlanSettings, placer: Placer, cache: dict, done) -> list[tuple]:
     """(Outcome or error, method) per problem, in order."""
-    results: list[tuple] = [None] * len(problems)  # type: ignore[list-item]
+    results: list[tuple] = [()] * len(problems)
     options_at = ScenarioOptions(problems, settings, cache)
     hint: Allocation | None = None
     pause = _Backoff()

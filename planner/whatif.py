@@ -192,7 +192,8 @@ def _table(instance: Instance, every: list[Scenario], points: dict, settings: Pl
         if point["feasible"]:
             types = {n.name: n.gpu_type for n in at.cluster.nodes}
             used = [prices[types[n]] for n in point["busy_nodes"]]
-            cost = None if any(p is None for p in used) else float(sum(used))
+            priced = [p for p in used if p is not None]
+            cost = float(sum(priced)) if len(priced) == len(used) else None
             base["cluster_cost_per_hour"] = cost
             base["cost_per_1k_requests"] = None if cost is None else cost / (3.6 * scenario.total_rate_rps)
         line = (scenario.mix, scenario.cluster_gpus, scenario.prices,

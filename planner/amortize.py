@@ -461,7 +461,7 @@ def _rival_exists(
         solver.parameters.random_seed = 0
         solver.parameters.cp_model_presolve = False  # as in planner/cpsat.py: it costs more than it saves here
         solver.parameters.cp_model_probing_level = 0
-        solver.parameters.linearization_level = 2
+        solver.parameters.linearization_level = 0  # no LP relaxation: faster on these feasibility models
         status = solver.Solve(model)
         if status == cp_model.INFEASIBLE:
             return False

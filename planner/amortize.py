@@ -3,37 +3,36 @@
 A *family* is a list of scenarios with the same cluster, LLMs, workflows and objective that differ
 only in their arrival rates (one line or block of a what-if grid). `plan_family` returns, for
 each scenario, the plan an independent `make_plan` of it returns (same objective value, same
-allocation), found with less work:
+allocation), found with less work (docs/capacity.md states each argument in full):
 
-* **Options and profiles once per LLM and rate.** An LLM's options depend only on the cluster and
-  its own offered rate Lambda_m; they are cached per (LLM, Lambda_m), so an LLM whose workflows keep
-  their rate (`--rate beam=10 --rate rag=2:40:2`) is evaluated once for the whole family.
+* **Options and profiles once.** An LLM's options depend only on the cluster and its own offered
+  rate; they are kept per (LLM, offered rate), and each replica shape's profile curve and most
+  replicas, which do not depend on rates, once per family.
 * **References once per workflow and rate.** The egalitarian ref_w is the optimum of workflow w
-  alone on the cluster at its own rate: a family solves each (w, rate) once, as a family of its own.
-* **Neighbours' optima as hints.** Each solve starts from the previous scenario's optimum.
-* **Certified blocks: one optimum for a run of rates, without a solve per rate.** After a solve
-  at one scenario returns A*, a block K of the next scenarios is *certified*: A* is proven the
-  unique optimum of every k in K by one CP-SAT model (`_least_gap`), built once for the block.
+  alone on the cluster at its own rate: each distinct (w, rate) is solved once, as a chain of its own.
+* **Neighbours' optima as hints**, and placement cuts proven on the cluster shared by every model.
+* **The unconstrained optimum** (`_unconstrained`): each LLM at its fastest option, when those
+  place together and every other option is slower by more than the model's rounding.
+* **Certified blocks** (`_certify`): after a solve returns A*, one CP-SAT feasibility model proves
+  A* the unique optimum of a block K of the next scenarios.
 
-Why a certificate is exact (docs/capacity.md states the same). Write L_{o,k} for the latency of
-option o at scenario k and f_k(B) for the stage values of allocation B at k. Every latency stage is
-linear in the chosen options' latencies, f_k(B) = sum_m w_{m,k} L_{B_m,k} (the egalitarian ratio
-is a max of such rows). For any B and any row r,
+Why a certificate is exact. Write L_{o,k} for the latency of option o at scenario k. Row r of the
+first stage is R_{r,k}(B) = sum_m w^r_{m,k} L_{B_m,k} (one row for a latency sum, one per
+workflow for the egalitarian ratio z = max_r R_r). A rival B ties or beats A* at k only if every
+row stays within the margin of z_k(A*); since
 
-    f_k(B) - f_k(A*) >= sum_m w^r_{m,k} (L_{B_m,k} - L_{A*_m,k})              (r binding for A* at k)
-                     >= sum_m min_{k in K} delta_{m,k}(B_m)  =:  D(B),
+    R_{r,k}(B) - z_k(A*) = sum_m w^r_{m,k} (L_{B_m,k} - L_{A*_m,k}) - (z_k(A*) - R_{r,k}(A*))
+                        >= sum_m min_{k in K} w^r_{m,k} (L_{B_m,k} - L_{A*_m,k}) - max_{k in K} slack_{r,k},
 
-with delta_{m,k}(o) = w^r_{m,k} (L_{o,k} - L_{A*_m,k}), so delta_{m,k}(A*_m) = 0: D is
-*separable* per LLM, a linear objective over the same option variables, placement counts and
-placement cuts as the allocation model. If min D over every placeable B != A* (from the union of
-the block's option sets) exceeds a margin of 1e-4 of the stage value, no B can win stage 1 at any
-k of the block, and A* is what a solve at k returns (the model's integer scaling moves a stage by
-at most 1e-5 of its value, planner/cpsat.py). Egalitarian ties: allocations that keep A*'s choice
-for every LLM of the binding rows have the same binding rows, so their ratio is never below
-A*'s (also after scaling); they are separated at the second stage (the mean latency) by the same
-argument with its weights. A* must be among the pruned options of every k (else an independent
-solve could not return it), and the objective must be latency stages then share units (min_latency:
-GPU-count stages depend on the placement and are not certified).
+a rival for some k of the block satisfies, for every row, the *separable* (per LLM, linear in the
+option variables) inequality sum_m gap^r_m(B_m) <= margin + max_k slack_{r,k}. `_rival_exists`
+asks for a placeable B (capacity rows, placement cuts) that changes an LLM of A*'s binding rows and
+meets them all: if there is none, A* wins stage 1 at every k. A B that keeps the binding rows'
+LLMs has the same binding rows, so its ratio is never below A*'s; a second model adds the mean
+stage's row to separate those. The margin is 2 |M| grid steps of the stage (cpsat.latency_step):
+CP-SAT rounds each term by at most half a step, so a rival worse by more keeps its order, and the
+independent solve at k returns A* too. A* must be among every k's pruned options, and the
+objective latency stages then share units (min_latency; GPU-count stages read the placement).
 """
 
 from __future__ import annotations
@@ -476,9 +475,3 @@ def _rival_exists(
         unplaceable.append(rival)
         if time.perf_counter() >= deadline:
             return True
-
-
-def family_key(instance: Instance) -> tuple:
-    """Scenarios with equal keys form one family (everything but the arrival rates)."""
-    stripped = replace(instance, workflows=tuple(replace(w, arrival_rate=1.0) for w in instance.workflows))
-    return (repr(stripped.cluster), repr(stripped.llms), repr(stripped.workflows), stripped.objective)

@@ -83,7 +83,7 @@ def capacity_rows(cluster: Cluster, options: dict[str, list[Option]]) -> list[Ro
             gpus_by_free = Counter(free)
             shards = [(o.share, o.tp * o.replicas, (m, i)) for m, i, o in inside]  # read once, not per weight
             for k, weight in enumerate(weights):
-                terms = tuple((count * weight[share], key) for share, count, key in shards if weight[share])
+                terms = tuple([(count * weight[share], key) for share, count, key in shards if weight[share]])
                 if terms:
                     limit = sum(n * gpu_weight_capacity(weight, c) for c, n in gpus_by_free.items())
                     rows.append(Row(f"packing{k}[{gpu_type},tp>={t}]", terms, limit))

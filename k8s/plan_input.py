@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 
 from scepsy.models.errors import InputError
-from scepsy.models.instance import Instance, load_instance
+from scepsy.models.instance.instance import Instance, load_instance
 
 _TOLERANCE = 1e-6
 

@@ -2,7 +2,7 @@
 
 An LLM has exactly one shape (gpu type, tp, share) in an allocation, so counts per (domain, LLM) and
 (GPU, LLM) describe a placement exactly (deal a domain's replicas round robin over its GPUs, each
-GPU listed as often as it holds shards: planner/placeability.py) and are far fewer than one boolean
+GPU listed as often as it holds shards: placement/feasibility/placeability.py) and are far fewer than one boolean
 per shard and GPU. Shards of a whole GPU (s = F) need even less: a GPU holds at most one, so one
 boolean per GPU says whether it carries a whole shard, and any whole-GPU replica of the domain may
 take it. Formulation (units in brackets; docs/placement.md states the same):
@@ -17,7 +17,7 @@ Sets
 Parameters
     F          units per GPU;  c_i  free units of GPU i (F minus reservations)
     ub_im      most shards of m on GPU i: min(d_m, c_i // s_m, most replicas of m in j(i))
-    w, W(c)    bin-packing weights, the most weight that fits c units (planner/cpsat.py)
+    w, W(c)    bin-packing weights, the most weight that fits c units (planner/allocation/cpsat.py)
 Variables
     n[j, m]    replicas of m in domain j                           integer, 0..most that fit j
     c[i, m]    shards of fractional m on GPU i                     integer, 0..ub_im
@@ -63,10 +63,10 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from scepsy.models.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
-from scepsy.models.instance import Cluster, Domain
-from scepsy.planner.cpsat import STATUS_NAMES
-from scepsy.planner.formulation import packing_weights
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
+from scepsy.models.instance.instance import Cluster, Domain
+from scepsy.placement.feasibility.solver import STATUS_NAMES, cpsat_solver
+from scepsy.placement.feasibility.packing import fit_in_domain, packing_weights
 
 from .current import Candidate, keep_candidates, movable_replicas
 from .heuristic import first_fit_placement
@@ -116,15 +116,6 @@ class PlacementModel:
             yield from group.values()
 
 
-def _fit_in_domain(slots: list[int], tp: int) -> int:
-    """Most replicas of tp shards on distinct GPUs of a domain whose GPUs hold `slots` shards each
-    (planner/options.py: n fit iff sum_i min(slots_i, n) >= n tp)."""
-    n = sum(slots) // tp
-    while n > 0 and sum(min(s, n) for s in slots) < n * tp:
-        n -= 1
-    return n
-
-
 def _sum(terms: list[tuple[int, Var]]) -> cp_model.LinearExprT:
     return cp_model.LinearExpr.WeightedSum([v for _, v in terms], [k for k, _ in terms]) if terms else 0
 
@@ -154,7 +145,7 @@ def build_placement_model(cluster: Cluster, allocation: Allocation, current: Pla
             if domain.gpu_type != m.gpu_type or domain.size < m.tp:
                 continue
             slots = {i: min(m.replicas, free[i] // m.share) for i in gpus}
-            most = min(m.replicas, _fit_in_domain(list(slots.values()), m.tp))
+            most = min(m.replicas, fit_in_domain(list(slots.values()), m.tp))
             if most == 0:
                 continue
             n[(j, m.llm)] = model.NewIntVar(0, most, f"n[{j},{m.llm}]")
@@ -583,7 +574,7 @@ class Polisher:
         return self.memo[key]
 
     def _solve(self, domain: Domain, replicas, frees, counts):
-        from scepsy.models.instance import Node
+        from scepsy.models.instance.instance import Node
 
         f = self.pm.cluster.fractions_per_gpu
         local = {g: k for k, g in enumerate(domain.gpus)}
@@ -613,17 +604,10 @@ def _solve_once(pm: PlacementModel, stage: Stage, time_limit_s: float, workers: 
     pm.model.ClearHints()
     for var, value in (hint or {}).items():
         pm.model.AddHint(var, value)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = 0
     # measured on bench/placement_scaling.py: the full LP (all constraints, added up front) gives the
     # stage bounds; presolve probing costs seconds on large clusters and buys nothing here
-    solver.parameters.linearization_level = 2
-    solver.parameters.add_lp_constraints_lazily = False
-    solver.parameters.cp_model_probing_level = 0
-    if workers > 1:
-        solver.parameters.interleave_search = True  # deterministic whatever the thread timing
+    solver = cpsat_solver(time_limit_s, workers, linearization_level=2, add_lp_constraints_lazily=False,
+                          cp_model_probing_level=0)
     return solver.Solve(pm.model), solver
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scepsy.tracing.llamacpp import EngineUnavailable, llama_cpp_available, smollm2_gguf
+from support.llamacpp import EngineUnavailable, llama_cpp_available, smollm2_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -39,6 +39,7 @@ from scepsy.models.catalog.catalog import GpuCard, ModelCard, find_gpu, find_mod
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
 from scepsy.models.errors import InputError
 from scepsy.models.instance.instance import Instance, Workflow
+from scepsy.models.instance.statistic import InvocationStatistic, request_use
 from scepsy.models.instance.workflow import default_program
 from scepsy.models.simulation.programs import run_program
 from scepsy.models.performance.replica import ReplicaSim, Request, Router
@@ -314,16 +315,6 @@ class SimulationResult:
 Controller = Callable[[simpy.Environment, SimCluster], object]  # returns a SimPy generator
 
 
-def _union_length(intervals: list[tuple[float, float]]) -> float:
-    total, end = 0.0, -math.inf
-    for start, finish in sorted(intervals):
-        if finish <= end:
-            continue
-        total += finish - max(start, end)
-        end = finish
-    return total
-
-
 def poisson_arrivals(rate: float, duration_s: float, rng: random.Random) -> list[float]:
     times, now = [], 0.0
     if rate <= 0:
@@ -343,30 +334,26 @@ def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], win
     completed_in_window = sum(1 for r in records if r.finish_s is not None and start <= r.finish_s <= end)
     latencies = np.array([r.finish_s - r.arrival_s for r in done]) if done else np.array([math.nan])
     llms = [s.llm for s in workflow.stages]
-    counts = {m: 0 for m in llms}
-    durations = {m: 0.0 for m in llms}
-    unions = {m: 0.0 for m in llms}
+    statistic = {m: InvocationStatistic() for m in llms}
     shares: dict[str, list[float]] = {m: [] for m in llms}
     per_request: dict[str, list[float]] = {m: [] for m in llms}
     for record in done:
         spans: dict[str, list[tuple[float, float]]] = {m: [] for m in llms}
         for call in record.calls:
             spans.setdefault(call.tag, []).append((call.arrival_s, call.finish_s))
-        own = {m: _union_length(spans[m]) for m in llms}
-        total = sum(own.values())
+        own = {m: request_use(spans[m]) for m in llms}
+        total = sum(use.busy_s for use in own.values())
         for m in llms:
-            counts[m] += len(spans[m])
-            durations[m] += sum(b - a for a, b in spans[m])
-            unions[m] += own[m]
-            per_request[m].append(own[m])
+            statistic[m].add(own[m])
+            per_request[m].append(own[m].busy_s)
             if total > 0:
-                shares[m].append(own[m] / total)
+                shares[m].append(own[m].busy_s / total)
     stages = tuple(
         StageStats(
             llm=m,
-            invocations=counts[m] / len(done) if done else math.nan,
-            parallelism=durations[m] / unions[m] if unions[m] > 0 else math.nan,
-            mean_call_latency_s=durations[m] / counts[m] if counts[m] else math.nan,
+            invocations=statistic[m].invocations,
+            parallelism=statistic[m].parallelism(),
+            mean_call_latency_s=statistic[m].call_time_s / statistic[m].calls if statistic[m].calls else math.nan,
             time_share=float(np.mean(shares[m])) if shares[m] else math.nan,
         )
         for m in llms

@@ -45,25 +45,11 @@ from typing import Iterable
 import numpy as np
 
 from scepsy.models.instance.instance import Stage
+from scepsy.models.instance.statistic import InvocationStatistic, request_use, union_length
 
 from scepsy.tracing.capture.records import CallRecord
 
 DEFAULT_WORKFLOW = "workflow"
-
-
-def union_length(intervals: Iterable[tuple[float, float]]) -> float:
-    """Measure of the union of closed intervals, s."""
-    total, current_start, current_end = 0.0, None, None
-    for start, end in sorted(intervals):
-        if current_end is None or start > current_end:
-            if current_end is not None:
-                total += current_end - current_start
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    if current_end is not None:
-        total += current_end - current_start
-    return total
 
 
 def _cv(values: np.ndarray) -> float | None:
@@ -145,19 +131,20 @@ def _round(value):
 
 
 def _llm_stats(llm: str, all_requests: list[list[CallRecord]]) -> LlmStats:
-    counts, totals, unions, parallel, shares, durations = [], [], [], [], [], []
+    statistic = InvocationStatistic()
+    counts, unions, parallel, shares, durations = [], [], [], [], []
     prompt, completion = [], []
     for calls in all_requests:
         mine = [c for c in calls if c.llm == llm]
-        counts.append(len(mine))
+        use = request_use([(c.start_s, c.end_s) for c in mine])
+        statistic.add(use)
+        counts.append(use.calls)
         if not mine:
             continue
-        duration = sum(c.latency_s for c in mine)
-        union = union_length((c.start_s, c.end_s) for c in mine)
-        totals.append(duration)
+        union = use.busy_s
         unions.append(union)
         if union > 0:
-            parallel.append(duration / union)
+            parallel.append(use.call_time_s / union)
         per_llm = defaultdict(list)
         for c in calls:
             per_llm[c.llm].append((c.start_s, c.end_s))
@@ -167,8 +154,6 @@ def _llm_stats(llm: str, all_requests: list[list[CallRecord]]) -> LlmStats:
         durations += [c.latency_s for c in mine]
         prompt += [c.prompt_tokens for c in mine if c.prompt_tokens is not None]
         completion += [c.completion_tokens for c in mine if c.completion_tokens is not None]
-    union_total = sum(unions)
-    pooled = sum(totals) / union_total if union_total > 0 else 1.0
     d = np.asarray(durations, dtype=float)
     latency = {
         "mean": float(d.mean()),
@@ -178,8 +163,8 @@ def _llm_stats(llm: str, all_requests: list[list[CallRecord]]) -> LlmStats:
     }
     return LlmStats(
         llm=llm,
-        invocations=float(np.mean(counts)),
-        parallelism=pooled,
+        invocations=statistic.invocations,
+        parallelism=statistic.parallelism(without_calls=1.0),
         invocations_summary=_summary(np.asarray(counts)),
         parallelism_summary=_summary(np.asarray(parallel)),
         requests_calling=len(unions),

@@ -30,9 +30,10 @@ from pathlib import Path
 import yaml
 
 from scepsy.models.errors import InputError
+from scepsy.models.instance.allocation import ReplicaPlacement
 
 from . import names
-from .plan_input import PlacedPlan, PlacedReplica
+from .plan_input import PlacedPlan
 from .sharing import GpuAccess, realise
 
 ENGINES = ("vllm", "sglang")
@@ -88,7 +89,7 @@ def engine_memory_fraction(settings: ManifestSettings, share: float, access: Gpu
     return round(settings.gpu_memory_utilization * visible, 4)
 
 
-def _check_memory(plan: PlacedPlan, settings: ManifestSettings, replica: PlacedReplica) -> None:
+def _check_memory(plan: PlacedPlan, settings: ManifestSettings, replica: ReplicaPlacement) -> None:
     llm = plan.llm(replica.llm)
     budget = len(replica.shards) * llm.share / plan.fractions_per_gpu * plan.gpu_memory_gib(llm.name) * settings.gpu_memory_utilization
     if llm.memory_need_gib > budget + 1e-9:
@@ -135,7 +136,7 @@ def _node_affinity(node: str) -> dict:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def _engine_labels(plan: PlacedPlan, settings: ManifestSettings, replica: PlacedReplica) -> dict[str, str]:
+def _engine_labels(plan: PlacedPlan, settings: ManifestSettings, replica: ReplicaPlacement) -> dict[str, str]:
     deployment = names.engine_deployment(replica.llm, replica.replica)
     out = names.labels(settings.engine, deployment, "engine", llm=replica.llm, replica=replica.replica)
     for workflow in plan.workflows_of(replica.llm):
@@ -143,7 +144,7 @@ def _engine_labels(plan: PlacedPlan, settings: ManifestSettings, replica: Placed
     return out
 
 
-def engine_deployment(plan: PlacedPlan, settings: ManifestSettings, replica: PlacedReplica, access: GpuAccess) -> dict:
+def engine_deployment(plan: PlacedPlan, settings: ManifestSettings, replica: ReplicaPlacement, access: GpuAccess) -> dict:
     llm = plan.llm(replica.llm)
     share = llm.share / plan.fractions_per_gpu
     name = names.engine_deployment(llm.name, replica.replica)

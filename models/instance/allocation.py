@@ -57,6 +57,10 @@ class ReplicaPlacement:
     node: str
     shards: tuple[Shard, ...]
 
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(s.gpu for s in self.shards)
+
 
 @dataclass(frozen=True)
 class Placement:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -233,8 +234,8 @@ def router_objects(plan: PlacedPlan, settings: ManifestSettings, workflow: str) 
     args = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--policy", "cache_aware"]
     objects: list[dict] = []
     if settings.router_mode == "discovery":
-        selector = [f"{names.workflow_member_label(workflow)}=true", "app.kubernetes.io/component=engine"]
-        args += ["--service-discovery", "--selector", *selector]
+        members = [f"{names.workflow_member_label(workflow)}=true", "app.kubernetes.io/component=engine"]
+        args += ["--service-discovery", "--selector", *members]
         args += ["--service-discovery-port", str(ENGINE_PORTS[settings.engine]), "--service-discovery-namespace", settings.namespace]
         rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
         objects += [
@@ -351,7 +352,10 @@ def file_name(obj: dict) -> str:
 
 # yaml.safe_dump's dumper (libyaml's emitter when PyYAML has it: 30x faster, same text), without
 # anchors/aliases so that every object reads on its own
-_SafeBase = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+if TYPE_CHECKING:
+    _SafeBase = yaml.SafeDumper
+else:
+    _SafeBase = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class _Dumper(_SafeBase):

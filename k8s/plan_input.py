@@ -126,18 +126,17 @@ def _parse_llms(source: str, raw: dict, instance: Instance, f: int) -> tuple[Pla
         if not isinstance(record, dict):
             raise InputError(source, where, "expected an object", "fix the plan")
         name = record.get("name")
-        try:
-            spec = instance.llm(name)
-        except KeyError:
+        if not isinstance(name, str) or name not in {m.name for m in instance.llms}:
             known = ", ".join(m.name for m in instance.llms)
-            raise InputError(source, f"{where}.name", f"llm {name!r} is not in the instance", f"use a plan of this instance (llms: {known})") from None
+            raise InputError(source, f"{where}.name", f"llm {name!r} is not in the instance", f"use a plan of this instance (llms: {known})")
+        spec = instance.llm(name)
         gpu_type = record.get("gpu_type")
-        if gpu_type not in instance.cluster.gpu_types:
+        if not isinstance(gpu_type, str) or gpu_type not in instance.cluster.gpu_types:
             raise InputError(source, f"{where}.gpu_type", f"unknown gpu type {gpu_type!r}", "use a plan of this instance")
         tp = _int_field(source, where, record, "tp", 1)
         replicas = _int_field(source, where, record, "replicas", 1)
         share = parse_units(source, f"{where}.fraction", record.get("fraction"), f)
-        model = record.get("model") if isinstance(record.get("model"), str) else spec.model
+        model = record["model"] if isinstance(record.get("model"), str) else spec.model
         llms.append(PlannedLlm(spec.name, model, gpu_type, tp, share, replicas, spec.memory_need_gib))
     names = [m.name for m in llms]
     if len(set(names)) != len(names):

@@ -60,6 +60,7 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from ortools.sat.python import cp_model
 
@@ -73,7 +74,7 @@ from .heuristic import first_fit_placement
 from .objective import Spot, evaluate, number_replicas
 
 Gpu = tuple[str, int]  # (node, gpu index)
-Var = cp_model.IntVar
+Var: TypeAlias = cp_model.IntVar
 
 
 @dataclass(frozen=True)
@@ -141,31 +142,31 @@ def build_placement_model(cluster: Cluster, allocation: Allocation, current: Pla
     x: dict[Gpu, Var] = {}
     for j, domain in enumerate(domains):
         gpus = [(domain.node, g) for g in domain.gpus]
-        for m in llms:
-            if domain.gpu_type != m.gpu_type or domain.size < m.tp:
+        for choice in llms:
+            if domain.gpu_type != choice.gpu_type or domain.size < choice.tp:
                 continue
-            slots = {i: min(m.replicas, free[i] // m.share) for i in gpus}
-            most = min(m.replicas, fit_in_domain(list(slots.values()), m.tp))
+            slots = {i: min(choice.replicas, free[i] // choice.share) for i in gpus}
+            most = min(choice.replicas, fit_in_domain(list(slots.values()), choice.tp))
             if most == 0:
                 continue
-            n[(j, m.llm)] = model.NewIntVar(0, most, f"n[{j},{m.llm}]")
+            n[(j, choice.llm)] = model.NewIntVar(0, most, f"n[{j},{choice.llm}]")
             for i, slot in slots.items():
                 if slot == 0:
                     continue
-                if m.llm in whole:
+                if choice.llm in whole:
                     if i not in x:
                         x[i] = model.NewBoolVar(f"x[{i[0]}/{i[1]}]")
                 else:
-                    upper[(i, m.llm)] = min(slot, most)
-                    c[(i, m.llm)] = model.NewIntVar(0, upper[(i, m.llm)], f"c[{i[0]}/{i[1]},{m.llm}]")
+                    upper[(i, choice.llm)] = min(slot, most)
+                    c[(i, choice.llm)] = model.NewIntVar(0, upper[(i, choice.llm)], f"c[{i[0]}/{i[1]},{choice.llm}]")
     # k[q]: candidate q stays (only where its domain is eligible)
     k = {q: model.NewBoolVar(f"k[{q}]") for q, cand in enumerate(candidates) if (cand.domain, cand.llm) in n}
 
     # every replica in one eligible domain (none eligible: infeasible, diagnosed by the caller)
-    for m in llms:
-        eligible = [n[(j, m.llm)] for j in range(len(domains)) if (j, m.llm) in n]
+    for choice in llms:
+        eligible = [n[(j, choice.llm)] for j in range(len(domains)) if (j, choice.llm) in n]
         if eligible:
-            model.Add(sum(eligible) == m.replicas)
+            model.Add(sum(eligible) == choice.replicas)
         else:
             model.AddBoolOr([])  # the empty clause: no placement
 
@@ -361,21 +362,21 @@ def canonical(pm: PlacementModel, placement: Placement) -> Placement:
         content.update({dst: items for dst, items in moved.items() if items})
 
     sizes = {n.name: n.gpus for n in pm.cluster.nodes}
-    for members in pm.classes.nodes:
-        order = sorted(members, key=lambda name: -load([(name, g) for g in range(sizes[name])]))
-        permute({(src, g): (dst, g) for src, dst in zip(order, members) for g in range(sizes[src])})
-    for members in pm.classes.domains:
-        doms = [pm.domains[j] for j in members]
-        order = sorted(doms, key=lambda d: -load([(d.node, g) for g in d.gpus]))
-        mapping = {}
-        for src, dst in zip(order, doms):  # pair GPUs of equal free units
-            a = sorted(src.gpus, key=lambda g: (pm.cluster.free_units(src.node, g), g))
-            b = sorted(dst.gpus, key=lambda g: (pm.cluster.free_units(dst.node, g), g))
-            mapping.update({(src.node, p): (dst.node, q) for p, q in zip(a, b)})
+    for nodes in pm.classes.nodes:
+        by_load = sorted(nodes, key=lambda name: -load([(name, g) for g in range(sizes[name])]))
+        permute({(src, g): (dst, g) for src, dst in zip(by_load, nodes) for g in range(sizes[src])})
+    for domain_indices in pm.classes.domains:
+        doms = [pm.domains[j] for j in domain_indices]
+        doms_by_load = sorted(doms, key=lambda d: -load([(d.node, g) for g in d.gpus]))
+        mapping: dict[Gpu, Gpu] = {}
+        for src_domain, dst_domain in zip(doms_by_load, doms):  # pair GPUs of equal free units
+            a = sorted(src_domain.gpus, key=lambda g: (pm.cluster.free_units(src_domain.node, g), g))
+            b = sorted(dst_domain.gpus, key=lambda g: (pm.cluster.free_units(dst_domain.node, g), g))
+            mapping.update({(src_domain.node, p): (dst_domain.node, q) for p, q in zip(a, b)})
         permute(mapping)
-    for members in pm.classes.gpus:
-        order = sorted(members, key=lambda i: -load([i]))
-        permute(dict(zip(order, members)))
+    for gpus in pm.classes.gpus:
+        gpus_by_load = sorted(gpus, key=lambda i: -load([i]))
+        permute(dict(zip(gpus_by_load, gpus)))
     shards: dict[int, list[Shard]] = defaultdict(list)
     node_of: dict[int, str] = {}
     for (node, gpu), items in content.items():
@@ -507,10 +508,10 @@ def solve_placement(
     if not pool:
         return CpsatOutcome(None, tuple(outcomes), status, time.perf_counter() - start)
     signs = [stage.sign for stage in pm.stages]
-    values, best = min(pool, key=lambda item: tuple(s * v for s, v in zip(signs, item[0])))
+    best_values, best = min(pool, key=lambda item: tuple(s * v for s, v in zip(signs, item[0])))
     # report the values of the placement returned (polishing may have improved the last stage)
     outcomes = [
-        StageOutcome(o.name, o.status, values[k], o.bound) if o.value is not None else o for k, o in enumerate(outcomes)
+        StageOutcome(o.name, o.status, best_values[k], o.bound) if o.value is not None else o for k, o in enumerate(outcomes)
     ]
     return CpsatOutcome(best, tuple(outcomes), status, time.perf_counter() - start)
 

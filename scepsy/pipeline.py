@@ -10,6 +10,7 @@ placement, how it was found and the fragmentation report.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import cast
 
 from scepsy.models.instance.allocation import Placement
 from scepsy.models.instance.instance import Instance
@@ -49,5 +50,5 @@ def _gpu_cost(instance: Instance, placement: Placement) -> float:
     types = {n.name: n.gpu_type for n in instance.cluster.nodes}
     busy = {(r.node, s.gpu) for r in placement.replicas for s in r.shards}
     if instance.objective == "min_cost":
-        return sum(instance.cluster.gpu_types[types[node]].cost_per_hour for node, _ in busy)
+        return sum(cast(float, instance.cluster.gpu_types[types[node]].cost_per_hour) for node, _ in busy)  # priced: checked by the instance
     return float(len(busy))

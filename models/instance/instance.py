@@ -361,10 +361,10 @@ def _expand_nodes(source: str, spec: ClusterSpec) -> tuple[Node, ...]:
         uuids = tuple(node.gpu_uuids) if node.gpu_uuids is not None else None
         nodes += [Node(name, node.gpu_type, node.gpus, tuple(domains), uuids) for name in names]
     names_seen: set[str] = set()
-    for node in nodes:
-        if node.name in names_seen:
-            raise InputError(source, "cluster.nodes", f"node name {node.name!r} appears twice", "give nodes unique names")
-        names_seen.add(node.name)
+    for expanded in nodes:
+        if expanded.name in names_seen:
+            raise InputError(source, "cluster.nodes", f"node name {expanded.name!r} appears twice", "give nodes unique names")
+        names_seen.add(expanded.name)
     return tuple(nodes)
 
 

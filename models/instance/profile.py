@@ -167,9 +167,9 @@ def read_profile_table(path: Path | str) -> dict[str, np.ndarray]:
     body = rows[1:]
     if not body:
         raise InputError(source, None, "profile has no rows", "add at least one measured row")
-    for row, cells in enumerate(body):
+    for number, cells in enumerate(body):
         if len(cells) != len(header):
-            raise InputError(source, f"row {row + 2}", f"{len(cells)} cells for {len(header)} columns", "write one cell per column")
+            raise InputError(source, f"row {number + 2}", f"{len(cells)} cells for {len(header)} columns", "write one cell per column")
     index = {name: header.index(name) for name in PROFILE_COLUMNS}
     table: dict[str, np.ndarray] = {"gpu_type": np.array([cells[index["gpu_type"]].strip() for cells in body])}
     for column in PROFILE_COLUMNS[1:]:

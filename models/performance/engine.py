@@ -169,7 +169,7 @@ class Engine:
     # -- time -----------------------------------------------------------------------------------
 
     def _allreduce_s(self, nbytes: float) -> float:
-        if self.link == "nvlink":
+        if self.link == "nvlink" and self.gpu.nvlink_gbps is not None:  # a GPU without NVLink: PCIe
             bandwidth, latency_us = self.gpu.nvlink_gbps, self.gpu.nvlink_latency_us
         else:
             bandwidth, latency_us = self.gpu.pcie_gbps, self.gpu.pcie_latency_us

@@ -292,6 +292,7 @@ class ReplicaSim:
                 self.used -= request.context_tokens
                 self._store(request)
             self.completed += 1
+            assert request.done is not None  # set when the request was submitted
             request.done.succeed(request)
             if self.on_finish is not None:
                 self.on_finish(self, request)

@@ -89,7 +89,7 @@ class PlacementObjective:
         return (self.moved_shards or 0, -self.free_domains, -self.free_gpus, self.shared_gpus)
 
     def to_json(self) -> dict:
-        out = {"free_domains": self.free_domains, "free_gpus": self.free_gpus, "shared_gpus": self.shared_gpus}
+        out: dict[str, int | None] = {"free_domains": self.free_domains, "free_gpus": self.free_gpus, "shared_gpus": self.shared_gpus}
         if self.moved_shards is not None:
             out.update(moved_shards=self.moved_shards, kept_replicas=self.kept_replicas)
         return out
@@ -109,7 +109,7 @@ class PlacementInfo:
     notes: tuple[str, ...] = ()
 
     def to_json(self, include_wall_time: bool = True) -> dict:
-        out = {
+        out: dict[str, object] = {
             "method": self.method,
             "status": self.status,
             "wall_time_s": _num(self.wall_time_s) if include_wall_time else None,
@@ -149,7 +149,7 @@ class Plan:
         return len({(r.node, s.gpu) for r in self.placement.replicas for s in r.shards})
 
     def to_json(self, include_wall_time: bool = True) -> dict:
-        solver = {"backend": self.solver.backend, "wall_time_s": _num(self.solver.wall_time_s) if include_wall_time else None}
+        solver: dict[str, object] = {"backend": self.solver.backend, "wall_time_s": _num(self.solver.wall_time_s) if include_wall_time else None}
         solver.update({"iterations": self.solver.iterations, "cuts": self.solver.cuts})
         if self.solver.notes:
             solver["notes"] = list(self.solver.notes)

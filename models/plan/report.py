@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 
 from scepsy.models.instance.allocation import Placement
@@ -132,7 +132,7 @@ def plan_summary(plan: Plan) -> str:
 
 
 def plan_view(plan: Plan) -> Group:
-    parts = [
+    parts: list[RenderableType] = [
         plan_summary(plan),
         workflow_table(plan.prediction),
         stage_table(plan.prediction),

@@ -371,7 +371,7 @@ def session_saturation_rps(engine: Engine, sessions: Sequence[Session]) -> float
     replica = ReplicaSim(env, engine)
     queue = list(enumerate(sessions))
     finished: list[float] = []
-    width = max(np.mean([len(w) for s in sessions for w in s.waves]), 1.0)
+    width = max(float(np.mean([len(w) for s in sessions for w in s.waves])), 1.0)
 
     def client():
         while queue:
@@ -406,7 +406,7 @@ def _row(rate: float, requests: list[Request], window: tuple[float, float], meas
     }
 
 
-def measure_point(engine: Engine, shapes: Sequence[RequestShape], gaps: Sequence[float], rate: float,
+def measure_point(engine: Engine, shapes: Sequence[RequestShape], gaps: np.ndarray, rate: float,
                   warmup_fraction: float) -> dict:
     """Simulate Poisson arrivals at `rate` (unit-mean `gaps` / rate) of `shapes`; one profile row."""
     env = simpy.Environment()
@@ -427,7 +427,7 @@ def measure_point(engine: Engine, shapes: Sequence[RequestShape], gaps: Sequence
     return _row(rate, requests, window, requests[warm:])
 
 
-def measure_sessions_point(engine: Engine, sessions: Sequence[Session], gaps: Sequence[float], rate: float,
+def measure_sessions_point(engine: Engine, sessions: Sequence[Session], gaps: np.ndarray, rate: float,
                            warmup_fraction: float) -> dict:
     """Replay `sessions` (Poisson session starts) so that calls arrive at `rate` per second on
     average; calls keep their order and prefix-cache dependencies; one profile row (per call)."""
@@ -474,16 +474,21 @@ def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisS
         sessions: list[Session] = []
         while sum(s.calls for s in sessions) < n or len(sessions) < settings.min_sessions:
             sessions.append(_fit_session(source.sessions[rng.randrange(len(source.sessions))], engine))
-        units, saturation = sessions, session_saturation_rps(engine, sessions)
-        measure = measure_sessions_point
-    else:
-        units = [fit_shape(s, engine) for s in source.sample(rng, n)]
-        saturation = saturation_rps(engine, units)
-        measure = measure_point
-    count = len(units)
+        saturation = session_saturation_rps(engine, sessions)
+        gaps = _unit_gaps(rng, len(sessions))
+        return [measure_sessions_point(engine, sessions, gaps, point * saturation, settings.warmup_fraction)
+                for point in settings.rate_points]
+    shapes = [fit_shape(s, engine) for s in source.sample(rng, n)]
+    saturation = saturation_rps(engine, shapes)
+    gaps = _unit_gaps(rng, len(shapes))
+    return [measure_point(engine, shapes, gaps, point * saturation, settings.warmup_fraction) for point in settings.rate_points]
+
+
+def _unit_gaps(rng: random.Random, count: int) -> np.ndarray:
+    """Exponential gaps scaled so that the realised rate over the run is exactly the nominal one."""
     gaps = np.array([rng.expovariate(1.0) for _ in range(count)])
-    gaps *= (count - 1) / gaps[1:].sum()  # the realised rate over the run is exactly the nominal one
-    return [measure(engine, units, gaps, point * saturation, settings.warmup_fraction) for point in settings.rate_points]
+    gaps *= (count - 1) / gaps[1:].sum()
+    return gaps
 
 
 def synthesize(

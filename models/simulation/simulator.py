@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Generator, Mapping, Sequence, cast
 
 import numpy as np
 import simpy
@@ -312,11 +312,12 @@ class SimulationResult:
 # The simulation
 
 
-Controller = Callable[[simpy.Environment, SimCluster], object]  # returns a SimPy generator
+Controller = Callable[[simpy.Environment, SimCluster], Generator[simpy.Event, object, object]]  # a SimPy process
 
 
 def poisson_arrivals(rate: float, duration_s: float, rng: random.Random) -> list[float]:
-    times, now = [], 0.0
+    times: list[float] = []
+    now = 0.0
     if rate <= 0:
         return times
     while True:
@@ -332,7 +333,7 @@ def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], win
     measured = [r for r in records if start <= r.arrival_s <= end]
     done = [r for r in measured if r.finish_s is not None]
     completed_in_window = sum(1 for r in records if r.finish_s is not None and start <= r.finish_s <= end)
-    latencies = np.array([r.finish_s - r.arrival_s for r in done]) if done else np.array([math.nan])
+    latencies = np.array([cast(float, r.finish_s) - r.arrival_s for r in done]) if done else np.array([math.nan])
     llms = [s.llm for s in workflow.stages]
     statistic = {m: InvocationStatistic() for m in llms}
     shares: dict[str, list[float]] = {m: [] for m in llms}
@@ -340,7 +341,7 @@ def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], win
     for record in done:
         spans: dict[str, list[tuple[float, float]]] = {m: [] for m in llms}
         for call in record.calls:
-            spans.setdefault(call.tag, []).append((call.arrival_s, call.finish_s))
+            spans.setdefault(cast(str, call.tag), []).append((call.arrival_s, cast(float, call.finish_s)))  # done: finished
         own = {m: request_use(spans[m]) for m in llms}
         total = sum(use.busy_s for use in own.values())
         for m in llms:

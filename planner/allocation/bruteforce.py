@@ -59,7 +59,7 @@ def solve_bruteforce(
         return {m: np.array([attribute(o) for o in options[m]])[index[k]] for k, m in enumerate(llms)}
 
     latency = column(lambda o: o.latency_s)
-    units = sum(column(lambda o: o.units).values())
+    units = np.asarray(sum(column(lambda o: o.units).values()))
     units_by_type = {
         g: sum(column(lambda o, g=g: o.units if o.gpu_type == g else 0).values()) for g in cluster.used_gpu_types()
     }
@@ -68,14 +68,14 @@ def solve_bruteforce(
     def latency_sum(weights) -> np.ndarray:
         return sum(w * latency[m] for m, w in weights.items())
 
-    stages = []  # per stage: (exact values or lower bounds, exact?)
+    stages: list[np.ndarray] = []  # per stage: exact values or lower bounds
     for stage in objective.stages:
         if isinstance(stage, LatencySum):
             stages.append(latency_sum(stage.weights))
         elif isinstance(stage, MaxLatencySum):
             stages.append(np.max([latency_sum(row) for row in stage.weights.values()], axis=0))
         elif isinstance(stage, GpuCount):
-            stages.append(sum(stage.cost[g] * lower_gpus[g] for g in lower_gpus))
+            stages.append(np.asarray(sum(stage.cost[g] * lower_gpus[g] for g in lower_gpus)))
         else:
             stages.append(units.astype(float))
 
@@ -100,13 +100,14 @@ def solve_bruteforce(
         allocation = _allocation(f, chosen)
         checks += 1
         check = fewest_gpus_placement(cluster, allocation, gpu_stage.cost) if gpu_stage else placer(cluster, allocation)
-        if not check.placeable:
+        placement = check.placement
+        if placement is None:
             continue
         latencies = {m: o.latency_s for m, o in zip(llms, chosen)}
-        usage = Usage(allocation.units, gpus_by_type(cluster, check.placement))
+        usage = Usage(allocation.units, gpus_by_type(cluster, placement))
         values = objective.values(latencies, usage)
         if best is None or values < best.values:
-            best = BruteForceResult(allocation, check.placement, values, total, checks)
+            best = BruteForceResult(allocation, placement, values, total, checks)
         if gpu_stage is None:
             break  # exact values in sorted order: the first placeable one is optimal
     return None if best is None else BruteForceResult(best.allocation, best.placement, best.values, total, checks)

@@ -23,6 +23,7 @@ Heterogeneous clusters: every assignment of LLMs to gpu types is enumerated, eac
 from __future__ import annotations
 
 import itertools
+from typing import Iterable
 import math
 from dataclasses import dataclass
 
@@ -132,8 +133,9 @@ class _Enumerator:
         starts = list(itertools.accumulate(free, initial=0))
         total = starts[-1]
         ordered = sorted(llms, key=lambda m: (-self.latency_ratio(m, gpu_type), m.name))
-        lower = [self.lower_bound(m, gpu_type) for m in ordered]
-        if any(lb is None for lb in lower) or sum(lower) > total:
+        bounds = [self.lower_bound(m, gpu_type) for m in ordered]
+        lower = [lb for lb in bounds if lb is not None]
+        if len(lower) < len(bounds) or sum(lower) > total:
             return
         upper = [total - sum(lower[i + 1:]) for i in range(len(ordered))]
         step = self.f if self.space.whole_gpus_only else 1
@@ -150,6 +152,7 @@ class _Enumerator:
                 return
             llm = ordered[i]
             remaining = total - begin
+            amounts: Iterable[int]
             if i == len(ordered) - 1:
                 amounts = [remaining] if lower[i] <= remaining <= upper[i] else []
             else:

@@ -218,6 +218,8 @@ def solve_stage(mm: MilpModel, stage: MilpStage, time_limit_s: float, workers: i
 
 def _dual_bound(mm: MilpModel, value: float) -> float:
     model = getattr(mm.problem, "solverModel", None)
+    if model is None:
+        return math.nan
     try:
         return float(model.getInfo().mip_dual_bound)
     except AttributeError:

@@ -19,7 +19,7 @@ options' dominance pruning (planner/allocation/options.py) exact.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import Mapping, Union, cast
 
 from scepsy.models.instance.instance import Instance
 
@@ -106,7 +106,7 @@ class Objective:
         return tuple(out)
 
 
-def _latency_stages(instance: Instance, references: Mapping[str, float] | None, welfare: str) -> list[Stage]:
+def _latency_stages(instance: Instance, references: Mapping[str, float], welfare: str) -> list[Stage]:
     coefficients = {w.name: {s.llm: s.invocations / s.parallelism for s in w.stages} for w in instance.workflows}
     weights = {w.name: w.weight for w in instance.workflows}
     rates = {w.name: w.arrival_rate for w in instance.workflows}
@@ -148,7 +148,7 @@ def build_objective(instance: Instance, references: Mapping[str, float] | None =
     if kind == "min_gpus":
         stages = [GpuCount("gpus", {g: 1.0 for g in instance.cluster.used_gpu_types()}), *latency]
     elif kind == "min_cost":
-        costs = {g: float(instance.cluster.gpu_types[g].cost_per_hour) for g in instance.cluster.used_gpu_types()}
+        costs = {g: float(cast(float, instance.cluster.gpu_types[g].cost_per_hour)) for g in instance.cluster.used_gpu_types()}  # priced: checked by the instance
         stages = [GpuCount("cost_per_hour", costs), *latency]
     else:
         stages = latency

@@ -254,6 +254,7 @@ def _solve_model(
         raise SolveTimeoutError(
             f"no placeable plan found within the time limit of {settings.time_limit_s:g} s; raise --time-limit-s"
         )
+    assert first is not None  # set together with best
     if loop.unproven:
         notes = ("a placement check hit its time limit and was treated as unplaceable",)
     values = _values(objective, options, instance.cluster, best[0], best[1].placement)
@@ -300,11 +301,11 @@ def solve_at_load(instance: Instance, objective: Objective, settings: PlanSettin
                 check = PlacementCheck(found.placement, True)
                 outcome = Outcome(found.allocation, check, "feasible", found.values, math.nan, notes=notes)
         else:
-            found = solve_bruteforce(instance, options, objective, placer)
-            if found is not None:
-                notes = (f"{found.combinations} combinations, {found.placement_checks} placement checks",)
-                check = PlacementCheck(found.placement, True)
-                outcome = Outcome(found.allocation, check, "optimal", found.values, found.values[0], notes=notes)
+            exhaustive = solve_bruteforce(instance, options, objective, placer)
+            if exhaustive is not None:
+                notes = (f"{exhaustive.combinations} combinations, {exhaustive.placement_checks} placement checks",)
+                check = PlacementCheck(exhaustive.placement, True)
+                outcome = Outcome(exhaustive.allocation, check, "optimal", exhaustive.values, exhaustive.values[0], notes=notes)
     if outcome is None:
         raise InfeasibleError(explain_infeasible(instance, options, settings.space, objective))
     return outcome
@@ -321,6 +322,8 @@ def assemble_plan(
     gap = math.nan
     if math.isfinite(bound) and bound > 0:
         gap = max((bound - value) / bound if maximise else (value - bound) / value if value > 0 else 0.0, 0.0)
+    placement = outcome.placement_check.placement
+    assert placement is not None  # an outcome is always placed
     named = dict(zip(objective.stage_names, outcome.values))
     extras = tuple(extras) + tuple(
         (key, named[key]) for key in ("mean_latency_s", "gpus", "cost_per_hour") if key in named
@@ -340,7 +343,7 @@ def assemble_plan(
         ),
         allocation=outcome.allocation,
         prediction=predict(instance, outcome.allocation),
-        placement=outcome.placement_check.placement,
+        placement=placement,
         extras=extras,
         instance=instance.source,
     )

@@ -145,7 +145,9 @@ def hpa_deployment(instance: Instance, settings: HpaSettings = HpaSettings()) ->
     """One whole-GPU replica per LLM to start, and the autoscaler as the simulator's controller."""
     f = instance.cluster.fractions_per_gpu
     pool = GpuPool(instance.cluster)
-    choices, engines, leases = [], {}, {}
+    choices: list[LlmAllocation] = []
+    engines: dict = {}
+    leases: dict = {}
     for m in instance.llms:
         gpu_type, tp = _whole_gpu_shape(instance, m)
         engines[m.name] = engine_for(instance, m.name, gpu_type, tp, 1.0)

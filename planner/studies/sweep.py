@@ -137,7 +137,8 @@ class Comparison:
 def _curve(part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Achieved throughput (increasing) and mean latency, keeping the rising part of the curve."""
     part = part.sort_values("load_factor")
-    xs, ys = [], []
+    xs: list[float] = []
+    ys: list[float] = []
     for x, y in zip(part["throughput_rps"], part["latency_mean_s"]):
         if not math.isfinite(y):
             continue

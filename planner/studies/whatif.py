@@ -87,7 +87,8 @@ def _plan_point(args) -> list[dict]:
     prices = {g: t.cost_per_hour for g, t in at.cluster.gpu_types.items()}
     busy = {(r.node, s.gpu) for r in plan.placement.replicas for s in r.shards}
     types = {n.name: n.gpu_type for n in at.cluster.nodes}
-    cost = None if any(prices[types[n]] is None for n, _ in busy) else sum(prices[types[n]] for n, _ in busy)
+    priced = [prices[types[n]] for n, _ in busy]
+    cost = None if any(p is None for p in priced) else sum(p for p in priced if p is not None)
     latency = sum(w["latency_s"] * w["arrival_rate"] for w in doc["workflows"]) / sum(w["arrival_rate"] for w in doc["workflows"])
     rows = []
     for llm in doc["llms"]:

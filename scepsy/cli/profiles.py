@@ -75,6 +75,10 @@ def profiles_synthesize(
             frame = pd.concat([old[keep], frame], ignore_index=True)
         with writing(out):
             write_profile(frame, out)
+        capacities = {
+            f"tp{t}/f{fr:g}": round(stable_capacity_rps(g), 6)
+            for (gt, t, fr), g in frame.groupby(["gpu_type", "tp", "fraction"]) if gt == label
+        }
         summary = {
             "out": str(out),
             "model": card.name,
@@ -84,16 +88,13 @@ def profiles_synthesize(
             "mean_prompt_tokens": round(source.mean_prompt_tokens, 1),
             "mean_completion_tokens": round(source.mean_completion_tokens, 1),
             "rows": int(len(frame)),
-            "capacity_rps": {
-                f"tp{t}/f{fr:g}": round(stable_capacity_rps(g), 6)
-                for (gt, t, fr), g in frame.groupby(["gpu_type", "tp", "fraction"]) if gt == label
-            },
+            "capacity_rps": capacities,
             "skipped": [{"tp": s.tp, "fraction": s.fraction, "reason": s.reason} for s in skipped],
         }
         emit_json(summary, None, json_output)
         if not json_output:
             stdout.print(f"wrote {out}: {len(frame)} rows ({card.name} on {label}, requests {source.name})")
-            for key, capacity in summary["capacity_rps"].items():
+            for key, capacity in capacities.items():
                 stdout.print(f"  {key}: capacity_rps {capacity:.4g}")
             for s in skipped:
                 stdout.print(f"  skipped tp{s.tp}/f{s.fraction:g}: {s.reason}")

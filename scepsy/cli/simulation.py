@@ -65,8 +65,11 @@ def simulate(
         with progress("simulating", len(points)) as advance:
             for index, point in enumerate(points):
                 at = loaded if point is None else loaded.with_arrival_rates({w.name: point for w in loaded.workflows})
-                result = api.simulate(at, allocation, settings=settings, arrivals=timestamps, record_calls=calls_out is not None,
-                                      progress=lambda fraction, i=index: advance(i + fraction))
+                def step(fraction: float, done: int = index) -> None:
+                    advance(done + fraction)
+
+                result = api.simulate(at, allocation, settings=settings, arrivals=timestamps,
+                                      record_calls=calls_out is not None, progress=step)
                 try:
                     prediction = api.predict(at, allocation)
                 except InputError:  # a configuration without a profile curve: no prediction beside it
@@ -77,14 +80,15 @@ def simulate(
                 for _, result, _ in results:
                     for call in result.calls:
                         handle.write(json.dumps(call, sort_keys=True) + "\n")
-        payload = {"instance": str(instance), "runs": []}
+        runs = []
         for point, result, prediction in results:
             run = {"rate_rps": point, **result.to_json()}
             if prediction is not None:
                 for w in run["workflows"]:
                     w["predicted_latency_s"] = num(prediction.workflow(w["name"]).latency_s)
-            payload["runs"].append(run)
-        emit_json(payload if len(results) > 1 else {"instance": str(instance), **payload["runs"][0]}, out, json_output)
+            runs.append(run)
+        payload = {"instance": str(instance), "runs": runs} if len(runs) > 1 else {"instance": str(instance), **runs[0]}
+        emit_json(payload, out, json_output)
         if not json_output:
             for point, result, prediction in results:
                 stdout.print(simulation_view(result, prediction, point))

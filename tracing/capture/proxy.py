@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Mapping
+from typing import Any, Mapping, Protocol
 
 import aiohttp
 import uvicorn
@@ -101,10 +101,16 @@ async def _send_whole(send, status: int, headers: list[tuple[bytes, bytes]], bod
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+class RecordSink(Protocol):
+    """Where the proxy puts each call record (a TraceStore, a queue.Queue, ...)."""
+
+    def put(self, record: CallRecord) -> None: ...
+
+
 @dataclass
 class ProxyConfig:
     upstreams: dict[str, str]  # llm name -> base URL (without /v1)
-    store: object | None = None  # anything with put(CallRecord): a TraceStore, a list's append...
+    store: RecordSink | None = None  # anything with put(CallRecord): a TraceStore, a queue...
     record_bodies: bool = True
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
@@ -256,9 +262,14 @@ class ProxyEndpoint:
             if self.config.store is not None:
                 self.config.store.put(call.record())
 
+    def _client(self) -> aiohttp.ClientSession:
+        if self.session is None:
+            raise RuntimeError("the proxy forwards calls only after its startup opened the upstream session")
+        return self.session
+
     async def _open(self, upstream: tuple) -> aiohttp.ClientResponse:
         method, url, headers, body = upstream
-        return await self.session.request(method, url, headers=headers, data=body or None, allow_redirects=False)
+        return await self._client().request(method, url, headers=headers, data=body or None, allow_redirects=False)
 
     async def _forward(self, call: _Call, upstream: tuple, receive, send) -> None:
         try:
@@ -337,7 +348,7 @@ class ProxyEndpoint:
 
         async def one(name: str) -> list[dict]:
             try:
-                async with self.session.get(self.config.upstreams[name] + "/v1/models", headers=headers) as response:
+                async with self._client().get(self.config.upstreams[name] + "/v1/models", headers=headers) as response:
                     payload = json.loads(await response.read()) if response.status == 200 else None
                 data = payload.get("data") if isinstance(payload, dict) else None
                 if isinstance(data, list):
@@ -414,10 +425,10 @@ class ServerThread:
     """Run an ASGI app under uvicorn in a background thread (tests, benchmarks, the e2e run)."""
 
     def __init__(self, app, host: str = "127.0.0.1", port: int = 0, **uvicorn_options):
-        options = {"log_level": "warning", "access_log": False, "lifespan": "on"}
+        options: dict[str, Any] = {"log_level": "warning", "access_log": False, "lifespan": "on"}
         options.update(uvicorn_options)
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, **options))
-        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        setattr(self.server, "install_signal_handlers", lambda: None)  # older uvicorn: no handlers off the main thread
         self.thread = threading.Thread(target=self.server.run, name="scepsy-uvicorn", daemon=True)
         self.host = host
 

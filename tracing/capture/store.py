@@ -97,7 +97,7 @@ class TraceStore:
 
     def _drain(self) -> tuple[list[CallRecord], bool]:
         """Everything queued now (never blocks), and whether the stop marker was among it."""
-        batch = []
+        batch: list[CallRecord] = []
         while True:
             try:
                 item = self._queue.get_nowait()

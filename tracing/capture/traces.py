@@ -61,7 +61,7 @@ def _otlp_status(span: Mapping) -> tuple[int, str, str | None]:
 def otlp_calls(payload: Mapping, source: str, llm_names: Mapping[str, str] | None = None) -> list[CallRecord]:
     """Call records from one OTLP JSON export (`resourceSpans`); non-GenAI spans are skipped."""
     llm_names = llm_names or {}
-    calls = []
+    calls: list[CallRecord] = []
     for resource_spans in payload.get("resourceSpans") or []:
         resource = _attributes((resource_spans.get("resource") or {}).get("attributes"))
         for scope_spans in resource_spans.get("scopeSpans") or resource_spans.get("instrumentationLibrarySpans") or []:

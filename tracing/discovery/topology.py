@@ -37,6 +37,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NoReturn
 
 import yaml
 
@@ -409,7 +410,7 @@ class RecordedNvml:
             raise InputError(str(path), "gpus", "not an NVML answers file", "pass a file written by `scepsy topology --record`")
         return cls(answers)
 
-    def _raise(self, name: str):
+    def _raise(self, name: str) -> NoReturn:
         code = getattr(self._nvml, "NVML_ERROR_" + re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper(), self._nvml.NVML_ERROR_UNKNOWN)
         raise self._nvml.NVMLError(code)
 

@@ -307,11 +307,21 @@ class Emulator:
 
     def __init__(self, config: EmulatorConfig):
         self.config = config
-        self.live: LiveReplica | None = None
+        self._live: LiveReplica | None = None  # started with the app's lifespan
         self.started_s = int(time.time())
         self.requests_ok = 0
 
     # -- plumbing -------------------------------------------------------------------------------
+
+    @property
+    def live(self) -> LiveReplica:
+        if self._live is None:
+            raise RuntimeError("the emulator serves only after its lifespan started the live replica")
+        return self._live
+
+    @live.setter
+    def live(self, replica: LiveReplica) -> None:
+        self._live = replica
 
     async def _body(self, request: Request, schema: type[BaseModel]) -> tuple[Any, dict]:
         raw = await request.body()
@@ -322,7 +332,7 @@ class Emulator:
         if not isinstance(payload, dict):
             raise HttpError(400, "the request body must be a JSON object")
         try:
-            body = schema.model_validate(payload)
+            body: Any = schema.model_validate(payload)
         except ValidationError as error:
             raise HttpError(400, _validation_message(error)) from None
         if body.model is not None and body.model not in self.config.names:
@@ -353,12 +363,12 @@ class Emulator:
 
     # -- chat and completions ---------------------------------------------------------------
 
-    async def chat(self, request: Request) -> Response:
+    async def chat(self, request: Request) -> Response | _EventStream:
         self._require("generate", "Chat Completions")
         body, payload = await self._body(request, ChatBody)
         return await self._generate(request, body, payload, [chat_units(body.messages)], chat=True)
 
-    async def completions(self, request: Request) -> Response:
+    async def completions(self, request: Request) -> Response | _EventStream:
         self._require("generate", "Completions")
         body, payload = await self._body(request, CompletionBody)
         prompt = body.prompt
@@ -399,7 +409,7 @@ class Emulator:
         return choices
 
     def _usage(self, choices: list[_Choice]) -> dict:
-        first = {}
+        first: dict[int, _Choice] = {}
         for choice in choices:
             first.setdefault(choice.prompt_index, choice)
         prompt = sum(c.prompt_tokens for c in first.values())
@@ -408,7 +418,7 @@ class Emulator:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
                 "prompt_tokens_details": {"cached_tokens": cached}}
 
-    async def _generate(self, request: Request, body: _Sampling, payload: dict, prompts: list[list[str]], chat: bool) -> Response:
+    async def _generate(self, request: Request, body: _Sampling, payload: dict, prompts: list[list[str]], chat: bool) -> Response | _EventStream:
         notify = asyncio.Event()
         choices = self._choices(body, payload, prompts, notify)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -427,7 +437,7 @@ class Emulator:
     def _final(self, choices: list[_Choice], header: dict, chat: bool) -> dict:
         out = []
         for choice in choices:
-            entry = {"index": choice.index}
+            entry: dict[str, Any] = {"index": choice.index}
             if chat:
                 entry["message"] = {"role": "assistant", "content": choice.text, "tool_calls": []}
             else:
@@ -595,7 +605,7 @@ class _EventStream:
     def _token_event(self, choice: _Choice, i: int) -> bytes:
         last = i == len(choice.token_texts) - 1
         finish = choice.finish_reason if last else None
-        fields = {"index": choice.index}
+        fields: dict[str, Any] = {"index": choice.index}
         if self.chat:
             fields["delta"] = {"content": choice.token_texts[i]}
         else:

@@ -33,7 +33,7 @@ import asyncio
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Hashable, Sequence
 
 import simpy
 
@@ -110,7 +110,7 @@ class _PrefixIndex:
 
     def __init__(self, block_tokens: int):
         self.block_tokens = block_tokens
-        self.blocks: dict[int, tuple[int, int]] = {}
+        self.blocks: dict[int, tuple[Hashable, int]] = {}
 
     def _hashes(self, units: Sequence[str], limit: int):
         previous = 0
@@ -118,9 +118,9 @@ class _PrefixIndex:
             previous = hash((previous, tuple(units[start:start + self.block_tokens])))
             yield previous, start + self.block_tokens
 
-    def lookup(self, units: Sequence[str], cached: dict) -> tuple[int | None, int]:
+    def lookup(self, units: Sequence[str], cached: dict) -> tuple[Hashable | None, int]:
         """(store key, hit tokens) of the longest cached prefix of `units`; (None, 0) if none."""
-        best: tuple[int | None, int] = (None, 0)
+        best: tuple[Hashable | None, int] = (None, 0)
         for block, covered in self._hashes(units, len(units)):
             entry = self.blocks.get(block)
             if entry is None or entry[0] not in cached:
@@ -128,7 +128,7 @@ class _PrefixIndex:
             best = (entry[0], covered)
         return best
 
-    def add(self, key: int, units: Sequence[str], tokens: int) -> None:
+    def add(self, key: Hashable, units: Sequence[str], tokens: int) -> None:
         for block, covered in self._hashes(units, min(tokens, len(units))):
             self.blocks[block] = (key, covered)
 

@@ -146,7 +146,9 @@ def _results_in(path: Path) -> list[tuple[str, dict]]:
 
 def import_bench_results(paths: Iterable[Path | str], gpu_type: str, tp: int, fraction: float) -> ImportResult:
     """Profile rows from benchmark result files, labelled with one (gpu_type, tp, fraction)."""
-    rows, notes, skipped = [], [], []
+    rows: list[dict] = []
+    notes: list[str] = []
+    skipped: list[str] = []
     for path in map(Path, paths):
         for where, result in _results_in(path):
             row = result_row(result, where, notes)

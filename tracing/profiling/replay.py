@@ -108,18 +108,17 @@ def replay_requests(calls: Iterable[CallRecord], llm: str, model: str | None = N
         group = groups[key]
         t0 = min(c.start_s for c in group)
         mine = sorted((c for c in group if c.llm == llm), key=lambda c: (c.start_s, c.call_id))
-        replayable = []
+        replayable: list[tuple[CallRecord, bytes]] = []
         for call in mine:
             if not call.request_body:
                 missing_bodies += 1
                 continue
-            replayable.append(call)
+            replayable.append((call, call.request_body))
         if not replayable:
             continue
         items = []
-        for i, call in enumerate(replayable):
-            deps = tuple(j for j, other in enumerate(replayable[:i]) if other.end_s <= call.start_s)
-            body = call.request_body
+        for i, (call, body) in enumerate(replayable):
+            deps = tuple(j for j, (other, _) in enumerate(replayable[:i]) if other.end_s <= call.start_s)
             if model is not None:
                 body = _with_model(body, model)
             items.append(ReplayCall(call.path, body, call.stream, call.start_s - t0, call.end_s - t0, deps))
@@ -325,7 +324,7 @@ async def probe_service_time(requests: Sequence[ReplayRequest], endpoint: str, c
     """Mean latency of `calls` replayed calls sent one at a time, s: one call's service time on an
     idle engine. Calls are taken round robin across requests (request 0's first call, request 1's
     first call, ...), so consecutive calls share no more prompt prefix than unrelated requests do."""
-    order = []
+    order: list[ReplayCall] = []
     depth = 0
     while len(order) < calls and depth < max(len(r.calls) for r in requests):
         order += [r.calls[depth] for r in requests if depth < len(r.calls)]

@@ -183,10 +183,10 @@ def aggregate(calls: Iterable[CallRecord], default_workflow: str = DEFAULT_WORKF
     """Per-workflow, per-LLM statistics of traced calls (see the module docstring)."""
     calls = list(calls)
     good = [c for c in calls if c.outcome == "ok" and 200 <= c.status < 300]
-    tagged = [c for c in good if c.workflow_id]
+    tagged = [(c, c.workflow_id) for c in good if c.workflow_id]
     by_request: dict[str, dict[str, list[CallRecord]]] = defaultdict(lambda: defaultdict(list))
-    for call in tagged:
-        by_request[call.workflow or default_workflow][call.workflow_id].append(call)
+    for call, request_id in tagged:
+        by_request[call.workflow or default_workflow][request_id].append(call)
     workflows = []
     for name in sorted(by_request):
         requests = [sorted(by_request[name][rid], key=lambda c: (c.start_s, c.call_id)) for rid in sorted(by_request[name])]

@@ -48,7 +48,7 @@ def plan_and_place(
 def _gpu_cost(instance: Instance, placement: Placement) -> float:
     """GPUs hosting a shard, weighted by price for min_cost (1 each for min_gpus)."""
     types = {n.name: n.gpu_type for n in instance.cluster.nodes}
-    busy = {(r.node, s.gpu) for r in placement.replicas for s in r.shards}
+    busy = placement.busy_gpus()
     if instance.objective == "min_cost":
         return sum(cast(float, instance.cluster.gpu_types[types[node]].cost_per_hour) for node, _ in busy)  # priced: checked by the instance
     return float(len(busy))

@@ -67,6 +67,10 @@ class Placement:
     fractions_per_gpu: int
     replicas: tuple[ReplicaPlacement, ...]
 
+    def busy_gpus(self) -> set[tuple[str, int]]:
+        """(node, gpu) of every GPU hosting at least one shard."""
+        return {(r.node, s.gpu) for r in self.replicas for s in r.shards}
+
     def to_json(self) -> list[dict]:
         f = self.fractions_per_gpu
         return [

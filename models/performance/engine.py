@@ -40,7 +40,6 @@ This module is a public API: the simulator (models/simulation/simulator.py), pro
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 from scepsy.models.catalog.catalog import BYTES_BF16, GpuCard, ModelCard
@@ -261,40 +260,7 @@ class Engine:
             total += self.decode_step_time_s(1, prompt_tokens + k)
         return total
 
-    def single_stream_decode_tps(self, context_tokens: int) -> float:
-        """Output tokens/s of one sequence decoding alone at `context_tokens` of context."""
-        return 1.0 / self.decode_step_time_s(1, context_tokens)
-
-    def with_settings(self, **changes) -> "Engine":
-        return replace(self, settings=replace(self.settings, **changes))
-
 
 def engine_for(model: ModelCard, gpu: GpuCard, tp: int = 1, fraction: float = 1.0, **settings) -> Engine:
     """Convenience constructor: `engine_for(model("llama-3.1-8b"), gpu("H100"), tp=2)`."""
     return Engine(model, gpu, tp, fraction, replace(DEFAULT_SETTINGS, **settings) if settings else DEFAULT_SETTINGS)
-
-
-def throughput_upper_bound_rps(engine: Engine, prompt_tokens: float, completion_tokens: float) -> float:
-    """A quick capacity estimate for requests of the given mean shape: the batch that memory and
-    max_num_seqs allow, decoding at its step time, with prefill work added per request."""
-    if engine.model.encoder:
-        per_request = engine.prefill_time_s(int(max(prompt_tokens, 1)))
-        batch = max(engine.settings.max_num_batched_tokens // max(int(prompt_tokens), 1), 1)
-        work = IterationWork(
-            prefill_tokens=int(batch * prompt_tokens),
-            prefill_attention=batch * prompt_tokens**2,
-            prefills_finishing=batch,
-        )
-        return batch / max(engine.iteration_time_s(work), per_request / batch)
-    context = prompt_tokens + completion_tokens / 2
-    batch = max(engine.max_batch(int(prompt_tokens + completion_tokens)), 1)
-    step = engine.decode_step_time_s(batch, context)
-    prefill = engine.iteration_time_s(
-        IterationWork(
-            prefill_tokens=int(max(prompt_tokens, 1)),
-            prefill_attention=causal_attention(int(max(prompt_tokens, 1))),
-            prefills_finishing=1,
-        )
-    )
-    per_request = max(completion_tokens - 1, 0) * step / batch + prefill
-    return 1.0 / per_request if per_request > 0 else math.inf

@@ -140,13 +140,10 @@ class Plan:
     placement_info: PlacementInfo | None = None  # set by scepsy.placement (method, objective, gap)
     fragmentation: tuple[GpuTypeFragmentation, ...] = ()  # what the placement leaves free, per gpu type
 
-    def extras_dict(self) -> dict[str, float]:
-        return dict(self.extras)
-
     @property
     def gpus_in_use(self) -> int:
         """Physical GPUs hosting at least one shard."""
-        return len({(r.node, s.gpu) for r in self.placement.replicas for s in r.shards})
+        return len(self.placement.busy_gpus())
 
     def to_json(self, include_wall_time: bool = True) -> dict:
         solver: dict[str, object] = {"backend": self.solver.backend, "wall_time_s": _num(self.solver.wall_time_s) if include_wall_time else None}

@@ -88,7 +88,7 @@ def gpu_card(instance: Instance, gpu_type: str) -> GpuCard:
     )
 
 
-def engine_for(instance: Instance, llm: str, gpu_type: str, tp: int, fraction: float,
+def replica_engine(instance: Instance, llm: str, gpu_type: str, tp: int, fraction: float,
                settings: EngineSettings = DEFAULT_SETTINGS) -> Engine:
     return Engine(model_card(instance, llm), gpu_card(instance, gpu_type), tp, fraction, settings)
 
@@ -395,7 +395,7 @@ def simulate(
     engines = {}
     for choice in allocation.llms:
         fraction = choice.share / allocation.fractions_per_gpu
-        engines[choice.llm] = engine_for(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine)
+        engines[choice.llm] = replica_engine(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine)
     cluster = SimCluster(env, engines, settings.routing)
     for choice in allocation.llms:
         for _ in range(choice.replicas):

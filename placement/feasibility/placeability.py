@@ -142,7 +142,7 @@ def check_placement(cluster: Cluster, allocation: Allocation, time_limit_s: floa
 def gpus_by_type(cluster: Cluster, placement: Placement) -> dict[str, int]:
     """Physical GPUs hosting at least one shard, per GPU type."""
     types = {n.name: n.gpu_type for n in cluster.nodes}
-    busy = {(r.node, s.gpu) for r in placement.replicas for s in r.shards}
+    busy = placement.busy_gpus()
     counts = {g: 0 for g in cluster.used_gpu_types()}
     for node, _ in busy:
         counts[types[node]] += 1

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement
+from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance
 
 from scepsy.planner.allocation.objective import GpuCount, LatencySum, MaxLatencySum, Objective, Usage
-from scepsy.planner.allocation.options import Option
+from scepsy.planner.allocation.options import Option, options_allocation
 from scepsy.placement.feasibility.placeability import check_placement, fewest_gpus_placement, gpus_by_type
 
 MAX_COMBINATIONS = 5_000_000
@@ -38,7 +38,7 @@ class BruteForceResult:
 
 
 def _allocation(f: int, chosen: list[Option]) -> Allocation:
-    return Allocation(f, tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in chosen))
+    return options_allocation(f, chosen)
 
 
 def solve_bruteforce(

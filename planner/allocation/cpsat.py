@@ -51,14 +51,14 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Cluster
 from scepsy.placement.feasibility.packing import count_model
 from scepsy.placement.feasibility.solver import STATUS_NAMES, cpsat_solver
 
 from scepsy.planner.allocation.formulation import Row, capacity_rows, counts_model_size, cut_rows, grid, items, most_replicas_by_shape
 from scepsy.planner.allocation.objective import GpuCount, LatencySum, MaxLatencySum, Objective
-from scepsy.planner.allocation.options import Option
+from scepsy.planner.allocation.options import Option, options_allocation
 
 __all__ = ["build_allocation_model", "solve_stage", "fix_stage", "add_placement_cut", "counts_model_size"]
 
@@ -85,10 +85,7 @@ class AllocationModel:
         chosen = [
             next(o for i, o in enumerate(opts) if solver.BooleanValue(self.x[(m, i)])) for m, opts in self.options.items()
         ]
-        return Allocation(
-            self.fractions_per_gpu,
-            tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in chosen),
-        )
+        return options_allocation(self.fractions_per_gpu, chosen)
 
 
 def _weighted(terms) -> cp_model.LinearExpr:

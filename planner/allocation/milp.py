@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import pulp
 
-from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Cluster
 from scepsy.placement.feasibility.packing import count_model
 
 from scepsy.planner.allocation.formulation import Row, capacity_rows, cut_rows, items, most_replicas_by_shape
 from scepsy.planner.allocation.objective import GpuCount, LatencySum, MaxLatencySum, Objective
-from scepsy.planner.allocation.options import Option
+from scepsy.planner.allocation.options import Option, options_allocation
 
 FIX_TOLERANCE = 1e-9
 
@@ -49,9 +49,7 @@ class MilpModel:
         chosen = [
             next(o for i, o in enumerate(opts) if (self.x[(m, i)].varValue or 0) > 0.5) for m, opts in self.options.items()
         ]
-        return Allocation(
-            self.fractions_per_gpu, tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in chosen)
-        )
+        return options_allocation(self.fractions_per_gpu, chosen)
 
 
 def _row(x, row: Row) -> pulp.LpAffineExpression:

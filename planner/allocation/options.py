@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
 from scepsy.models.performance.alp import replica_curve
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.instance import Cluster, Instance, Llm
 from scepsy.placement.feasibility.packing import max_replicas
 
@@ -49,6 +51,11 @@ class Option:
     @property
     def shape(self) -> tuple[str, int, int]:
         return (self.gpu_type, self.tp, self.share)
+
+
+def options_allocation(fractions_per_gpu: int, chosen: Iterable[Option]) -> Allocation:
+    """The allocation of one chosen option per LLM."""
+    return Allocation(fractions_per_gpu, tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in chosen))
 
 
 def shares_for(cluster: Cluster, space: SearchSpace) -> range:

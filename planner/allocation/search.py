@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.instance.allocation import Allocation
 from scepsy.models.performance.alp import predict
 from scepsy.models.errors import InfeasibleError, InputError, ScepsyError
 from scepsy.models.instance.instance import Cluster, Instance
@@ -29,7 +29,7 @@ from scepsy.planner.allocation.bruteforce import solve_bruteforce
 from scepsy.planner.allocation.diagnose import explain_infeasible
 from scepsy.planner.allocation.enumerate import solve_enumerate
 from scepsy.planner.allocation.objective import GpuCount, Objective, Usage, build_objective, needs_references
-from scepsy.planner.allocation.options import Option, SearchSpace, all_options
+from scepsy.planner.allocation.options import Option, SearchSpace, all_options, options_allocation
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, fewest_gpus_placement, gpus_by_type
 
 BACKENDS = ("cpsat", "milp", "enumerate", "bruteforce")
@@ -175,10 +175,7 @@ def cheapest_placeable(instance: Instance, options: dict[str, list[Option]], pla
     """Each LLM's option with the fewest GPU units (then least latency), if that places: a plan to
     fall back on and a first hint for the solver."""
     cheapest = {m: min(opts, key=lambda o: (o.units, o.latency_s)) for m, opts in options.items()}
-    allocation = Allocation(
-        instance.cluster.fractions_per_gpu,
-        tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in cheapest.values()),
-    )
+    allocation = options_allocation(instance.cluster.fractions_per_gpu, cheapest.values())
     check = placer(instance.cluster, allocation)
     return (allocation, check) if check.placeable else None
 

@@ -31,7 +31,7 @@ from scepsy.models.simulation.autoscaler import Autoscaler, GpuPool, HpaSettings
 from scepsy.models.errors import InfeasibleError, InputError
 from scepsy.models.instance.instance import Instance, Llm
 from scepsy.models.instance.profile import units_for_memory
-from scepsy.models.simulation.simulator import engine_for
+from scepsy.models.simulation.simulator import replica_engine
 
 from scepsy.planner.allocation.options import SearchSpace
 from scepsy.placement.feasibility.placeability import check_placement
@@ -150,7 +150,7 @@ def hpa_deployment(instance: Instance, settings: HpaSettings = HpaSettings()) ->
     leases: dict = {}
     for m in instance.llms:
         gpu_type, tp = _whole_gpu_shape(instance, m)
-        engines[m.name] = engine_for(instance, m.name, gpu_type, tp, 1.0)
+        engines[m.name] = replica_engine(instance, m.name, gpu_type, tp, 1.0)
         leases[m.name] = []
         for _ in range(settings.min_replicas):
             lease = pool.take(gpu_type, tp)

@@ -85,7 +85,7 @@ def _plan_point(args) -> list[dict]:
         return [dict(base, feasible=False, status="infeasible", reason=str(error), llm=m.name) for m in at.llms]
     doc = plan.to_json()
     prices = {g: t.cost_per_hour for g, t in at.cluster.gpu_types.items()}
-    busy = {(r.node, s.gpu) for r in plan.placement.replicas for s in r.shards}
+    busy = plan.placement.busy_gpus()
     types = {n.name: n.gpu_type for n in at.cluster.nodes}
     priced = [prices[types[n]] for n, _ in busy]
     cost = None if any(p is None for p in priced) else sum(p for p in priced if p is not None)

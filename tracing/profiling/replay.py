@@ -75,10 +75,6 @@ class ReplayRequest:
     key: str
     calls: tuple[ReplayCall, ...]
 
-    @property
-    def span_s(self) -> float:
-        return max(c.rel_end_s for c in self.calls) - min(c.rel_start_s for c in self.calls)
-
 
 @dataclass(frozen=True)
 class PointResult:

@@ -4,7 +4,7 @@ Checked in order, each a necessary condition of placeability, so the first one t
 proof by itself:
 1. an LLM's gpu type is not in the cluster, or its TP degree exceeds every NVLink domain of it;
 2. one LLM alone: more replicas than fit the cluster (per domain, n replicas of t shards fit iff
-   sum_i min(c_i // s, n) >= n t -- planner/allocation/options.py);
+   sum_i min(c_i // s, n) >= n t -- placement/feasibility/packing.py);
 3. all replicas on a gpu type need more units than are free on it (reservations deducted);
 4. replicas with TP >= t need more units than the domains of at least t GPUs have free;
 5. bin-packing: the shards too large to share a GPU (dual feasible functions, planner/allocation/cpsat.py)

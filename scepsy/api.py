@@ -10,6 +10,8 @@ raises scepsy's typed errors (models/errors.py) with the line that says how to f
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -129,3 +131,66 @@ def simulate(
     if rate_rps is not None:
         loaded = loaded.with_arrival_rates({w.name: rate_rps for w in loaded.workflows})
     return simulate_allocation(loaded, chosen, settings, arrivals=arrivals, record_calls=record_calls, progress=progress)
+
+
+ROUTINGS = ("cache_aware", "least_outstanding")
+
+
+def simulation_settings(duration_s: float = 300.0, warmup_s: float | None = None, seed: int = 0,
+                        routing: str = "cache_aware") -> SimulationSettings:
+    if routing not in ROUTINGS:
+        raise InputError(None, "--routing", f"unknown routing {routing!r}", "use cache_aware or least_outstanding")
+    return SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing)
+
+
+@dataclass(frozen=True)
+class SimulatedRun:
+    """One simulation at one rate, with the pipeline's prediction beside it (None where an LLM's
+    configuration has no profile curve)."""
+
+    rate_rps: float | None  # None: the instance's own rates
+    result: SimulationResult
+    prediction: Prediction | None
+
+    def to_json(self) -> dict:
+        run = {"rate_rps": self.rate_rps, **self.result.to_json()}
+        if self.prediction is not None:
+            for workflow in run["workflows"]:
+                latency = self.prediction.workflow(workflow["name"]).latency_s
+                workflow["predicted_latency_s"] = float(f"{latency:.6g}") if math.isfinite(latency) else None
+        return run
+
+
+def simulate_rates(
+    instance: Instance,
+    allocation: Allocation,
+    rates: Sequence[float | None],
+    settings: SimulationSettings = SimulationSettings(),
+    arrivals: Mapping[str, Sequence[float]] | None = None,
+    record_calls: bool = False,
+    progress: Callable[[float], None] | None = None,
+) -> list[SimulatedRun]:
+    """`scepsy simulate --rates`: one simulation per rate (None: the instance's), each with its
+    prediction; `progress` gets the runs done so far (fractional)."""
+    runs = []
+    for index, rate in enumerate(rates):
+        at = instance if rate is None else instance.with_arrival_rates({w.name: rate for w in instance.workflows})
+
+        def step(fraction: float, done: int = index) -> None:
+            if progress is not None:
+                progress(done + fraction)
+
+        result = simulate(at, allocation, settings=settings, arrivals=arrivals, record_calls=record_calls, progress=step)
+        try:
+            prediction: Prediction | None = predict(at, allocation)
+        except InputError:  # a configuration without a profile curve: no prediction beside it
+            prediction = None
+        runs.append(SimulatedRun(rate, result, prediction))
+    return runs
+
+
+def simulation_document(instance: str, runs: Sequence[SimulatedRun]) -> dict:
+    """What `scepsy simulate --json` prints: one run inline, several under `runs`."""
+    if len(runs) == 1:
+        return {"instance": instance, **runs[0].to_json()}
+    return {"instance": instance, "runs": [run.to_json() for run in runs]}

@@ -133,6 +133,19 @@ class Comparison:
     latency_ratio_max: float
     overlap_rps: tuple[float, float]  # the throughput range both curves reach
 
+    def to_json(self) -> dict:
+        def num(value: float) -> float | None:
+            return float(f"{value:.6g}") if math.isfinite(value) else None
+
+        return {
+            "workflow": self.workflow,
+            "baseline": self.baseline,
+            "peak_throughput_ratio": num(self.peak_throughput_ratio),
+            "latency_ratio_min": num(self.latency_ratio_min),
+            "latency_ratio_median": num(self.latency_ratio_median),
+            "latency_ratio_max": num(self.latency_ratio_max),
+        }
+
 
 def _curve(part: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Achieved throughput (increasing) and mean latency, keeping the rising part of the curve."""

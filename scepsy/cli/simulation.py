@@ -18,7 +18,6 @@ from scepsy.cli.common import (
     WarmupOpt,
     emit_json,
     errors,
-    num,
     number_list,
     progress,
     split_list,
@@ -48,7 +47,6 @@ def simulate(
     from scepsy import api
     from scepsy.models.plan.report import simulation_view
     from scepsy.models.simulation.arrivals import load_arrivals
-    from scepsy.models.simulation.simulator import SimulationSettings
 
     with errors():
         loaded = api.load(instance)
@@ -58,40 +56,18 @@ def simulate(
             raise InputError(None, "--rates", "both --rate and --rates given", "use one of them")
         points = number_list(rates, "--rates") if rates is not None else [rate]
         timestamps = load_arrivals(arrivals, [w.name for w in loaded.workflows]) if arrivals is not None else None
-        if routing not in ("cache_aware", "least_outstanding"):
-            raise InputError(None, "--routing", f"unknown routing {routing!r}", "use cache_aware or least_outstanding")
-        settings = SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing)
-        results = []
+        settings = api.simulation_settings(duration_s, warmup_s, seed, routing)
         with progress("simulating", len(points)) as advance:
-            for index, point in enumerate(points):
-                at = loaded if point is None else loaded.with_arrival_rates({w.name: point for w in loaded.workflows})
-                def step(fraction: float, done: int = index) -> None:
-                    advance(done + fraction)
-
-                result = api.simulate(at, allocation, settings=settings, arrivals=timestamps,
-                                      record_calls=calls_out is not None, progress=step)
-                try:
-                    prediction = api.predict(at, allocation)
-                except InputError:  # a configuration without a profile curve: no prediction beside it
-                    prediction = None
-                results.append((point, result, prediction))
+            runs = api.simulate_rates(loaded, allocation, points, settings, timestamps, calls_out is not None, advance)
         if calls_out is not None:
             with writing(calls_out, "--calls-out") as path, path.open("w") as handle:
-                for _, result, _ in results:
-                    for call in result.calls:
+                for run in runs:
+                    for call in run.result.calls:
                         handle.write(json.dumps(call, sort_keys=True) + "\n")
-        runs = []
-        for point, result, prediction in results:
-            run = {"rate_rps": point, **result.to_json()}
-            if prediction is not None:
-                for w in run["workflows"]:
-                    w["predicted_latency_s"] = num(prediction.workflow(w["name"]).latency_s)
-            runs.append(run)
-        payload = {"instance": str(instance), "runs": runs} if len(runs) > 1 else {"instance": str(instance), **runs[0]}
-        emit_json(payload, out, json_output)
+        emit_json(api.simulation_document(str(instance), runs), out, json_output)
         if not json_output:
-            for point, result, prediction in results:
-                stdout.print(simulation_view(result, prediction, point))
+            for run in runs:
+                stdout.print(simulation_view(run.result, run.prediction, run.rate_rps))
 
 
 @app.command()
@@ -146,17 +122,7 @@ def sweep(
         payload = {
             "csv": str(out_csv),
             "png": str(out_png),
-            "comparisons": [
-                {
-                    "workflow": c.workflow,
-                    "baseline": c.baseline,
-                    "peak_throughput_ratio": num(c.peak_throughput_ratio),
-                    "latency_ratio_min": num(c.latency_ratio_min),
-                    "latency_ratio_median": num(c.latency_ratio_median),
-                    "latency_ratio_max": num(c.latency_ratio_max),
-                }
-                for c in comparisons
-            ],
+            "comparisons": [c.to_json() for c in comparisons],
         }
         emit_json(payload, None, json_output)
         if not json_output:

@@ -46,7 +46,7 @@ def scepsy(*args: str, label: str = "plan") -> float:
     system, the command and its worker processes) is kept in CPU[label]."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "scepsy.cli", *args], check=True, capture_output=True, text=True)
+    subprocess.run([sys.executable, "-m", "scepsy", *args], check=True, capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     CPU[label].append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))

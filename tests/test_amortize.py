@@ -9,11 +9,12 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from scepsy.models.instance import load_instance
-from scepsy.planner import amortize
-from scepsy.planner.amortize import Problem, plan_family
-from scepsy.planner.objective import build_objective
-from scepsy.planner.search import PlanSettings, make_plan, plan_options, references
+from scepsy.models.instance.instance import load_instance
+from scepsy.planner.studies import amortize
+from scepsy.planner.studies.amortize import Problem, plan_family
+from scepsy.planner.allocation.objective import build_objective
+from scepsy.planner.allocation.search import PlanSettings, plan_options, references
+from scepsy.planner.allocation.planning import make_plan
 
 from conftest import INSTANCES
 

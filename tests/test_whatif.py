@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from scepsy.models.errors import InputError
-from scepsy.models.instance import load_instance
-from scepsy.planner.search import PlanSettings, make_plan
-from scepsy.planner.whatif import Point, cheapest_clusters, parse_clusters, parse_rates, point_instance, run_grid
+from scepsy.models.instance.instance import load_instance
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
+from scepsy.planner.studies.whatif import Point, cheapest_clusters, parse_clusters, parse_rates, point_instance, run_grid
 
 from conftest import INSTANCES
 
@@ -69,7 +70,7 @@ def test_parallel_grid_equals_serial(tmp_path):
 
 def test_whatif_command_writes_table_and_plots(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "scepsy.cli", "whatif", str(BEAM), "--rates", "2:6:4", "--clusters", "4,8",
+        [sys.executable, "-m", "scepsy", "whatif", str(BEAM), "--rates", "2:6:4", "--clusters", "4,8",
          "--out", str(tmp_path / "grid.parquet"), "--plots", str(tmp_path / "plots")],
         capture_output=True, text=True,
     )
@@ -79,7 +80,7 @@ def test_whatif_command_writes_table_and_plots(tmp_path):
     assert len(table) == 2 * 2 * 2
     for name in ("latency_vs_rate.png", "gpus_per_llm.png", "cheapest_cluster.png"):
         assert (tmp_path / "plots" / name).stat().st_size > 1000
-    bad = subprocess.run([sys.executable, "-m", "scepsy.cli", "whatif", str(BEAM), "--rates", "1:x", "--clusters", "4"],
+    bad = subprocess.run([sys.executable, "-m", "scepsy", "whatif", str(BEAM), "--rates", "1:x", "--clusters", "4"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--rates" in bad.stderr
 
@@ -89,9 +90,9 @@ def test_whatif_command_writes_table_and_plots(tmp_path):
 
 from dataclasses import replace  # noqa: E402
 
-from scepsy.models.instance import Node  # noqa: E402
-from scepsy.planner.scenarios import Axes, scenarios  # noqa: E402
-from scepsy.planner.whatif import forecast_table, frontier, run_study, write_table  # noqa: E402
+from scepsy.models.instance.instance import Node  # noqa: E402
+from scepsy.planner.studies.scenarios import Axes, scenarios  # noqa: E402
+from scepsy.planner.studies.whatif import forecast_table, frontier, run_study, write_table  # noqa: E402
 
 COMBINED = INSTANCES / "combined-8xh100.yaml"
 
@@ -179,7 +180,7 @@ def test_a_scenario_that_fails_keeps_its_rows_with_the_reason():
 def test_whatif_command_axes_and_bad_input(tmp_path):
     out = tmp_path / "fig9.csv"
     result = subprocess.run(
-        [sys.executable, "-m", "scepsy.cli", "whatif", str(COMBINED), "--rate", "beam=5", "--rate", "rag=2,4",
+        [sys.executable, "-m", "scepsy", "whatif", str(COMBINED), "--rate", "beam=5", "--rate", "rag=2,4",
          "--clusters", "64", "--out", str(out), "--plots", str(tmp_path / "plots")],
         capture_output=True, text=True,
     )
@@ -189,6 +190,6 @@ def test_whatif_command_axes_and_bad_input(tmp_path):
     assert (tmp_path / "plots" / "frontier.png").stat().st_size > 1000
     for args, option in ((["--rate", "nope=1"], "--rate"), (["--mix", "B200"], "--mix"), (["--months", "3"], "--months"),
                          (["--executor", "ray"], "--executor"), (["--price", "H100=x"], "--price")):
-        bad = subprocess.run([sys.executable, "-m", "scepsy.cli", "whatif", str(COMBINED), "--clusters", "8", *args],
+        bad = subprocess.run([sys.executable, "-m", "scepsy", "whatif", str(COMBINED), "--clusters", "8", *args],
                              capture_output=True, text=True)
         assert bad.returncode == 2 and option in bad.stderr and "Traceback" not in bad.stderr, (args, bad.stderr)

@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from scepsy.models.instance import load_instance
-from scepsy.planner.executors import TaskFailure, run_tasks
-from scepsy.planner.search import PlanSettings
-from scepsy.planner.whatif import Axes, run_study, write_table
+from scepsy.models.instance.instance import load_instance
+from scepsy.planner.studies.executors import TaskFailure, run_tasks
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.studies.whatif import Axes, run_study, write_table
 
 from conftest import INSTANCES
 
@@ -30,7 +30,7 @@ def cluster():
 
 @pytest.mark.slow
 def test_dask_table_is_byte_identical_to_local(cluster, tmp_path, monkeypatch):
-    import scepsy.planner.whatif as whatif
+    import scepsy.planner.studies.whatif as whatif
 
     monkeypatch.setattr(whatif, "CHUNK_POINTS", 2)  # several tasks, so both workers take some
     instance = load_instance(INSTANCES / "combined-8xh100.yaml")

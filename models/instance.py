@@ -26,7 +26,8 @@ Welfare = Literal["egalitarian", "social"]
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # numbers must be finite: `.inf` or `.nan` in YAML is never a meaningful statistic or size
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GpuTypeSpec(_Spec):
@@ -72,6 +73,10 @@ class StageSpec(_Spec):
     llm: str
     invocations: float = Field(gt=0, description="mean calls of this LLM per workflow request (n)")
     parallelism: float = Field(ge=1, description="mean request-level parallelism of those calls (p)")
+    critical_path: float = Field(
+        default=1.0, gt=0, le=1,
+        description="share of the LLM's busy time on the request's critical path (f; 1 for serial stages)",
+    )
 
 
 class WorkflowSpec(_Spec):
@@ -154,6 +159,13 @@ class Stage:
     llm: str
     invocations: float
     parallelism: float
+    critical_path: float = 1.0  # f: share of the LLM's busy time on the critical path (models/critical_path.py)
+
+    @property
+    def latency_weight(self) -> float:
+        """n / p * f: the pipeline's weight of the LLM's call latency in the workflow latency
+        (exactly n / p when f = 1)."""
+        return self.invocations / self.parallelism * self.critical_path
 
 
 @dataclass(frozen=True)
@@ -292,6 +304,7 @@ _FIXES = {
     "less_than_equal": "use a smaller value",
     "literal_error": "use one of the allowed values",
     "too_short": "add at least one entry",
+    "finite_number": "write a finite number",
     "union_tag_invalid": "use kind beam_search, rag or stages (docs/simulation.md)",
 }
 
@@ -383,6 +396,18 @@ def _reserved_units(source: str, spec: ClusterSpec, nodes: tuple[Node, ...]) -> 
         if units[key] > spec.fractions_per_gpu:
             raise InputError(source, where, f"more than a whole GPU reserved on {node.name} GPU {entry.gpu}", "reserve at most 1.0 per GPU")
     return units
+
+
+def _check_stage_statistics(source: str, where: str, stage: StageSpec) -> None:
+    """Statistics no trace can produce. A request runs at most as many calls of an LLM at once as
+    it makes, so p <= n; an LLM that only some requests call once (n < 1) has p = 1."""
+    if stage.parallelism > max(stage.invocations, 1.0) * (1 + 1e-9):
+        raise InputError(
+            source, f"{where}.parallelism",
+            f"parallelism {stage.parallelism:g} exceeds invocations {stage.invocations:g} (a request cannot run more "
+            "calls at once than it makes)",
+            f"use parallelism <= {max(stage.invocations, 1.0):g}, as `scepsy aggregate` measures it",
+        )
 
 
 def _check_unique(source: str, section: str, names: list[str]) -> None:
@@ -489,7 +514,9 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
                         f"llm {name!r} is not one of this workflow's stages",
                         f"use one of: {', '.join(sorted(seen))}",
                     )
-        stages = tuple(Stage(s.llm, s.invocations, s.parallelism) for s in wf.stages)
+        for s, stage in enumerate(wf.stages):
+            _check_stage_statistics(source, f"workflows[{w}] ({wf.name}).stages[{s}]", stage)
+        stages = tuple(Stage(s.llm, s.invocations, s.parallelism, s.critical_path) for s in wf.stages)
         workflows.append(Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s, wf.weight, program=wf.program))
     for i, name in enumerate(llm_names):
         if name not in used:

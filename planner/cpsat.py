@@ -55,7 +55,7 @@ from scepsy.models.allocation import Allocation, LlmAllocation
 from scepsy.models.instance import Cluster
 
 from .formulation import Row, capacity_rows, counts_model_size, cut_rows, grid, items, most_replicas_by_shape
-from .objective import GpuCount, LatencySum, MaxLatencySum, Objective
+from .objective import SLO_TOLERANCE, GpuCount, LatencySum, MaxLatencySum, Objective
 from .options import Option
 
 STATUS_NAMES = {
@@ -66,7 +66,10 @@ STATUS_NAMES = {
     cp_model.UNKNOWN: "unknown",
 }
 
-__all__ = ["build_allocation_model", "solve_stage", "fix_stage", "add_placement_cut", "counts_model_size"]
+__all__ = [
+    "build_allocation_model", "solve_stage", "fix_stage", "add_placement_cut", "add_combination_cut", "counts_model_size",
+    "open_window", "forbid", "close_window",
+]
 
 
 @dataclass
@@ -74,6 +77,10 @@ class StageExpr:
     name: str
     expr: cp_model.LinearExpr
     unit: float  # value of one integer step in the stage's own unit (s, ratio, GPUs or units)
+    # rounded latency stages: the most integer steps by which rounding can move a plan's value
+    # either way, summed over its terms times two (0: the stage is exact)
+    slack: int = 0
+    llms: tuple[str, ...] = ()  # the LLMs whose options the stage's value depends on
 
 
 @dataclass
@@ -86,6 +93,8 @@ class AllocationModel:
     exact_gpus: bool = False  # GPU stages exact (placement counts) rather than a lower bound
     cuts: int = 0
     fixed: list[str] = field(default_factory=list)
+    window: object = None  # literals of the open tie window (open_window)
+    probe: object = None
 
     def decode(self, solver: cp_model.CpSolver) -> Allocation:
         chosen = [
@@ -125,12 +134,14 @@ def build_allocation_model(
     used = add_placement_counts(model, cluster, options, x) if placement_counts else None
     gpus = _gpus_by_type(model, cluster, options, x, used)
 
-    # latency limits (SLOs): coefficients rounded up, so a kept plan truly meets them
+    # latency limits (SLOs): coefficients rounded down, a relaxation that keeps every plan meeting
+    # them (even exactly); the search checks each plan in floating point and cuts off the few that
+    # the rounding let through (add_combination_cut)
     for workflow, limit in sorted(objective.latency_limits.items()):
         weights = objective.coefficients[workflow]
         step = _stage_grid(options, lambda m: weights.get(m, 0.0))
-        terms = [(math.ceil(weights[m] * o.latency_s / step), x[(m, i)]) for m, i, o in items(options) if weights.get(m, 0.0) > 0]
-        model.Add(_weighted(terms) <= math.floor(limit / step))
+        terms = [(math.floor(weights[m] * o.latency_s / step), x[(m, i)]) for m, i, o in items(options) if weights.get(m, 0.0) > 0]
+        model.Add(_weighted(terms) <= math.floor(limit * (1 + SLO_TOLERANCE) / step))
 
     stages = [_stage_expr(model, options, x, gpus, stage) for stage in objective.stages]
     return AllocationModel(model, options, x, stages, cluster.fractions_per_gpu, exact_gpus=used is not None)
@@ -225,12 +236,18 @@ def _stage_grid(options, weight_of) -> float:
 
 
 def _stage_expr(model, options, x, gpus, stage) -> StageExpr:
-    """One objective stage as an integer expression, with the value of one integer step."""
+    """One objective stage as an integer expression, with the value of one integer step.
+
+    Latency stages are rounded to the grid: a plan's scaled value is within half a step per LLM
+    of its true value / step, so every plan at least as good as one of scaled value v has a scaled
+    value <= v + slack (slack = the number of LLMs with a weight), which search.py uses to find the
+    exact optimum among the plans the rounding cannot tell apart."""
     if isinstance(stage, LatencySum):
         weight = lambda m: stage.weights.get(m, 0.0)  # noqa: E731
         step = _stage_grid(options, weight)
         expr, _ = _scaled(options, x, weight, step)
-        return StageExpr(stage.name, expr, step)
+        llms = tuple(m for m in options if weight(m) > 0)
+        return StageExpr(stage.name, expr, step, slack=len(llms), llms=llms)
     if isinstance(stage, MaxLatencySum):
         # z >= each row's latency sum, all rows on the finest of their grids
         rows = [lambda m, row=row: row.get(m, 0.0) for row in stage.weights.values()]
@@ -239,7 +256,8 @@ def _stage_expr(model, options, x, gpus, stage) -> StageExpr:
         z = model.NewIntVar(0, max(upper for _, upper in scaled), "z")
         for expr, _ in scaled:
             model.Add(z >= expr)
-        return StageExpr(stage.name, z, step)
+        llms = tuple(m for m in options if any(row(m) > 0 for row in rows))
+        return StageExpr(stage.name, z, step, slack=len(llms), llms=llms)
     if isinstance(stage, GpuCount):
         # prices on a grid of 1e-6 of the cheapest positive one (exact for min_gpus: all 1)
         step = min((c for c in stage.cost.values() if c > 0), default=1.0) * 1e-6
@@ -259,6 +277,46 @@ def add_placement_cut(am: AllocationModel, allocation: Allocation) -> None:
         below.append(fewer)
     am.model.AddBoolOr(below)
     am.cuts += 1
+
+
+def add_combination_cut(am: AllocationModel, allocation: Allocation, llms, enforce=None) -> None:
+    """Forbid the options `allocation` gives the LLMs `llms` together (a plan that breaks an SLO,
+    or a plan already seen in a tie search); with `enforce`, only while that literal is true."""
+    chosen = [
+        am.x[(m, i)]
+        for m in llms
+        for i, o in enumerate(am.options[m])
+        if _same(o, allocation.of(m))
+    ]
+    constraint = am.model.AddBoolOr([v.Not() for v in chosen])
+    if enforce is not None:
+        constraint.OnlyEnforceIf(enforce)
+
+
+def _same(option: Option, choice: LlmAllocation) -> bool:
+    return (option.gpu_type, option.tp, option.share, option.replicas) == (choice.gpu_type, choice.tp, choice.share, choice.replicas)
+
+
+def open_window(am: AllocationModel, stage: StageExpr, value: int) -> None:
+    """Restrict the model, until `close_window`, to the plans the integer grid cannot tell apart
+    from one of scaled value `value` (scaled <= value + slack), and let `forbid(..., probe=True)`
+    cuts hold only as long."""
+    am.window = am.model.NewBoolVar(f"window[{stage.name}]")
+    am.model.Add(stage.expr <= value + stage.slack).OnlyEnforceIf(am.window)
+    am.probe = am.model.NewBoolVar(f"probe[{stage.name}]")
+    am.model.ClearAssumptions()
+    am.model.AddAssumptions([am.window, am.probe])
+
+
+def forbid(am: AllocationModel, allocation: Allocation, llms, probe: bool = False) -> None:
+    add_combination_cut(am, allocation, llms, enforce=am.probe if probe else None)
+
+
+def close_window(am: AllocationModel, stage: StageExpr) -> None:
+    """Drop the probe cuts; the window stays, so later stages choose among its plans."""
+    am.model.ClearAssumptions()
+    am.model.AddBoolOr([am.window])
+    am.fixed.append(stage.name)
 
 
 @dataclass(frozen=True)

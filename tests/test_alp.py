@@ -52,8 +52,27 @@ def test_shared_llm_sums_the_load_of_its_workflows(write_instance):
     expected = 1.5 + (2 / 10) * 0.5  # between (10, 1.5) and (20, 2.0)
     assert gen.latency_s == pytest.approx(expected)
     assert prediction.workflow("chat").latency_s == pytest.approx(expected * 1.5)
-    assert prediction.workflow("chat").max_throughput_rps == pytest.approx(20 / 1.5)
+    # the generator's 20 rps less the 9 rps beam sends it leave chat 11 rps of calls, 7.33 req/s;
+    # beam gets (20 - 3) / 9 of the generator; the verifier (tp 2 x 0.5: 8 rps / 6 calls) limits it further
+    assert prediction.workflow("chat").max_throughput_rps == pytest.approx((20 - 9) / 1.5)
+    assert prediction.workflow("chat").bottleneck == "gen"
+    assert prediction.workflow("beam").max_throughput_rps == pytest.approx(min((20 - 3) / 9, 8 / 6))
     assert gen.utilization == pytest.approx(12 / 20)
+
+
+def test_shared_llm_limits_are_consistent_with_the_load_they_take(write_instance):
+    """At its limit, each workflow alone raises the shared LLM to its capacity."""
+    def two_workflows(doc):
+        doc["workflows"].append(
+            {"name": "chat", "arrival_rate": 2.0, "stages": [{"llm": "gen", "invocations": 1.5, "parallelism": 1.0}]}
+        )
+
+    instance = load_instance(write_instance(two_workflows))
+    allocation = alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 10, 1))
+    limit = predict(instance, allocation).workflow("chat").max_throughput_rps
+    at_limit = predict(instance.with_arrival_rates({"chat": limit}), allocation)
+    assert at_limit.llm("gen").utilization == pytest.approx(1.0)
+    assert at_limit.workflow("chat").max_throughput_rps == pytest.approx(limit)
 
 
 def test_overload_is_flagged(write_instance):

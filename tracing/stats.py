@@ -109,7 +109,14 @@ class LlmStats:
         return self.busy_time_cv / self.time_share_cv
 
     def stage(self) -> Stage:
-        return Stage(self.llm, self.invocations, max(self.parallelism, 1.0))
+        return Stage(self.llm, self.invocations, self.stage_parallelism)
+
+    @property
+    def stage_parallelism(self) -> float:
+        """p for an instance's stage: at least 1, and at most max(n, 1) (what models/instance.py
+        accepts). The pooled p exceeds n only when requests that skip the LLM sit beside requests
+        that fan out to it; capping it there keeps n/p >= 1 call's latency, a slight overestimate."""
+        return min(max(self.parallelism, 1.0), max(self.invocations, 1.0))
 
 
 @dataclass(frozen=True)
@@ -240,7 +247,7 @@ def stats_to_dict(stats: TraceStats) -> dict:
                 "requests": w.requests,
                 "calls": w.calls,
                 "stages": [
-                    {"llm": s.llm, "invocations": _round(s.invocations), "parallelism": _round(max(s.parallelism, 1.0))}
+                    {"llm": s.llm, "invocations": _round(s.invocations), "parallelism": _round(s.stage_parallelism)}
                     for s in w.llms
                 ],
                 "latency_s": _round(w.latency_s),

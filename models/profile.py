@@ -260,8 +260,24 @@ def read_profile_table(path: Path | str) -> dict[str, np.ndarray]:
     row = _first(table["arrival_rate"] <= 0)
     if row is not None:
         raise _bad_row(source, "arrival_rate", row, "arrival_rate must be > 0", "drop rows at zero load")
+    _check_latencies(table, source)
     table["tp"] = table["tp"].astype(int)
     return table
+
+
+def _check_latencies(table: dict[str, np.ndarray], source: str) -> None:
+    """Latencies no measurement produces: zero, or percentiles that fall (p50 <= p90 <= p99)."""
+    for metric in LATENCY_METRICS:
+        row = _first(table[f"latency_{metric}"] <= 0)
+        if row is not None:
+            raise _bad_row(source, f"latency_{metric}", row, "a latency of 0 s", "write the measured latency in seconds")
+    for lower, upper in (("p50", "p90"), ("p90", "p99")):
+        row = _first(table[f"latency_{upper}"] < table[f"latency_{lower}"] * (1 - 1e-9))
+        if row is not None:
+            raise _bad_row(
+                source, f"latency_{upper}", row, f"latency_{upper} is below latency_{lower}",
+                "percentiles must not fall: check that the columns are not swapped",
+            )
 
 
 def read_profile_frame(path: Path | str):

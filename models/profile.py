@@ -9,8 +9,9 @@ The capacity T of a (gpu_type, tp, fraction) curve is its largest stable arrival
 curve is the stable rows sorted by rate, piecewise linear, clamped to the first point below it.
 A fraction without its own rows gets a curve derived from the measured fractions around it with
 the engine model's shape (`derive_curve`): capacity linear in the share between them (outside them,
-scaled by min(f/f0, kv(f)/kv(f0)), kv(x) = tp * x * memory_gib - weights_gib), latency at each
-utilisation linear in 1/share, and never faster than the next larger measured share.
+a power law through the two nearest, bounded by the KV cache ratio kv(f)/kv(f0),
+kv(x) = tp * x * memory_gib - weights_gib), latency at each utilisation linear in 1/share, and
+never faster than the next larger measured share.
 """
 
 from __future__ import annotations
@@ -113,18 +114,34 @@ def _weight_on_larger(fraction: float, smaller: float, larger: float) -> float:
 
 
 def _capacity_rps(measured: tuple[ProfileCurve, ...], fraction: float, kv) -> float:
-    """Capacity: linear in the share between measured neighbours; outside them, the nearest
-    measured capacity scaled by the smaller of the compute and KV-cache ratios."""
+    """Capacity: linear in the share between measured neighbours; outside them, a power law
+    T = T0 (f / f0)^k through the two nearest measured shares (k in [0, 4]: below a share the KV
+    cache shrinks faster than the compute, so capacity may fall faster than the share; a KV cache
+    ratio below (f / f0)^4 bounds it further), or with one measured share T0 scaled by the smaller
+    of the compute and KV-cache ratios."""
     smaller = [c for c in measured if c.fraction < fraction]
     larger = [c for c in measured if c.fraction > fraction]
     if smaller and larger:
         lo, hi = smaller[-1], larger[0]
         t = (fraction - lo.fraction) / (hi.fraction - lo.fraction)
         return lo.capacity_rps + t * (hi.capacity_rps - lo.capacity_rps)
-    near = larger[0] if larger else smaller[-1]
-    kv_near = kv(near.fraction)
-    ratio = fraction / near.fraction if kv_near <= 0 else min(fraction / near.fraction, kv(fraction) / kv_near)
-    return near.capacity_rps * ratio
+    if len(measured) >= 2:
+        near, other = (larger[0], larger[1]) if larger else (smaller[-1], smaller[-2])
+        slope = math.log(other.capacity_rps / near.capacity_rps) / math.log(other.fraction / near.fraction)
+        ratio = (fraction / near.fraction) ** min(max(slope, 0.0), MAX_CAPACITY_SLOPE)
+        if fraction < near.fraction:  # a KV cache that all but vanishes bounds it further
+            ratio = min(ratio, _kv_ratio(kv, fraction, near.fraction))
+        return near.capacity_rps * ratio
+    (near,) = measured
+    return near.capacity_rps * min(fraction / near.fraction, _kv_ratio(kv, fraction, near.fraction))
+
+
+MAX_CAPACITY_SLOPE = 4.0
+
+
+def _kv_ratio(kv, fraction: float, near: float) -> float:
+    kv_near = kv(near)
+    return kv(fraction) / kv_near if kv_near > 0 else fraction / near
 
 
 def _neighbours(measured: tuple[ProfileCurve, ...], fraction: float) -> tuple[ProfileCurve, ...]:
@@ -139,10 +156,14 @@ def _neighbours(measured: tuple[ProfileCurve, ...], fraction: float) -> tuple[Pr
     return tuple(measured)
 
 
-def _latency_at_utilisation(measured, fraction: float, utilisation: np.ndarray, metric: str) -> np.ndarray:
+def _latency_at_load(measured, fraction: float, utilisation: np.ndarray, metric: str) -> np.ndarray:
     """Latency at the utilisations `utilisation` (rate / capacity): linear in 1/share through the
     two measured curves around `fraction` (or the two nearest on one side), kept within what
-    latency = work / share + fixed allows, and the only curve scaled when just one exists."""
+    latency = work / share + fixed allows, and the only curve scaled when just one exists. At an
+    equal utilisation the engine's queue is alike and the speed of an iteration changes with the
+    share (models/engine.py). (An equal rate per unit of share instead fits the interior slightly
+    better but misleads where capacity is far from proportional to the share, e.g. tp 8: see
+    docs/evidence.md.)"""
     def at(curve: ProfileCurve) -> np.ndarray:
         return curve.latency_s(utilisation * curve.capacity_rps, metric)
 
@@ -169,8 +190,8 @@ def _latency_at_utilisation(measured, fraction: float, utilisation: np.ndarray, 
 def derive_curve(measured: tuple[ProfileCurve, ...], fraction: float, kv) -> ProfileCurve | None:
     """The curve of an unprofiled `fraction` from the measured curves of the same (gpu_type, tp).
 
-    Capacity as in `_capacity_rps`, latency at each utilisation as in `_latency_at_utilisation`,
-    on the union of the neighbours' measured utilisations. A smaller share is never faster: the
+    Capacity as in `_capacity_rps`, latency at each utilisation as in `_latency_at_load`, on the
+    union of the neighbours' measured utilisations. A smaller share is never faster: the
     curve is raised to the next larger measured share's latency at the same rate, and its capacity
     kept at or below that share's."""
     capacity = _capacity_rps(measured, fraction, kv)
@@ -183,11 +204,11 @@ def derive_curve(measured: tuple[ProfileCurve, ...], fraction: float, kv) -> Pro
     points = np.concatenate([c.rates_rps / c.capacity_rps for c in near])
     if larger:  # the larger share's own points, so that the raise below is exact between points
         points = np.concatenate([points, larger[0].rates_rps / capacity])
-    utilisation = np.unique(points[(points > 0) & (points <= 1.0)])
+    utilisation = np.unique(np.append(points[(points > 0) & (points < 1.0)], 1.0))
     rates = utilisation * capacity
     latencies = {}
     for metric in LATENCY_METRICS:
-        latency = _latency_at_utilisation(measured, fraction, utilisation, metric)
+        latency = _latency_at_load(measured, fraction, utilisation, metric)
         if larger:
             latency = np.maximum(latency, larger[0].latency_s(rates, metric))
         latencies[metric] = _frozen(latency)

@@ -120,7 +120,7 @@ def predict_llm(instance: Instance, choice: LlmAllocation) -> LlmPrediction:
     rate = offered / choice.replicas
     capacity = curve.capacity_rps
     overloaded = rate > instance.max_utilization * capacity * (1 + 1e-9)
-    latency = math.inf if overloaded else float(curve.latency_s(rate, instance.latency_metric))
+    latency = math.inf if overloaded else float(curve.latency_s(rate, instance.call_latency_metric))
     return LlmPrediction(
         llm=choice.llm,
         model=llm.model,
@@ -151,9 +151,11 @@ def predict(instance: Instance, allocation: Allocation) -> Prediction:
     by_name = {p.llm: p for p in llms}
     workflows = []
     for workflow in instance.workflows:
+        factor = instance.latency_factor(workflow)
         stages = tuple(
             StagePrediction(
-                s.llm, s.invocations, s.parallelism, by_name[s.llm].latency_s * s.invocations / s.parallelism * s.critical_path,
+                s.llm, s.invocations, s.parallelism,
+                by_name[s.llm].latency_s * s.invocations / s.parallelism * s.critical_path * factor,
                 s.critical_path,
             )
             for s in workflow.stages

@@ -24,6 +24,11 @@ rag -- retrieval-augmented generation with a reranker: embed the query; retrieve
     cross-encoder (one call scoring all pairs, or one call per pair in parallel); generate the
     answer from the top `context_passages` passages.
 
+ensemble -- a judge ensemble (a fan-out across LLMs): the question goes to every judge at once
+    (one call each, different LLMs running side by side); when all have answered, the aggregator
+    reads the question and every answer and writes the verdict. The request waits for its slowest
+    judge, so the judges' latencies do not add up (docs/model.md, critical path).
+
 stages -- the default: for each stage in order, about invocations/parallelism rounds of about
     `parallelism` parallel calls (random rounding keeps the means), so that the measured n and p
     match the stage statistics. Call lengths: `prompt_tokens`/`completion_tokens` per stage, else
@@ -82,6 +87,16 @@ class RagProgram(_Spec):
     length_cv: float = Field(default=0.5, ge=0)
 
 
+class EnsembleProgram(_Spec):
+    kind: Literal["ensemble"]
+    judges: list[str] = Field(min_length=2, description="LLMs that answer the question side by side")
+    aggregator: str
+    question_tokens: int = Field(default=300, ge=1)
+    answer_tokens: float = Field(default=150.0, gt=0, description="mean tokens of one judge's answer")
+    verdict_tokens: float = Field(default=60.0, gt=0, description="mean tokens of the aggregator's verdict")
+    length_cv: float = Field(default=0.5, ge=0)
+
+
 class StageCallSpec(_Spec):
     llm: str
     prompt_tokens: int | None = Field(default=None, ge=1)
@@ -94,8 +109,8 @@ class StagesProgram(_Spec):
     length_cv: float = Field(default=0.0, ge=0)
 
 
-ProgramSpec = Annotated[Union[BeamSearchProgram, RagProgram, StagesProgram], Field(discriminator="kind")]
-Program = Union[BeamSearchProgram, RagProgram, StagesProgram]
+ProgramSpec = Annotated[Union[BeamSearchProgram, RagProgram, EnsembleProgram, StagesProgram], Field(discriminator="kind")]
+Program = Union[BeamSearchProgram, RagProgram, EnsembleProgram, StagesProgram]
 
 
 def program_llms(program: Program) -> dict[str, str]:
@@ -107,6 +122,8 @@ def program_llms(program: Program) -> dict[str, str]:
         if program.reranker is not None:
             roles["reranker"] = program.reranker
         return roles
+    if isinstance(program, EnsembleProgram):
+        return {**{f"judges[{i}]": name for i, name in enumerate(program.judges)}, "aggregator": program.aggregator}
     return {f"calls[{i}].llm": c.llm for i, c in enumerate(program.calls)}
 
 
@@ -196,6 +213,13 @@ def run_rag(ctx: "RequestContext", spec: RagProgram):
     yield ctx.call(spec.generator, prompt, _length(ctx, spec.output_tokens, spec.length_cv))
 
 
+def run_ensemble(ctx: "RequestContext", spec: EnsembleProgram):
+    answers = [_length(ctx, spec.answer_tokens, spec.length_cv) for _ in spec.judges]
+    yield ctx.all_of([ctx.call(judge, spec.question_tokens, length) for judge, length in zip(spec.judges, answers)])
+    prompt = spec.question_tokens + sum(answers)
+    yield ctx.call(spec.aggregator, prompt, _length(ctx, spec.verdict_tokens, spec.length_cv))
+
+
 def _round_random(ctx: "RequestContext", value: float) -> int:
     low = math.floor(value)
     return low + (1 if ctx.rng.random() < value - low else 0)
@@ -225,6 +249,8 @@ def run_program(ctx: "RequestContext", program: Program):
         return run_beam_search(ctx, program)
     if isinstance(program, RagProgram):
         return run_rag(ctx, program)
+    if isinstance(program, EnsembleProgram):
+        return run_ensemble(ctx, program)
     return run_stages(ctx, program)
 
 

@@ -22,6 +22,8 @@ duration_s; the simulation then runs until the measured requests finish or `drai
     utilization      busy time (an iteration running) / replica time in the window
     time share       per request, the union of an LLM's call intervals over the sum of the unions
                      of all its LLMs (the paper's Fig. 3 "relative" time)
+    critical path    per LLM, the share of its busy time on the requests' critical paths
+                     (models/critical_path.py; 1 when a request's LLMs never run side by side)
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 import simpy
 
 from .allocation import Allocation
+from .critical_path import critical_time_s
 from .catalog import GpuCard, ModelCard, find_gpu, find_model
 from .engine import DEFAULT_SETTINGS, Engine, EngineSettings
 from .errors import InputError
@@ -201,6 +204,7 @@ class StageStats:
     parallelism: float  # p: summed call durations / union of call intervals
     mean_call_latency_s: float
     time_share: float  # mean over requests of union_m / sum of unions
+    critical_path: float = 1.0  # f: share of the union on the request's critical path (models/critical_path.py)
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,7 @@ class SimulationResult:
                             "parallelism": num(s.parallelism),
                             "mean_call_latency_s": num(s.mean_call_latency_s),
                             "time_share": num(s.time_share),
+                            "critical_path": num(s.critical_path),
                         }
                         for s in w.stages
                     ],
@@ -347,12 +352,15 @@ def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], win
     unions = {m: 0.0 for m in llms}
     shares: dict[str, list[float]] = {m: [] for m in llms}
     per_request: dict[str, list[float]] = {m: [] for m in llms}
+    critical = {m: 0.0 for m in llms}
     for record in done:
         spans: dict[str, list[tuple[float, float]]] = {m: [] for m in llms}
         for call in record.calls:
             spans.setdefault(call.tag, []).append((call.arrival_s, call.finish_s))
         own = {m: _union_length(spans[m]) for m in llms}
         total = sum(own.values())
+        for m, seconds in critical_time_s(spans).items():
+            critical[m] = critical.get(m, 0.0) + seconds
         for m in llms:
             counts[m] += len(spans[m])
             durations[m] += sum(b - a for a, b in spans[m])
@@ -367,6 +375,7 @@ def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], win
             parallelism=durations[m] / unions[m] if unions[m] > 0 else math.nan,
             mean_call_latency_s=durations[m] / counts[m] if counts[m] else math.nan,
             time_share=float(np.mean(shares[m])) if shares[m] else math.nan,
+            critical_path=min(critical[m] / unions[m], 1.0) if unions[m] > 0 else math.nan,
         )
         for m in llms
     )

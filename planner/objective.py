@@ -114,7 +114,7 @@ class Objective:
 
 
 def _latency_stages(instance: Instance, references: Mapping[str, float] | None, welfare: str) -> list[Stage]:
-    coefficients = {w.name: {s.llm: s.latency_weight for s in w.stages} for w in instance.workflows}
+    coefficients = {w.name: {s.llm: s.latency_weight * instance.latency_factor(w) for s in w.stages} for w in instance.workflows}
     weights = {w.name: w.weight for w in instance.workflows}
     rates = {w.name: w.arrival_rate for w in instance.workflows}
     if len(instance.workflows) == 1:
@@ -149,7 +149,7 @@ def build_objective(instance: Instance, references: Mapping[str, float] | None =
     for w in instance.workflows:
         if w.latency_slo_s is not None:
             refs.setdefault(w.name, w.latency_slo_s)
-    coefficients = {w.name: {s.llm: s.latency_weight for s in w.stages} for w in instance.workflows}
+    coefficients = {w.name: {s.llm: s.latency_weight * instance.latency_factor(w) for s in w.stages} for w in instance.workflows}
     latency = _latency_stages(instance, refs, instance.welfare)
     limits = {} if kind == "min_latency" else {w.name: w.latency_slo_s for w in instance.workflows if w.latency_slo_s is not None}
     if kind == "min_gpus":

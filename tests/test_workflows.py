@@ -40,3 +40,28 @@ def test_rag_structure_and_open_loop_runner(engine):
     assert rag_stats.requests == 4
     assert [(s.llm, s.invocations, s.parallelism) for s in rag_stats.llms] == [("emb", 1, 1), ("gen", 1, 1), ("rerank", 1, 1)]
     assert {r.path for r in recorder.records} == {"/v1/embeddings", "/v1/rerank", "/v1/chat/completions"}
+
+
+def test_judge_ensemble_runs_judges_side_by_side(engine):
+    """Three judges answer at once, the aggregator after them: the traced critical-path shares
+    count the judges' overlap once (below 1), the aggregator in full; the serial RAG above keeps 1."""
+    from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app
+    from scepsy.tracing.workflows import JudgeEnsemble
+
+    recorder = Recorder()
+    names = ("judge-a", "judge-b", "judge-c", "aggregator")
+    with ServerThread(create_app(ProxyConfig({n: engine.url for n in names}, store=recorder))) as proxy:
+        ensemble = JudgeEnsemble(proxy.url, answer_max_tokens=40)
+        results = [ensemble.run("What is 2 + 2?", seed=i, workflow_id=f"e-{i}") for i in range(3)]
+        wait_for(lambda: len(recorder.records) == 12)
+    assert all(r.error is None and r.calls == 4 for r in results)
+    stats = aggregate(recorder.records).workflow("ensemble")
+    shares = {s.llm: s.critical_path for s in stats.llms}
+    assert shares["aggregator"] == 1.0
+    judges = [shares[j] for j in names[:3]]
+    assert all(0 < f < 0.9 for f in judges), shares  # the judges overlap: each waits on a part of its time
+    # the aggregator starts after the last judge ends (it reads every answer)
+    for rid in ("e-0", "e-1", "e-2"):
+        calls = [r for r in recorder.records if r.workflow_id == rid]
+        last_judge = max(r.end_s for r in calls if r.llm != "aggregator")
+        assert next(r for r in calls if r.llm == "aggregator").start_s >= last_judge

@@ -87,3 +87,20 @@ def test_latency_metric_selects_the_column(write_instance):
     instance = load_instance(write_instance(lambda d: d.update(latency_metric="p99")))
     prediction = predict(instance, alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 5, 1)))
     assert prediction.llm("gen").latency_s == pytest.approx(2 * 1.45)
+
+
+def test_tail_metric_from_the_traced_latency_ratios(write_instance):
+    """With latency_ratios, p99 is the traced ratio times the mean pipeline latency (the spread of
+    the control flow), not the sum of per-call p99s; without them, the sum as before."""
+    allocation = alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 5, 1))
+    mean = predict(load_instance(write_instance()), allocation).workflow("beam").latency_s
+
+    def p99(ratios):
+        return lambda d: (d.update(latency_metric="p99"), d["workflows"][0].update(latency_ratios=ratios) if ratios else None)
+
+    with_ratio = load_instance(write_instance(p99({"p90": 1.4, "p99": 2.5})))
+    assert with_ratio.call_latency_metric == "mean"
+    assert predict(with_ratio, allocation).workflow("beam").latency_s == pytest.approx(2.5 * mean)
+    summed = load_instance(write_instance(p99(None)))
+    assert summed.call_latency_metric == "p99"
+    assert predict(summed, allocation).llm("gen").latency_s == pytest.approx(2 * 1.45)

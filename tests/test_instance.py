@@ -90,6 +90,7 @@ CASES = {
     "infinite rate": (_set(["workflows", 0, "arrival_rate"], float("inf")), "workflows[0] (beam).arrival_rate"),
     "not a number invocations": (_set(["workflows", 0, "stages", 1, "invocations"], float("nan")), "stages[1].invocations"),
     "critical path above one": (_set(["workflows", 0, "stages", 1, "critical_path"], 1.5), "stages[1].critical_path"),
+    "falling latency ratios": (_set(["workflows", 0, "latency_ratios"], {"p90": 2.0, "p99": 1.5}), "latency_ratios.p99"),
     "critical path negative": (_set(["workflows", 0, "stages", 1, "critical_path"], -0.1), "stages[1].critical_path"),
 }
 

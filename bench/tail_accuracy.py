@@ -79,8 +79,10 @@ def run(path: Path, duration_s: float) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration-s", type=float, default=300.0)
+    parser.add_argument("--only", default=None, help="only the instances whose file name starts with this")
     args = parser.parse_args()
-    rows = [row for path in INSTANCES for row in run(path, args.duration_s)]
+    paths = [p for p in INSTANCES if args.only is None or p.name.startswith(args.only)]
+    rows = [row for path in paths for row in run(path, args.duration_s)]
     print("| instance | workflow | quantile | sum: MAPE | sum: worst | ratio: MAPE | ratio: worst |")
     print("|---|---|---|---:|---:|---:|---:|")
     keys = sorted({(r["instance"], r["workflow"], r["quantile"]) for r in rows})

@@ -104,3 +104,20 @@ def test_tail_metric_from_the_traced_latency_ratios(write_instance):
     summed = load_instance(write_instance(p99(None)))
     assert summed.call_latency_metric == "p99"
     assert predict(summed, allocation).llm("gen").latency_s == pytest.approx(2 * 1.45)
+
+
+def test_max_throughput_plan_is_consistent_with_shared_limits(write_instance):
+    """At the largest load factor, every workflow's limit covers its own rate, and the shared
+    generator leaves no more: the binding workflow's limit is its rate (bisection tolerance)."""
+    from scepsy.planner.search import make_plan
+
+    def shared(doc):
+        doc["objective"] = "max_throughput"
+        doc["workflows"].append(
+            {"name": "chat", "arrival_rate": 2.0, "stages": [{"llm": "gen", "invocations": 1.5, "parallelism": 1.0}]}
+        )
+
+    plan = make_plan(load_instance(write_instance(shared)))
+    limits = {w.name: w.max_throughput_rps / w.arrival_rate_rps for w in plan.prediction.workflows}
+    assert all(v >= 1 - 1e-9 for v in limits.values()), limits
+    assert min(limits.values()) <= 1 + 2e-3, limits

@@ -296,7 +296,7 @@ def _solve_model(
         status = "feasible"  # the model's GPU count was a lower bound the placement could not reach
         notes += ("GPU count bounded by share units on this cluster size; the placement needs more",)
     elif status == "optimal" and first_exact:
-        bound = values[0]  # proven: no plan the integer grid could hide is better (_settle_rounded_stage)
+        bound = values[0]  # proven: no plan the integer grid could hide is better (_settle_ties)
     elif status == "optimal":
         status = "feasible"  # the tie search was cut short: optimal on the grid, within its rounding
         notes += ("plans within the latency grid's rounding were not all compared; the bound accounts for it",)

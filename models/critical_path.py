@@ -9,7 +9,8 @@ a stretch during which k of the request's LLMs run counts 1/k for each of them. 
     f_wm  = sum_r C_rm / sum_r U_rm                       critical-path share of m in w (0 < f <= 1)
 
 and sum_m C_rm is the request's LLM time. When a request's LLMs never run at the same time (serial
-stages, fan-out within one LLM), C_rm = U_rm and f = 1, so L_w = sum_m f_wm * n_wm / p_wm * L_m is
+stages, fan-out within one LLM; overlaps of under 5% of a segment count as tracing jitter),
+C_rm = U_rm and f = 1, so L_w = sum_m f_wm * n_wm / p_wm * L_m is
 the plain pipeline. A fan-out across LLMs (a judge ensemble whose judges answer side by side)
 counts the time the judges overlap once, not once per judge. Splitting the overlap evenly, rather
 than crediting it all to whichever judge finished last, keeps every branch's weight positive, so
@@ -39,6 +40,7 @@ def critical_time_s(spans: Mapping[str, Iterable[tuple[float, float]]]) -> dict[
     if sum(len(s) for s in segments.values()) <= 1 or _disjoint(segments):
         # no two LLMs at once (the serial case): each LLM's own busy time, summed as U_rm is
         return {llm: sum(end - start for start, end in pieces) for llm, pieces in segments.items()}
+    segments = _without_jitter(segments)
     events = sorted({t for pieces in segments.values() for piece in pieces for t in piece})
     for a, b in zip(events, events[1:]):
         busy = [llm for llm, pieces in segments.items() if any(start <= a and b <= end for start, end in pieces)]
@@ -47,6 +49,33 @@ def critical_time_s(spans: Mapping[str, Iterable[tuple[float, float]]]) -> dict[
     return credit
 
 
+# Traced calls of a serial request can overlap by a hair: the proxy stamps a call's end after the
+# last byte has gone out, and the workflow may already send its next call. Overlaps shorter than
+# this share of the shorter of two segments are such jitter, not LLMs running side by side.
+JITTER_SHARE = 0.05
+
+
+def _without_jitter(segments: Mapping[str, list[tuple[float, float]]]) -> dict[str, list[tuple[float, float]]]:
+    """Segments whose end overlaps another LLM's next segment only by jitter end where it starts."""
+    starts = [(start, end, llm) for llm, pieces in segments.items() for start, end in pieces]
+    out: dict[str, list[tuple[float, float]]] = {}
+    for llm, pieces in segments.items():
+        trimmed = []
+        for start, end in pieces:
+            for other_start, other_end, other in starts:
+                overlap = end - other_start
+                if other != llm and start < other_start and 0 < overlap <= JITTER_SHARE * min(end - start, other_end - other_start):
+                    end = other_start
+            trimmed.append((start, end))
+        out[llm] = trimmed
+    return out
+
+
 def _disjoint(segments: Mapping[str, list[tuple[float, float]]]) -> bool:
+    """No two LLMs' segments overlap (beyond tracing jitter)."""
     pieces = sorted(piece for llm_pieces in segments.values() for piece in llm_pieces)
-    return all(first[1] <= second[0] for first, second in zip(pieces, pieces[1:]))
+    for first, second in zip(pieces, pieces[1:]):
+        overlap = min(first[1], second[1]) - second[0]
+        if overlap > JITTER_SHARE * min(first[1] - first[0], second[1] - second[0]):
+            return False
+    return True

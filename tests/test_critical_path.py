@@ -84,3 +84,9 @@ def test_the_ensemble_program_runs_its_judges_side_by_side():
     # the shipped stages carry the traced shares; the prediction at this light load is close
     predicted = predict(instance, allocation).workflow("ensemble").latency_s
     assert abs(predicted - result.latency_mean_s) <= 0.1 * result.latency_mean_s
+
+
+def test_tracing_jitter_between_serial_calls_keeps_f_one():
+    # the next stage's call starts 0.2 ms before the proxy stamped the previous call's end
+    spans = {"embed": [(0.0, 0.1)], "gen": [(0.0998, 1.0)]}
+    assert critical_time_s(spans) == {"embed": union_length(spans["embed"]), "gen": union_length(spans["gen"])}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scepsy.tracing.stats import aggregate
 from scepsy.tracing.workflows import BeamSearch, Rag, run_open_loop
 
@@ -57,7 +59,7 @@ def test_judge_ensemble_runs_judges_side_by_side(engine):
     assert all(r.error is None and r.calls == 4 for r in results)
     stats = aggregate(recorder.records).workflow("ensemble")
     shares = {s.llm: s.critical_path for s in stats.llms}
-    assert shares["aggregator"] == 1.0
+    assert shares["aggregator"] == pytest.approx(1.0, abs=1e-9)  # it waits for no other LLM
     judges = [shares[j] for j in names[:3]]
     assert all(0 < f < 0.9 for f in judges), shares  # the judges overlap: each waits on a part of its time
     # the aggregator starts after the last judge ends (it reads every answer)

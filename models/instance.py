@@ -232,7 +232,7 @@ class Instance:
     def latency_factor(self, workflow: Workflow) -> float:
         """What the workflow's pipeline latency is multiplied by: its traced ratio of the
         `latency_metric` percentile to the mean where `call_latency_metric` is the mean, else 1."""
-        if self.latency_metric != "mean" and self.call_latency_metric == "mean":
+        if self.latency_metric != "mean" and self.call_latency_metric == "mean" and workflow.latency_ratios:
             return workflow.latency_ratios[self.latency_metric]
         return 1.0
 
@@ -556,10 +556,10 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
         for s, stage in enumerate(wf.stages):
             _check_stage_statistics(source, f"workflows[{w}] ({wf.name}).stages[{s}]", stage)
         stages = tuple(Stage(s.llm, s.invocations, s.parallelism, s.critical_path) for s in wf.stages)
-        _check_latency_ratios(source, f"workflows[{w}] ({wf.name}).latency_ratios", wf.latency_ratios)
+        ratios = {str(q): value for q, value in wf.latency_ratios.items()} if wf.latency_ratios else None
+        _check_latency_ratios(source, f"workflows[{w}] ({wf.name}).latency_ratios", ratios)
         workflows.append(
-            Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s, wf.weight, program=wf.program,
-                     latency_ratios=dict(wf.latency_ratios) if wf.latency_ratios else None)
+            Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s, wf.weight, program=wf.program, latency_ratios=ratios)
         )
     for i, name in enumerate(llm_names):
         if name not in used:

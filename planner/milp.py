@@ -53,7 +53,7 @@ class MilpModel:
     fractions_per_gpu: int
     exact_gpus: bool = False
     cuts: int = 0
-    probe: object = None  # binary that holds the cuts of an open tie window (open_window)
+    probe: pulp.LpVariable | None = None  # binary that holds the cuts of an open tie window (open_window)
 
     def decode(self) -> Allocation:
         chosen = [
@@ -201,17 +201,20 @@ def open_window(mm: MilpModel, stage: MilpStage, value: float) -> None:
     """Keep the model to plans within TIE_WINDOW of `value`; `forbid(..., probe=True)` cuts hold
     until `close_window` (a binary fixed to 1, then to 0)."""
     mm.problem += stage.expr <= value + TIE_WINDOW * max(1.0, abs(value)), f"window_{stage.name}"
-    mm.probe = mm.problem.add_variable(f"probe_{stage.name}", cat="Binary")
-    mm.probe.lowBound = mm.probe.upBound = 1
+    probe = mm.problem.add_variable(f"probe_{stage.name}", cat="Binary")
+    probe.lowBound = probe.upBound = 1
+    mm.probe = probe
 
 
 def forbid(mm: MilpModel, allocation: Allocation, llms, probe: bool = False) -> None:
-    add_combination_cut(mm, allocation, llms, relax=(1 - mm.probe) if probe else 0)
+    relax = 1 - mm.probe if probe and mm.probe is not None else 0
+    add_combination_cut(mm, allocation, llms, relax=relax)
 
 
 def close_window(mm: MilpModel, stage: MilpStage) -> None:
     """Release the probe cuts; the window stays, so later stages choose among its plans."""
-    mm.probe.lowBound = mm.probe.upBound = 0
+    if mm.probe is not None:
+        mm.probe.lowBound = mm.probe.upBound = 0
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,12 @@ from .formulation import Row, capacity_rows, counts_model_size, cut_rows, grid, 
 from .objective import SLO_TOLERANCE, GpuCount, LatencySum, MaxLatencySum, Objective
 from .options import Option
 
+# latency stages: the coarse grid the search solves on (fast), and the fine grid on which it then
+# settles the plans the coarse one cannot tell apart (planner/search.py, _settle_ties)
+GRID_RESOLUTION = 1e-5
+FINE_RESOLUTION = 1e-13
+
+
 STATUS_NAMES = {
     cp_model.OPTIMAL: "optimal",
     cp_model.FEASIBLE: "feasible",
@@ -233,11 +239,11 @@ def _scaled(options, x, weight_of, step: float) -> tuple[cp_model.LinearExpr, in
     return _weighted(terms), upper
 
 
-def _stage_grid(options, weight_of) -> float:
-    return grid([min(weight_of(m) * o.latency_s for o in opts) for m, opts in options.items() if opts])
+def _stage_grid(options, weight_of, resolution: float = GRID_RESOLUTION) -> float:
+    return grid([min(weight_of(m) * o.latency_s for o in opts) for m, opts in options.items() if opts], resolution)
 
 
-def _stage_expr(model, options, x, gpus, stage) -> StageExpr:
+def _stage_expr(model, options, x, gpus, stage, resolution: float = GRID_RESOLUTION) -> StageExpr:
     """One objective stage as an integer expression, with the value of one integer step.
 
     Latency stages are rounded to the grid: a plan's scaled value is within half a step per LLM
@@ -246,14 +252,14 @@ def _stage_expr(model, options, x, gpus, stage) -> StageExpr:
     exact optimum among the plans the rounding cannot tell apart."""
     if isinstance(stage, LatencySum):
         weight = lambda m: stage.weights.get(m, 0.0)  # noqa: E731
-        step = _stage_grid(options, weight)
+        step = _stage_grid(options, weight, resolution)
         expr, _ = _scaled(options, x, weight, step)
         llms = tuple(m for m in options if weight(m) > 0)
         return StageExpr(stage.name, expr, step, slack=len(llms), llms=llms)
     if isinstance(stage, MaxLatencySum):
         # z >= each row's latency sum, all rows on the finest of their grids
         rows = [lambda m, row=row: row.get(m, 0.0) for row in stage.weights.values()]
-        step = min(_stage_grid(options, row) for row in rows)
+        step = min(_stage_grid(options, row, resolution) for row in rows)
         scaled = [_scaled(options, x, row, step) for row in rows]
         z = model.NewIntVar(0, max(upper for _, upper in scaled), "z")
         for expr, _ in scaled:
@@ -297,6 +303,18 @@ def add_combination_cut(am: AllocationModel, allocation: Allocation, llms, enfor
 
 def _same(option: Option, choice: LlmAllocation) -> bool:
     return (option.gpu_type, option.tp, option.share, option.replicas) == (choice.gpu_type, choice.tp, choice.share, choice.replicas)
+
+
+def fine_stage(am: AllocationModel, stage) -> StageExpr:
+    """A latency stage (LatencySum or MaxLatencySum) again, on the fine grid."""
+    return _stage_expr(am.model, am.options, am.x, {}, stage, FINE_RESOLUTION)
+
+
+def keep_window(am: AllocationModel, stage: StageExpr, value: int) -> None:
+    """Keep the stage within its rounding slack of `value`: every plan at least as good in floating
+    point as one of scaled value `value` stays; later stages choose among them."""
+    am.model.Add(stage.expr <= value + stage.slack)
+    am.fixed.append(stage.name)
 
 
 def open_window(am: AllocationModel, stage: StageExpr, value: int) -> None:

@@ -256,6 +256,7 @@ def _solve_model(
     )
     best = first = None
     first_exact = True  # the first stage's optimum is exact in floating point (not only on its grid)
+    first_bound = math.nan  # its true lower bound from the settling, where it gives one
     for index, stage in enumerate(model.stages):
         result, allocation, check = loop.run(stage, hint)
         if allocation is None:
@@ -266,7 +267,7 @@ def _solve_model(
             ties = _settle_ties(loop, backend, stage, objective, index, result.value, (allocation, check))
             allocation, check = ties.best
             if index == 0:
-                first_exact = ties.complete
+                first_exact, first_bound = ties.complete, ties.bound
         else:
             if result.status == "optimal":
                 backend.fix_stage(model, stage, result.value)
@@ -296,7 +297,8 @@ def _solve_model(
         status = "feasible"  # the model's GPU count was a lower bound the placement could not reach
         notes += ("GPU count bounded by share units on this cluster size; the placement needs more",)
     elif status == "optimal" and first_exact:
-        bound = values[0]  # proven: no plan the integer grid could hide is better (_settle_ties)
+        # settled (_settle_ties): the optimum to TIE_TOLERANCE, ties closer than that being equal
+        bound = values[0] if not first_bound < values[0] * (1 - TIE_TOLERANCE) else first_bound
     elif status == "optimal":
         status = "feasible"  # the tie search was cut short: optimal on the grid, within its rounding
         notes += ("plans within the latency grid's rounding were not all compared; the bound accounts for it",)
@@ -304,31 +306,55 @@ def _solve_model(
     return Outcome(best[0], best[1], status, values, bound, loop.solves, model.cuts, notes)
 
 
-TIE_CANDIDATES = 32  # most plans compared within one stage's rounding window
+TIE_CANDIDATES = 32  # MILP: most plans compared within one stage's tolerance window
 
 
 @dataclass(frozen=True)
 class _Ties:
     best: tuple  # (allocation, placement check) of least value in floating point
-    complete: bool  # every plan in the rounding window was compared
+    complete: bool  # the stage's optimum is settled to TIE_TOLERANCE
+    bound: float = math.nan  # a true lower bound of the stage, in its own unit (cpsat)
 
 
 def _settle_ties(loop: _CutLoop, backend, stage, objective: Objective, index: int, value, found) -> _Ties:
-    """Make a latency stage's optimum exact in floating point, whatever the solver's resolution.
+    """Make a latency stage's optimum exact in floating point, whatever the solver's resolution."""
+    solves = loop.solves
+    try:
+        if backend is cpsat:
+            return _settle_on_fine_grid(loop, stage, objective, index, value, found)
+        return _settle_by_listing(loop, backend, stage, objective, index, value, found)
+    finally:
+        loop.solves = solves  # settling does not count as iterations of the search
 
-    CP-SAT rounds the stage to an integer grid; a plan's scaled value moves by at most
-    `stage.slack / 2` steps, so every plan at least as good in floating point as the one found (of
-    scaled value `value`) lies in the window scaled <= value + slack. HiGHS has feasibility and
-    optimality tolerances: its window is value + 1e-6 relative. The window's plans that meet the
-    SLOs and place are listed one by one (each found plan forbidden while the window is open)
-    until none is left; the least in floating point wins. The stage then keeps the window, without
-    the plans found worse, so later stages choose among the exact ties only."""
+
+def _settle_on_fine_grid(loop: _CutLoop, stage, objective: Objective, index: int, value: int, found) -> _Ties:
+    """CP-SAT rounds a latency stage to an integer grid (1e-5 of the stage's scale); a plan's scaled
+    value moves by at most `stage.slack / 2` steps, so every plan at least as good in floating point
+    as the one found (scaled value `value`) lies in the window scaled <= value + slack. The window
+    is kept, and the stage solved again within it on a grid 1e8 times finer (1e-13), hinted with
+    the plan found; that grid's window is kept in turn, so later stages choose among plans within
+    1e-12 of the optimum: ties closer than that are equal (TIE_TOLERANCE, as in every backend)."""
+    model = loop.model
+    cpsat.keep_window(model, stage, value)
+    fine = cpsat.fine_stage(model, objective.stages[index])
+    result, allocation, check = loop.run(fine, found[0])
+    if allocation is None or result.status != "optimal":  # time limit: the coarse plan, within 1e-5
+        return _Ties(found, False)
+    cpsat.keep_window(model, fine, result.value)
+    return _Ties((allocation, check), True, _lower_bound(cpsat, fine, result.bound))
+
+
+def _settle_by_listing(loop: _CutLoop, backend, stage, objective: Objective, index: int, value, found) -> _Ties:
+    """HiGHS has feasibility and optimality tolerances: every plan at least as good as the one
+    found lies within 1e-6 (relative) of its value. The window's plans that meet the SLOs and place
+    are listed one by one (each found plan forbidden while the window is open) until none is left;
+    the least in floating point wins. The stage then keeps the window, without the plans found
+    worse, so later stages choose among the exact ties only."""
     model = loop.model
     backend.open_window(model, stage, value)
     seen = [found]
     backend.forbid(model, found[0], stage.llms, probe=True)
     complete = False
-    solves = loop.solves
     try:
         while len(seen) < TIE_CANDIDATES:
             result, allocation, check = loop.run(stage, None)
@@ -339,7 +365,6 @@ def _settle_ties(loop: _CutLoop, backend, stage, objective: Objective, index: in
             backend.forbid(model, allocation, stage.llms, probe=True)
     finally:
         backend.close_window(model, stage)
-        loop.solves = solves  # the tie search does not count as iterations of the search
     true_value = [_stage_value(objective, loop.options, index, allocation) for allocation, _ in seen]
     least = min(true_value)
     for (allocation, _), v in zip(seen, true_value):
@@ -358,7 +383,7 @@ def _lower_bound(backend, stage, solver_bound: float) -> float:
     return solver_bound
 
 
-TIE_TOLERANCE = 1e-12  # stage values this close are equal (float sums in another order)
+TIE_TOLERANCE = 1e-12  # stage values this close are equal (the fine grid's resolution, float sums)
 
 
 def _stage_value(objective: Objective, options, index: int, allocation: Allocation) -> float:

@@ -335,6 +335,7 @@ def _settle_on_fine_grid(loop: _CutLoop, stage, objective: Objective, index: int
     the plan found; that grid's window is kept in turn, so later stages choose among plans within
     1e-12 of the optimum: ties closer than that are equal (TIE_TOLERANCE, as in every backend)."""
     model = loop.model
+    assert isinstance(model, cpsat.AllocationModel)  # the CP-SAT backend's model
     cpsat.keep_window(model, stage, value)
     fine = cpsat.fine_stage(model, objective.stages[index])
     result, allocation, check = loop.run(fine, found[0])

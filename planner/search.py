@@ -300,8 +300,8 @@ def _solve_model(
         # settled (_settle_ties): the optimum to TIE_TOLERANCE, ties closer than that being equal
         bound = values[0] if not first_bound < values[0] * (1 - TIE_TOLERANCE) else first_bound
     elif status == "optimal":
-        status = "feasible"  # the tie search was cut short: optimal on the grid, within its rounding
-        notes += ("plans within the latency grid's rounding were not all compared; the bound accounts for it",)
+        status = "feasible"  # settling near-ties was cut short: optimal on the grid, within its rounding
+        notes += ("near-ties within the latency grid's rounding were not settled (time limit); the bound accounts for it",)
     bound = min(bound, values[0])
     return Outcome(best[0], best[1], status, values, bound, loop.solves, model.cuts, notes)
 

@@ -6,7 +6,7 @@ critical-path share, against the simulator.
 Plan instances/ensemble-4xa6000.yaml (three judges answer side by side, an aggregator follows),
 keep the allocation, and at 10%..80% of its capacity compare the simulated mean workflow latency
 with the pipeline's prediction: `old` sums every LLM's contribution as if serial (f = 1 for all),
-`new` weights each by its traced critical-path share f (models/critical_path.py). The old plan
+`new` weights each by its traced critical-path share f (models/instance/statistic.py). The old plan
 (planned with f = 1) is shown too: what the planner chose when it counted every judge in full.
 """
 
@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from scepsy.models.alp import predict
-from scepsy.models.instance import load_instance
-from scepsy.models.simulator import SimulationSettings, simulate
-from scepsy.planner.search import make_plan
+from scepsy.models.performance.alp import predict
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.simulation.simulator import SimulationSettings, simulate
+from scepsy.planner.allocation.planning import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCE = ROOT / "instances" / "ensemble-4xa6000.yaml"

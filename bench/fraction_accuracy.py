@@ -24,13 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from scepsy.models import catalog
-from scepsy.models.alp import predict
-from scepsy.models.instance import load_instance
-from scepsy.models.profile import LlmProfile, load_profile
-from scepsy.models.synthesize import SynthesisSettings, load_request_source, synthesize
-from scepsy.models.profile import write_profile
-from scepsy.planner.search import PlanSettings, make_plan
+from scepsy.models.catalog import catalog
+from scepsy.models.performance.alp import predict
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.instance.profile import LlmProfile, load_profile
+from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
+from scepsy.models.instance.profile import write_profile
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_PROFILES = sorted((ROOT / "instances" / "profiles").glob("*.csv"))

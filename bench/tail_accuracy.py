@@ -22,11 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from scepsy.models.allocation import Allocation, LlmAllocation
-from scepsy.models.alp import predict
-from scepsy.models.instance import load_instance
-from scepsy.models.simulator import SimulationSettings, simulate
-from scepsy.planner.search import PlanSettings, make_plan
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.performance.alp import predict
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.simulation.simulator import SimulationSettings, simulate
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCES = sorted((ROOT / "instances").glob("*.yaml"))

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from scepsy.models.allocation import Allocation, LlmAllocation
-from scepsy.models.alp import predict
-from scepsy.models.instance import load_instance
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.performance.alp import predict
+from scepsy.models.instance.instance import load_instance
 
 
 def alloc(*choices):
@@ -109,7 +109,7 @@ def test_tail_metric_from_the_traced_latency_ratios(write_instance):
 def test_max_throughput_plan_is_consistent_with_shared_limits(write_instance):
     """At the largest load factor, every workflow's limit covers its own rate, and the shared
     generator leaves no more: the binding workflow's limit is its rate (bisection tolerance)."""
-    from scepsy.planner.search import make_plan
+    from scepsy.planner.allocation.planning import make_plan
 
     def shared(doc):
         doc["objective"] = "max_throughput"

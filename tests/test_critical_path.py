@@ -1,4 +1,4 @@
-"""The critical-path share (models/critical_path.py): exact for serial requests, the request's LLM
+"""The critical-path share (models/instance/statistic.py): exact for serial requests, the request's LLM
 time split among the LLMs running side by side, and the pipeline unchanged where f = 1."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scepsy.models.critical_path import critical_time_s, merged_segments
-from scepsy.models.allocation import Allocation, LlmAllocation
-from scepsy.models.alp import predict
-from scepsy.models.instance import load_instance
-from scepsy.models.simulator import SimulationSettings, simulate
-from scepsy.tracing.stats import union_length
+from scepsy.models.instance.statistic import critical_time_s, merged_segments, union_length
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.performance.alp import predict
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.simulation.simulator import SimulationSettings, simulate
 
 from conftest import INSTANCES
 

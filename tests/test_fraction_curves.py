@@ -11,7 +11,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scepsy.models.profile import build_profile
+from scepsy.models.instance.profile import build_profile
 
 GRID = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 POINTS = (0.05, 0.2, 0.4, 0.6, 0.8, 0.9, 1.0)
@@ -80,11 +80,11 @@ def test_derived_curves_name_their_sources_and_rise_with_load(profile, f):
 
 
 def test_plan_output_marks_derived_curves(write_instance):
-    from scepsy.models.allocation import Allocation, LlmAllocation
-    from scepsy.models.alp import predict
-    from scepsy.models.instance import load_instance
-    from scepsy.models.plan import prediction_to_json
-    from scepsy.models.report import llm_table
+    from scepsy.models.instance.allocation import Allocation, LlmAllocation
+    from scepsy.models.performance.alp import predict
+    from scepsy.models.instance.instance import load_instance
+    from scepsy.models.plan.plan import prediction_to_json
+    from scepsy.models.plan.report import llm_table
 
     instance = load_instance(write_instance())  # profiles measured at fractions 0.5 and 1.0
     allocation = Allocation(10, (LlmAllocation("gen", "A6000", 1, 7, 1), LlmAllocation("ver", "A6000", 2, 5, 1)))

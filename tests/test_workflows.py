@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scepsy.tracing.stats import aggregate
-from scepsy.tracing.workflows import BeamSearch, Rag, run_open_loop
+from scepsy.tracing.statistics.stats import aggregate
+from examples.workflows import BeamSearch, Rag, run_open_loop
 
 from tracing_fixtures import Recorder, engine, proxied, wait_for  # noqa: F401 - fixtures
 
@@ -27,7 +27,7 @@ def test_beam_search_structure_through_the_proxy(proxied):
 
 def test_rag_structure_and_open_loop_runner(engine):
 
-    from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app
+    from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app
 
     recorder = Recorder()
     upstreams = {name: engine.url for name in ("emb", "rerank", "gen")}
@@ -47,8 +47,8 @@ def test_rag_structure_and_open_loop_runner(engine):
 def test_judge_ensemble_runs_judges_side_by_side(engine):
     """Three judges answer at once, the aggregator after them: the traced critical-path shares
     count the judges' overlap once (below 1), the aggregator in full; the serial RAG above keeps 1."""
-    from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app
-    from scepsy.tracing.workflows import JudgeEnsemble
+    from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app
+    from examples.workflows import JudgeEnsemble
 
     recorder = Recorder()
     names = ("judge-a", "judge-b", "judge-c", "aggregator")

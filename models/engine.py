@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from .catalog import BYTES_BF16, GpuCard, ModelCard
 
@@ -72,6 +73,16 @@ class EngineSettings:
 
 
 DEFAULT_SETTINGS = EngineSettings()
+
+
+class IterationTimer(Protocol):
+    """Another engine model (models/aiconfigurator.py): the time of one iteration of a replica on
+    whole GPUs. The Engine keeps its own memory model and scheduler limits, and divides the time by
+    the GPU fraction (a share f gets f of the compute and bandwidth, as in the roofline)."""
+
+    name: str
+
+    def iteration_time_s(self, work: "IterationWork") -> float: ...
 
 
 @dataclass(frozen=True)
@@ -125,6 +136,7 @@ class Engine:
     fraction: float = 1.0
     settings: EngineSettings = field(default=DEFAULT_SETTINGS)
     interconnect: str | None = None  # "nvlink" or "pcie"; None: NVLink when it spans the replica
+    timer: IterationTimer | None = None  # another engine model's iteration times (None: the roofline)
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -185,9 +197,9 @@ class Engine:
         attended = work.prefill_attention + work.decode_context
         flops = 2.0 * m.dense_params * tokens
         flops += 2.0 * m.lm_head_params * work.sequences
-        flops += 4.0 * m.layers * m.heads * m.head_dim * attended
+        flops += m.attention_flops(attended, tokens)
         kv_tokens = work.decode_context + work.prefill_past_tokens + tokens
-        nbytes = m.streamed_weight_bytes + m.kv_bytes_per_token * kv_tokens
+        nbytes = m.streamed_weight_bytes_for(tokens) + m.kv_bytes_read(kv_tokens, max(work.sequences, 1))
         share = self.tp * self.fraction
         compute_s = flops / (share * self.gpu.bf16_tflops * 1e12 * s.compute_efficiency)
         memory_s = nbytes / (share * self.gpu.hbm_gbps * 1e9 * s.memory_efficiency)
@@ -198,6 +210,8 @@ class Engine:
         return IterationTime(compute_s, memory_s, comm_s, overhead_s)
 
     def iteration_time_s(self, work: IterationWork) -> float:
+        if self.timer is not None:
+            return self.timer.iteration_time_s(work) / self.fraction
         return self.breakdown(work).total_s
 
     def decode_step_time_s(self, batch: int, mean_context: float) -> float:
@@ -213,9 +227,13 @@ class Engine:
         first = self.breakdown(IterationWork(decode_sequences=batch, decode_context=context))
         if steps <= 1:
             return [first.total_s][:steps]
+        if self.timer is not None or self.model.sliding_layers:
+            # not linear in the step: time every step
+            return [self.iteration_time_s(IterationWork(decode_sequences=batch, decode_context=context + i * batch))
+                    for i in range(steps)]
         m, s = self.model, self.settings
         share = self.tp * self.fraction
-        compute_slope = 4.0 * m.layers * m.heads * m.head_dim * batch / (
+        compute_slope = m.attention_flops(batch, batch) / (
             share * self.gpu.bf16_tflops * 1e12 * s.compute_efficiency
         )
         memory_slope = m.kv_bytes_per_token * batch / (share * self.gpu.hbm_gbps * 1e9 * s.memory_efficiency)

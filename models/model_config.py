@@ -253,8 +253,8 @@ def resolve_model(name_or_path: str, weights: str | None = None, field: str = "-
     if card is None:
         path = Path(name_or_path)
         if not path.exists():
-            raise InputError(None, field, f"unknown model {name_or_path!r} and no such file",
-                             f"give a local config.json or model directory, or one of: {', '.join(MODELS)}")
+            raise InputError(None, field, f"unknown model {name_or_path!r}",
+                             f"use one of: {', '.join(MODELS)}, or give a local config.json or model directory")
         return card_from_config(path, weights)
     if weights is None or weights == card.weights:
         return card

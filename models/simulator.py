@@ -29,16 +29,19 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import simpy
 
 from .allocation import Allocation
+from .aiconfigurator import make_timer
 from .catalog import GpuCard, ModelCard, find_gpu, find_model
 from .engine import DEFAULT_SETTINGS, Engine, EngineSettings
 from .errors import InputError
 from .instance import Instance, Workflow
+from .model_config import card_from_config
 from .programs import default_program, run_program
 from .replica import ReplicaSim, Request, Router
 
@@ -51,11 +54,14 @@ def model_card(instance: Instance, llm: str) -> ModelCard:
     """The catalog model of an instance LLM (by its `model` id, else its name)."""
     spec = instance.llm(llm)
     card = find_model(spec.model) or find_model(spec.name)
+    config = Path(instance.source).parent / spec.model if instance.source else Path(spec.model)
+    if card is None and (config.is_dir() or config.suffix == ".json"):
+        return card_from_config(config)  # the model given by its config.json (path relative to the instance)
     if card is None:
         index = [m.name for m in instance.llms].index(llm)
         raise InputError(
             instance.source, f"llms[{index}] ({llm}).model", f"model {spec.model!r} is not in the engine catalog",
-            "use a model of models/catalog.py (e.g. meta-llama/Llama-3.1-8B) or add its architecture there",
+            "use a model of models/catalog.py (e.g. meta-llama/Llama-3.1-8B) or the path of its config.json",
         )
     return card
 
@@ -87,8 +93,11 @@ def gpu_card(instance: Instance, gpu_type: str) -> GpuCard:
 
 
 def engine_for(instance: Instance, llm: str, gpu_type: str, tp: int, fraction: float,
-               settings: EngineSettings = DEFAULT_SETTINGS) -> Engine:
-    return Engine(model_card(instance, llm), gpu_card(instance, gpu_type), tp, fraction, settings)
+               settings: EngineSettings = DEFAULT_SETTINGS, engine_model: str = "builtin",
+               backend: str = "vllm", database_version: str = "current") -> Engine:
+    card, gpu = model_card(instance, llm), gpu_card(instance, gpu_type)
+    timer = make_timer(engine_model, card, gpu, tp, backend, database_version)
+    return Engine(card, gpu, tp, fraction, settings, timer=timer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,6 +193,9 @@ class SimulationSettings:
     seed: int = 0
     engine: EngineSettings = DEFAULT_SETTINGS
     routing: str = "cache_aware"  # or "least_outstanding" (models/replica.py Router)
+    engine_model: str = "builtin"  # or "aiconfigurator" (models/aiconfigurator.py)
+    backend: str = "vllm"  # AIConfigurator's framework database: vllm, sglang or trtllm
+    database_version: str = "current"
 
     @property
     def warmup(self) -> float:
@@ -406,7 +418,8 @@ def simulate(
     engines = {}
     for choice in allocation.llms:
         fraction = choice.share / allocation.fractions_per_gpu
-        engines[choice.llm] = engine_for(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine)
+        engines[choice.llm] = engine_for(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine,
+                                         settings.engine_model, settings.backend, settings.database_version)
     cluster = SimCluster(env, engines, settings.routing)
     for choice in allocation.llms:
         for _ in range(choice.replicas):

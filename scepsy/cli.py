@@ -57,7 +57,11 @@ TracesArg = Annotated[list[Path], typer.Argument(help="Trace files: proxy stores
 GpuTypeOpt = Annotated[str, typer.Option("--gpu-type", help="GPU type the profile rows are for (a name of the instance's cluster.gpu_types).")]
 TpOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree of the replica (profiled or emulated).")]
 FractionOpt = Annotated[float, typer.Option("--fraction", min=0.0, max=1.0, help="GPU fraction per shard of the replica (profiled or emulated), in (0, 1].")]
-CatalogModelOpt = Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id), see models/catalog.py.")]
+CatalogModelOpt = Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id, see models/catalog.py), or a local config.json or model directory.")]
+WeightsOpt = Annotated[Optional[str], typer.Option("--weights", help="Weight precision: bf16, fp8 or int4 (default: the config's quantization, else bf16).")]
+EngineModelOpt = Annotated[str, typer.Option("--engine-model", help="builtin (roofline) or aiconfigurator (NVIDIA's measured kernel database; pip install 'scepsy[aiconfigurator]').")]
+EngineBackendOpt = Annotated[str, typer.Option("--backend", help="With --engine-model aiconfigurator: vllm, sglang or trtllm.")]
+DatabaseVersionOpt = Annotated[str, typer.Option("--database-version", help="With --engine-model aiconfigurator: the framework version of its database (current, previous, next or a version).")]
 CatalogGpuOpt = Annotated[str, typer.Option("--gpu", help="Catalog GPU (A6000, A100-80G, H100, H200, L40S, L4, ...).")]
 HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")]
 PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")]
@@ -297,8 +301,8 @@ def predict(
 
 @profiles_app.command("synthesize")
 def profiles_synthesize(
-    model: Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id), see models/catalog.py.")],
-    gpu: Annotated[str, typer.Option("--gpu", help="Catalog GPU (A6000, A100-80G, H100, H200, L40S, L4, ...); also the profile's gpu_type unless --gpu-type-name.")],
+    model: Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id, see models/catalog.py), or a local config.json or model directory.")],
+    gpu: Annotated[str, typer.Option("--gpu", help="Catalog GPU (A6000, A100-80G, H100, H200, B200, L40S, L4, ...); also the profile's gpu_type unless --gpu-type-name.")],
     out: Annotated[Path, typer.Option("--out", help="Profile CSV to write.")],
     tp: Annotated[str, typer.Option("--tp", help="Tensor-parallel degrees, comma-separated.")] = "1",
     fractions: Annotated[str, typer.Option("--fractions", help="GPU fractions per shard, comma-separated.")] = "0.2,0.5,1.0",
@@ -308,6 +312,10 @@ def profiles_synthesize(
     min_kv_gib: Annotated[float, typer.Option("--min-kv-gib", min=0.0, help="Skip fractions whose KV cache is smaller.")] = 0.0,
     requests_per_point: Annotated[int, typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point.")] = 400,
     merge: Annotated[bool, typer.Option("--merge", help="Keep the rows of other (gpu_type, tp) pairs already in --out.")] = False,
+    weights: WeightsOpt = None,
+    engine_model: EngineModelOpt = "builtin",
+    backend: EngineBackendOpt = "vllm",
+    database_version: DatabaseVersionOpt = "current",
     seed: SeedOpt = 0,
     json_output: JsonOpt = False,
 ) -> None:
@@ -315,11 +323,13 @@ def profiles_synthesize(
     import pandas as pd
 
     from scepsy.models import catalog
+    from scepsy.models.aiconfigurator import make_timer
+    from scepsy.models.model_config import describe, resolve_model
     from scepsy.models.profile import read_profile_frame, write_profile
     from scepsy.models.synthesize import SynthesisSettings, load_request_source, stable_capacity_rps, synthesize
 
     with _errors():
-        card, gpu_card = catalog.model(model), catalog.gpu(gpu)
+        card, gpu_card = resolve_model(model, weights), catalog.gpu(gpu)
         tps = [int(x) for x in _float_list(tp, "--tp")]
         fracs = _float_list(fractions, "--fractions")
         if any(f > 1 for f in fracs):
@@ -327,9 +337,10 @@ def profiles_synthesize(
         source = load_request_source(requests, llm)
         label = gpu_type_name or gpu
         settings = SynthesisSettings(requests_per_point=requests_per_point, seed=seed)
+        timers = {t: make_timer(engine_model, card, gpu_card, t, backend, database_version) for t in tps}
         with _progress(f"synthesizing {card.name} on {label}", len(tps) * len(fracs)) as advance:
             frame, skipped = synthesize(card, gpu_card, tps, fracs, source, settings, label, min_kv_gib,
-                                        progress=lambda text: advance(None, text))
+                                        progress=lambda text: advance(None, text), timer_for=timers.get)
         if frame.empty:
             raise InputError(None, "--fractions", "no (tp, fraction) fits the model", "use larger fractions or TP degrees")
         if merge and out.is_file():
@@ -343,6 +354,8 @@ def profiles_synthesize(
             "gpu": gpu_card.name,
             "gpu_type": label,
             "requests": source.name,
+            "model_card": describe(card),
+            "engine_model": {f"tp{t}": timer.describe() for t, timer in timers.items() if timer} or "builtin",
             "mean_prompt_tokens": round(source.mean_prompt_tokens, 1),
             "mean_completion_tokens": round(source.mean_completion_tokens, 1),
             "rows": int(len(frame)),
@@ -355,6 +368,8 @@ def profiles_synthesize(
         _emit_json(summary, None, json_output)
         if not json_output:
             stdout.print(f"wrote {out}: {len(frame)} rows ({card.name} on {label}, requests {source.name})")
+            for timer in (t for t in timers.values() if t):
+                stdout.print(f"  engine model: {timer.describe()}", markup=False, highlight=False)
             for key, capacity in summary["capacity_rps"].items():
                 stdout.print(f"  {key}: capacity_rps {capacity:.4g}")
             for s in skipped:
@@ -401,6 +416,9 @@ def simulate(
     arrivals: Annotated[Optional[Path], typer.Option("--arrivals", help="Arrival timestamps: JSONL {workflow, arrival_s} or an Azure-format CSV.")] = None,
     calls_out: Annotated[Optional[Path], typer.Option("--calls-out", help="Write every LLM call as JSONL (input of profiles synthesize --requests).")] = None,
     routing: Annotated[str, typer.Option("--routing", help="cache_aware (SGLang-like: least outstanding with prefix affinity) or least_outstanding.")] = "cache_aware",
+    engine_model: EngineModelOpt = "builtin",
+    backend: EngineBackendOpt = "vllm",
+    database_version: DatabaseVersionOpt = "current",
     seed: SeedOpt = 0,
     json_output: JsonOpt = False,
     out: OutOpt = None,
@@ -427,7 +445,8 @@ def simulate(
         timestamps = _load_arrivals(arrivals, [w.name for w in loaded.workflows]) if arrivals is not None else None
         if routing not in ("cache_aware", "least_outstanding"):
             raise InputError(None, "--routing", f"unknown routing {routing!r}", "use cache_aware or least_outstanding")
-        settings = SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing)
+        settings = SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing,
+                                      engine_model=engine_model, backend=backend, database_version=database_version)
         results = []
         with _progress("simulating", len(points)) as advance:
             for index, point in enumerate(points):
@@ -755,13 +774,18 @@ def emulate(
     speedup: Annotated[float, typer.Option("--speedup", help="Run the modelled clock this many times faster than the wall clock (every modelled time is divided by it).")] = 1.0,
     mean_output_tokens: Annotated[float, typer.Option("--mean-output-tokens", min=0.0, help="Draw each sequence's end from a geometric length of this mean (0: sequences run to max_tokens).")] = 0.0,
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="Reuse the KV cache of earlier prompts and outputs (vLLM's default).")] = True,
+    weights: WeightsOpt = None,
+    engine_model: EngineModelOpt = "builtin",
+    backend: EngineBackendOpt = "vllm",
+    database_version: DatabaseVersionOpt = "current",
 ) -> None:
     """Serve an OpenAI-compatible engine emulator whose timing follows the engine model (until Ctrl-C)."""
     from scepsy.tracing.emulator import emulator_config, serve
 
     with _errors():
         config = emulator_config(model, gpu, tp, fraction, served_model_name, max_model_len, speedup,
-                                 mean_output_tokens, prefix_caching)
+                                 mean_output_tokens, prefix_caching, weights=weights, engine_model=engine_model,
+                                 backend=backend, database_version=database_version)
         stderr.print(f"scepsy emulate on http://{host}:{port}: {config.describe()}", markup=False, highlight=False, soft_wrap=True)
         serve(config, host=host, port=port)
 

@@ -133,3 +133,39 @@ def test_bad_configs_are_one_line_input_errors(tmp_path):
         card_from_config(bad)
     with pytest.raises(InputError, match="--weights"):
         card_from_config(CONFIGS / "Qwen--Qwen3-8B", weights="fp4")
+
+
+def test_cli_synthesizes_a_profile_from_a_config_json(tmp_path):
+    from typer.testing import CliRunner
+
+    from scepsy.cli import app
+
+    out = tmp_path / "qwen.csv"
+    result = CliRunner().invoke(app, [
+        "profiles", "synthesize", "--model", str(CONFIGS / "Qwen--Qwen3-32B-FP8"), "--gpu", "H100-PCIE",
+        "--tp", "1", "--fractions", "1.0", "--requests", "fixed:512,64", "--requests-per-point", "50", "--out", str(out), "--json",
+    ])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["model_card"]["weights"] == "fp8" and summary["model_card"]["params_b"] == pytest.approx(32.8, rel=0.01)
+    assert summary["engine_model"] == "builtin" and summary["rows"] == 15
+    # bf16 weights (61 GiB) leave less KV cache on one 80 GiB GPU than fp8 (31 GiB): less capacity
+    bf16 = CliRunner().invoke(app, [
+        "profiles", "synthesize", "--model", str(CONFIGS / "Qwen--Qwen3-32B-FP8"), "--weights", "bf16", "--gpu", "H100-PCIE",
+        "--tp", "1", "--fractions", "1.0", "--requests", "fixed:512,64", "--requests-per-point", "50", "--out", str(tmp_path / "b.csv"), "--json",
+    ])
+    assert bf16.exit_code == 0, bf16.output
+    assert json.loads(bf16.output)["capacity_rps"]["tp1/f1"] < summary["capacity_rps"]["tp1/f1"]
+
+
+def test_cli_bad_model_path_and_weights_are_one_line_exit_2(tmp_path):
+    from typer.testing import CliRunner
+
+    from scepsy.cli import app
+
+    runner = CliRunner()
+    missing = runner.invoke(app, ["profiles", "synthesize", "--model", str(tmp_path), "--gpu", "H100", "--out", str(tmp_path / "x.csv")])
+    assert missing.exit_code == 2 and "no config.json" in missing.output and "Traceback" not in missing.output
+    weights = runner.invoke(app, ["profiles", "synthesize", "--model", "llama-3.1-8b", "--weights", "fp2", "--gpu", "H100",
+                                  "--out", str(tmp_path / "x.csv")])
+    assert weights.exit_code == 2 and "--weights" in weights.output

@@ -930,13 +930,13 @@ def profile(
 
 @profiles_app.command("import")
 def profiles_import(
-    files: Annotated[list[Path], typer.Argument(help="vllm bench serve result JSON files and/or sglang.bench_serving JSONL files.", show_default=False)],
+    files: Annotated[list[Path], typer.Argument(help="vllm bench serve result JSON files, vllm bench sweep serve result directories and/or sglang.bench_serving JSONL files.", show_default=False)],
     gpu_type: GpuTypeOpt,
     out: Annotated[Path, typer.Option("--out", help="Profile CSV; rows of other (gpu_type, tp, fraction) already in it are kept.")],
     tp: TpOpt = 1,
     fraction: FractionOpt = 1.0,
 ) -> None:
-    """Import benchmark results (one row per run) into the profile CSV format."""
+    """Import benchmark results (one row per run; --max-concurrency runs as closed-loop points) into the profile CSV format."""
     from scepsy.tracing.benchimport import import_bench_results
 
     with _errors():

@@ -47,6 +47,9 @@ from typing import Protocol
 from .catalog import BYTES_BF16, GpuCard, ModelCard
 
 GIB = 1024**3
+# Fitted against AIConfigurator's measured MoE kernels (docs/engine-model.md, "Against AIConfigurator"):
+# grouped expert GEMMs over few tokens per expert run well below the dense GEMM rate.
+MOE_EFFICIENCY = 0.2
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,7 @@ class EngineSettings:
     compute_efficiency: float = 0.70  # fraction of dense bf16 peak large GEMMs reach
     memory_efficiency: float = 0.80  # fraction of HBM bandwidth weight/KV streaming reaches
     link_efficiency: float = 0.70  # fraction of per-direction link bandwidth an all-reduce reaches
+    moe_efficiency: float = MOE_EFFICIENCY  # routed-expert GEMMs reach this fraction of the dense GEMMs' rate
     iteration_overhead_s: float = 1.2e-3  # scheduler, input preparation, sampling launch
     layer_overhead_s: float = 10e-6  # kernel gaps per layer (CUDA graphs keep this small)
     sequence_overhead_s: float = 6e-6  # per running sequence: sampling, detokenizing, bookkeeping
@@ -64,7 +68,7 @@ class EngineSettings:
     max_num_batched_tokens: int = 2048  # vLLM's chunked-prefill token budget (API server default)
 
     def __post_init__(self) -> None:
-        for name in ("compute_efficiency", "memory_efficiency", "link_efficiency", "memory_utilization"):
+        for name in ("compute_efficiency", "memory_efficiency", "link_efficiency", "moe_efficiency", "memory_utilization"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"{name} must lie in (0, 1], got {value}")
@@ -146,6 +150,16 @@ class Engine:
         if self.interconnect not in (None, "nvlink", "pcie"):
             raise ValueError(f"interconnect must be nvlink or pcie, got {self.interconnect!r}")
 
+    # -- efficiencies: the settings', scaled by the GPU's calibration (models/catalog.py) ---------
+
+    @property
+    def _compute_efficiency(self) -> float:
+        return min(self.settings.compute_efficiency * self.gpu.compute_scale, 1.0)
+
+    @property
+    def _memory_efficiency(self) -> float:
+        return min(self.settings.memory_efficiency * self.gpu.memory_scale, 1.0)
+
     # -- memory ---------------------------------------------------------------------------------
 
     @property
@@ -185,7 +199,7 @@ class Engine:
             bandwidth, latency_us = self.gpu.nvlink_gbps, self.gpu.nvlink_latency_us
         else:
             bandwidth, latency_us = self.gpu.pcie_gbps, self.gpu.pcie_latency_us
-        per_direction = bandwidth / 2 * 1e9 * self.settings.link_efficiency
+        per_direction = bandwidth / 2 * 1e9 * min(self.settings.link_efficiency * self.gpu.link_scale, 1.0)
         return latency_us * 1e-6 + 2 * (self.tp - 1) / self.tp * nbytes / per_direction
 
     def breakdown(self, work: IterationWork) -> IterationTime:
@@ -201,8 +215,9 @@ class Engine:
         kv_tokens = work.decode_context + work.prefill_past_tokens + tokens
         nbytes = m.streamed_weight_bytes_for(tokens) + m.kv_bytes_read(kv_tokens, max(work.sequences, 1))
         share = self.tp * self.fraction
-        compute_s = flops / (share * self.gpu.bf16_tflops * 1e12 * s.compute_efficiency)
-        memory_s = nbytes / (share * self.gpu.hbm_gbps * 1e9 * s.memory_efficiency)
+        flops += 2.0 * m.routed_expert_params * tokens * (1.0 / s.moe_efficiency - 1.0)  # slower expert GEMMs
+        compute_s = flops / (share * self.gpu.bf16_tflops * 1e12 * self._compute_efficiency)
+        memory_s = nbytes / (share * self.gpu.hbm_gbps * 1e9 * self._memory_efficiency)
         comm_s = 0.0
         if self.tp > 1:
             comm_s = 2 * m.layers * self._allreduce_s(tokens * m.hidden * BYTES_BF16)
@@ -234,9 +249,9 @@ class Engine:
         m, s = self.model, self.settings
         share = self.tp * self.fraction
         compute_slope = m.attention_flops(batch, batch) / (
-            share * self.gpu.bf16_tflops * 1e12 * s.compute_efficiency
+            share * self.gpu.bf16_tflops * 1e12 * self._compute_efficiency
         )
-        memory_slope = m.kv_bytes_per_token * batch / (share * self.gpu.hbm_gbps * 1e9 * s.memory_efficiency)
+        memory_slope = m.kv_bytes_per_token * batch / (share * self.gpu.hbm_gbps * 1e9 * self._memory_efficiency)
         fixed = first.comm_s + first.overhead_s
         return [
             max(first.compute_s + i * compute_slope, first.memory_s + i * memory_slope) + fixed for i in range(steps)

@@ -32,7 +32,14 @@ max_num_seqs sequences). Encoder-only models (embedders, cross-encoder rerankers
 attention is bidirectional within each sequence (A = sum of squared lengths) and nothing is kept.
 
 The efficiency and overhead constants are calibrated against published measurements; the fit
-and its error are in docs/engine-model.md (bench/engine_validation.py reproduces the table).
+and its error are in docs/engine-model.md (bench/engine_validation.py reproduces the table). Per
+GPU, the catalog's compute/memory/link scales multiply the efficiencies (fitted against
+AIConfigurator, bench/engine_model_comparison.py); the routed-expert FLOPs of MoE models run at
+`moe_efficiency` of the dense rate, the weights streamed per iteration are the experts its tokens
+touch (models/catalog.py), and sliding-window layers read at most their window of KV.
+
+`Engine(..., timer=...)` replaces the roofline time of every iteration by another engine model's
+(`IterationTimer`, models/aiconfigurator.py); memory and scheduler limits stay this module's.
 
 This module is a public API: the simulator (models/simulator.py), profile synthesis
 (models/synthesize.py) and an OpenAI-compatible emulator time token generation with it.

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .catalog import GpuCard, ModelCard
+from .catalog import GpuCard, ModelCard, find_gpu
 from .engine import IterationWork
 from .errors import InputError
 
@@ -91,7 +91,9 @@ def _require_package() -> str:
 
 
 def system_for(gpu: GpuCard) -> str:
-    system = SYSTEMS.get(gpu.name)
+    """The AIConfigurator system of a catalog GPU (also under an instance's name for it, e.g. H100)."""
+    catalog_card = find_gpu(gpu.name)
+    system = SYSTEMS.get(catalog_card.name if catalog_card else gpu.name)
     if system is None:
         raise EngineModelUnavailable(
             "--gpu", f"AIConfigurator has no measured database for {gpu.name}",
@@ -157,12 +159,13 @@ class AiconfiguratorTimer:
     package: str = field(init=False, default="")
     resolved_version: str = field(init=False, default="")
     measured_share: float = field(init=False, default=0.0)
+    system: str = field(init=False, default="")
 
     def __post_init__(self) -> None:
         self.package = _require_package()
         if self.backend not in BACKENDS:
             raise EngineModelUnavailable("--backend", f"unknown backend {self.backend!r}", f"use one of: {', '.join(BACKENDS)}")
-        system = system_for(self.gpu)
+        system = self.system = system_for(self.gpu)
         database = _database(system, self.backend, self.database_version)
         self.resolved_version = str(getattr(database, "version", self.database_version))
         from aiconfigurator_core.sdk.engine import EngineHandle
@@ -194,7 +197,7 @@ class AiconfiguratorTimer:
         return silicon / total if total > 0 else 0.0
 
     def describe(self) -> str:
-        return (f"AIConfigurator {self.package}, {self.backend} {self.resolved_version} on {SYSTEMS[self.gpu.name]}, "
+        return (f"AIConfigurator {self.package}, {self.backend} {self.resolved_version} on {self.system}, "
                 f"tp={self.tp}: {self.measured_share:.0%} of the time from measured kernels")
 
     # -- timing ---------------------------------------------------------------------------------

@@ -81,3 +81,24 @@ def test_synthesis_runs_on_either_engine_model():
     roofline, _ = synthesize(card, l40s, [1], [1.0], source, settings)
     assert len(measured) == len(roofline) == 3
     assert list(measured["latency_mean"]) != list(roofline["latency_mean"])
+
+
+def test_emulator_and_simulator_use_it(write_instance):
+    from scepsy.models.instance import load_instance
+    from scepsy.models.simulator import engine_for
+    from scepsy.tracing.emulator import emulator_config
+
+    config = emulator_config(str(CONFIGS / "Qwen--Qwen3-8B"), "H100", engine_model="aiconfigurator", backend="sglang")
+    assert config.timer is not None and "timed by AIConfigurator" in config.describe()
+    assert config.engine.timer is config.timer
+
+    def h100_llama(doc):
+        doc["cluster"]["gpu_types"] = {"H100": {"memory_gib": 80}}
+        doc["cluster"]["nodes"][0]["gpu_type"] = "H100"
+        doc["llms"][1]["model"] = "meta-llama/Llama-3.1-8B"
+
+    from conftest import profile_rows
+    instance = load_instance(write_instance(h100_llama, profiles={"gen.csv": profile_rows("H100"), "ver.csv": profile_rows("H100")}))
+    engine = engine_for(instance, "ver", "H100", 1, 1.0, engine_model="aiconfigurator")
+    assert engine.timer is not None and engine.timer.tp == 1
+    assert engine_for(instance, "ver", "H100", 1, 1.0).timer is None

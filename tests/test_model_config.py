@@ -4,6 +4,7 @@ says where each file and each published parameter count comes from)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -169,3 +170,13 @@ def test_cli_bad_model_path_and_weights_are_one_line_exit_2(tmp_path):
     weights = runner.invoke(app, ["profiles", "synthesize", "--model", "llama-3.1-8b", "--weights", "fp2", "--gpu", "H100",
                                   "--out", str(tmp_path / "x.csv")])
     assert weights.exit_code == 2 and "--weights" in weights.output
+
+
+def test_an_instance_llm_given_by_its_config_json(write_instance, tmp_path):
+    from scepsy.models.instance import load_instance
+    from scepsy.models.simulator import model_card
+
+    shutil.copytree(CONFIGS / "Qwen--Qwen3-8B", tmp_path / "qwen3-8b")
+    instance = load_instance(write_instance(lambda d: d["llms"][1].update(model="qwen3-8b")))
+    card = model_card(instance, "ver")
+    assert card.params == pytest.approx(8.19e9, rel=0.01) and card.kv_heads == 8

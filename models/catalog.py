@@ -131,6 +131,8 @@ class ModelCard:
     @property
     def _moe_fixed_params(self) -> int:
         """Weights of one MoE layer's MLP that every token uses: shared experts and the router."""
+        if self.moe is None:
+            return 0
         return 3 * self.hidden * self.moe.shared_intermediate + self.hidden * self.moe.experts
 
     @property

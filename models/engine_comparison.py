@@ -171,7 +171,7 @@ def _fit_gpu(items, moe_efficiency: float) -> tuple[float, float, float]:
     scales[0] = _fit_scale([(k, c) for k, c in single if c.point.phase == "prefill"], scales, 0, moe_efficiency)
     scales[1] = _fit_scale([(k, c) for k, c in single if c.point.phase == "decode"], scales, 1, moe_efficiency)
     scales[2] = _fit_scale([(k, c) for k, c in items if c.point.tp > 1], scales, 2, moe_efficiency)
-    return tuple(scales)
+    return scales[0], scales[1], scales[2]
 
 
 def fit_calibration(cards: Mapping[str, ModelCard], comparisons: Sequence[Comparison], keep: Iterable[str] = (),

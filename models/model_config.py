@@ -174,7 +174,8 @@ def card_from_config(path: Path | str, weights: str | None = None, name: str | N
     precision the config's quantization_config implies."""
     file, whole = read_config(path)
     source = str(file)
-    config = whole.get("text_config") if isinstance(whole.get("text_config"), dict) else whole
+    text_config = whole.get("text_config")
+    config: dict = text_config if isinstance(text_config, dict) else whole
     if whole.get("is_encoder_decoder"):
         raise InputError(source, "is_encoder_decoder", "encoder-decoder models are not modelled", "give a decoder-only or encoder-only model")
     if weights is not None and weights not in WEIGHT_BYTES:

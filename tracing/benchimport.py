@@ -118,13 +118,12 @@ def result_row(result: dict, where: str, notes: list[str]) -> dict | None:
         if completed is None or not duration:
             raise InputError(where, "request_throughput", "no request_throughput, nor completed and duration", "import a complete result file")
         throughput = completed / duration
-    closed_loop = rate_value is None
-    if closed_loop:
-        rate_value = throughput  # closed loop: what arrives is what completes (module doc)
+    marked = math.nan  # open loop
+    if rate_value is None and concurrency is not None:
+        rate_value, marked = throughput, float(concurrency)  # closed loop: what arrives is what completes (module doc)
         notes.append(f"{where}: closed-loop run at concurrency {concurrency}: arrival_rate = its throughput {throughput:.4g} req/s")
     latencies = _latencies(result, where, notes)
-    return {"arrival_rate": rate_value, "throughput": throughput, **latencies,
-            "concurrency": float(concurrency) if closed_loop else math.nan}
+    return {"arrival_rate": rate_value, "throughput": throughput, **latencies, "concurrency": marked}
 
 
 def _latencies(result: dict, where: str, notes: list[str]) -> dict:
@@ -224,7 +223,10 @@ def _expand(paths: Iterable[Path | str]) -> list[Path]:
 def import_bench_results(paths: Iterable[Path | str], gpu_type: str, tp: int, fraction: float) -> ImportResult:
     """Profile rows from benchmark result files and sweep directories, labelled with one
     (gpu_type, tp, fraction)."""
-    rows, notes, skipped, workloads = [], [], [], {}
+    rows: list[dict] = []
+    notes: list[str] = []
+    skipped: list[str] = []
+    workloads: dict[tuple, str] = {}
     for path in _expand(paths):
         for where, result in _results_in(path):
             row = result_row(result, where, notes)

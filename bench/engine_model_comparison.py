@@ -4,7 +4,7 @@ docs/engine-model.md, "Against AIConfigurator").
     pip install 'scepsy[aiconfigurator]'
     python bench/engine_model_comparison.py [--backend vllm]
 
-Grid (models/engine_comparison.py): Llama-3.1-8B, Llama-3.1-70B, Qwen3-8B and Qwen3-30B-A3B (MoE,
+Grid (models/performance/engine_comparison.py): Llama-3.1-8B, Llama-3.1-70B, Qwen3-8B and Qwen3-30B-A3B (MoE,
 from their config.json) x A100-80G, H100-SXM, H200, B200, L40S, RTX PRO 6000 x TP 1, 2, 4 x decode
 (batch 1, 8, 32, 64 at 1,024 tokens of context) and prefill (one prompt of 512 or 2,048 tokens),
 where the model fits. Errors are builtin / AIConfigurator - 1 per iteration. The calibration is fitted
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from scepsy.models.aiconfigurator import package_version
-from scepsy.models.engine_comparison import (
+from scepsy.models.performance.aiconfigurator import package_version
+from scepsy.models.performance.engine_comparison import (
     calibrated_errors, compare, default_models, fit_calibration, grid_points, training_points,
 )
 

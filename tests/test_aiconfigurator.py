@@ -1,4 +1,4 @@
-"""AIConfigurator as an engine model (models/aiconfigurator.py): real aiconfigurator-core, its
+"""AIConfigurator as an engine model (models/performance/aiconfigurator.py): real aiconfigurator-core, its
 shipped kernel databases. Runs when the `aiconfigurator` extra is installed (the CI installs it
 with the test extra)."""
 
@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("aiconfigurator_core")
 
-from scepsy.models.aiconfigurator import AiconfiguratorTimer, EngineModelUnavailable, make_timer  # noqa: E402
-from scepsy.models.catalog import gpu, model  # noqa: E402
-from scepsy.models.engine import Engine, IterationWork, causal_attention  # noqa: E402
-from scepsy.models.model_config import card_from_config  # noqa: E402
-from scepsy.models.synthesize import RequestShape, RequestSource, SynthesisSettings, synthesize  # noqa: E402
+from scepsy.models.performance.aiconfigurator import AiconfiguratorTimer, EngineModelUnavailable, make_timer  # noqa: E402
+from scepsy.models.catalog.catalog import gpu, model  # noqa: E402
+from scepsy.models.performance.engine import Engine, IterationWork, causal_attention  # noqa: E402
+from scepsy.models.catalog.model_config import card_from_config  # noqa: E402
+from scepsy.models.profiles.synthesize import RequestShape, RequestSource, SynthesisSettings, synthesize  # noqa: E402
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 
@@ -84,9 +84,9 @@ def test_synthesis_runs_on_either_engine_model():
 
 
 def test_emulator_and_simulator_use_it(write_instance):
-    from scepsy.models.instance import load_instance
-    from scepsy.models.simulator import engine_for
-    from scepsy.tracing.emulator import emulator_config
+    from scepsy.models.instance.instance import load_instance
+    from scepsy.models.simulation.simulator import replica_engine
+    from scepsy.tracing.emulation.emulator import emulator_config
 
     config = emulator_config(str(CONFIGS / "Qwen--Qwen3-8B"), "H100", engine_model="aiconfigurator", backend="sglang")
     assert config.timer is not None and "timed by AIConfigurator" in config.describe()
@@ -99,6 +99,6 @@ def test_emulator_and_simulator_use_it(write_instance):
 
     from conftest import profile_rows
     instance = load_instance(write_instance(h100_llama, profiles={"gen.csv": profile_rows("H100"), "ver.csv": profile_rows("H100")}))
-    engine = engine_for(instance, "ver", "H100", 1, 1.0, engine_model="aiconfigurator")
+    engine = replica_engine(instance, "ver", "H100", 1, 1.0, engine_model="aiconfigurator")
     assert engine.timer is not None and engine.timer.tp == 1
-    assert engine_for(instance, "ver", "H100", 1, 1.0).timer is None
+    assert replica_engine(instance, "ver", "H100", 1, 1.0).timer is None

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import REPO, profile_rows
 from scepsy.models.errors import InputError
-from scepsy.models.instance import load_instance
-from scepsy.models.profile import load_profile, read_profile_table, write_profile
-from scepsy.tracing.benchimport import import_bench_results
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.instance.profile import load_profile, read_profile_table, write_profile
+from scepsy.tracing.profiling.benchimport import import_bench_results
 
 RESULTS = REPO / "tests" / "fixtures" / "bench_results"
 SWEEP = RESULTS / "vllm_sweep_v0.25.1"

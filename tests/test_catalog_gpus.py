@@ -1,10 +1,10 @@
-"""GPUs added for issue 15: datasheet numbers and the memory NVML reports (models/catalog.py)."""
+"""GPUs added for issue 15: datasheet numbers and the memory NVML reports (models/catalog/catalog.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from scepsy.models import catalog
+from scepsy.models.catalog import catalog
 
 NEW = {"B200": 183359, "H100-PCIE": 81559, "RTX-PRO-6000": 97887, "A10G": 23028}
 

@@ -1,5 +1,5 @@
-"""The built-in engine model against AIConfigurator (models/engine_comparison.py); the calibration in
-models/catalog.py (CALIBRATION) and models/engine.py (MOE_EFFICIENCY) is the one this grid fits."""
+"""The built-in engine model against AIConfigurator (models/performance/engine_comparison.py); the calibration in
+models/catalog/catalog.py (CALIBRATION) and models/performance/engine.py (MOE_EFFICIENCY) is the one this grid fits."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 
 pytest.importorskip("aiconfigurator_core")
 
-from scepsy.models.catalog import CALIBRATION, model  # noqa: E402
-from scepsy.models.engine import MOE_EFFICIENCY  # noqa: E402
-from scepsy.models.engine_comparison import (  # noqa: E402
+from scepsy.models.catalog.catalog import CALIBRATION, model  # noqa: E402
+from scepsy.models.performance.engine import MOE_EFFICIENCY  # noqa: E402
+from scepsy.models.performance.engine_comparison import (  # noqa: E402
     Calibration, calibrated_errors, compare, fit_calibration, grid_points, training_points,
 )
-from scepsy.models.model_config import card_from_config  # noqa: E402
+from scepsy.models.catalog.model_config import card_from_config  # noqa: E402
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 

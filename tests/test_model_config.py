@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from scepsy.models.catalog import gpu, model
-from scepsy.models.engine import Engine, IterationWork
+from scepsy.models.catalog.catalog import gpu, model
+from scepsy.models.performance.engine import Engine, IterationWork
 from scepsy.models.errors import InputError
-from scepsy.models.model_config import card_from_config
+from scepsy.models.catalog.model_config import card_from_config
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 
@@ -173,8 +173,8 @@ def test_cli_bad_model_path_and_weights_are_one_line_exit_2(tmp_path):
 
 
 def test_an_instance_llm_given_by_its_config_json(write_instance, tmp_path):
-    from scepsy.models.instance import load_instance
-    from scepsy.models.simulator import model_card
+    from scepsy.models.instance.instance import load_instance
+    from scepsy.models.simulation.simulator import model_card
 
     shutil.copytree(CONFIGS / "Qwen--Qwen3-8B", tmp_path / "qwen3-8b")
     instance = load_instance(write_instance(lambda d: d["llms"][1].update(model="qwen3-8b")))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from conftest import REPO
-from scepsy.models.instance import load_instance
-from scepsy.planner.search import PlanSettings, make_plan
+from scepsy.models.instance.instance import load_instance
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
 
 EXAMPLE = REPO / "docs" / "examples" / "config-aic"
 

@@ -515,6 +515,20 @@ def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Clus
     return Llm(spec.name, spec.model, spec.weights_gib, spec.min_kv_gib, tp_degrees, str(profile_path), profile)
 
 
+def _check_latency_metric(source: str, metric: str, llms) -> None:
+    """A percentile objective needs that percentile in every profile (imported benchmark results
+    may carry only the mean)."""
+    for llm in llms:
+        if metric in llm.profile.missing_metrics():
+            raise InputError(
+                llm.profile_path, f"column latency_{metric}",
+                f"llm {llm.name}'s profile has no {metric} latencies (empty cells: the benchmark did not measure them), "
+                f"but latency_metric is {metric}",
+                f"set latency_metric: mean in {source}, or rerun the benchmark with --percentile-metrics e2el "
+                "--metric-percentiles 50,90,99 and import it again",
+            )
+
+
 def build_instance(raw: object, source: str, base: Path) -> Instance:
     if not isinstance(raw, dict):
         raise InputError(source, None, "the file is not a YAML mapping", "start with `cluster:`, `llms:` and `workflows:`")
@@ -565,6 +579,7 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
         if name not in used:
             raise InputError(source, f"llms[{i}] ({name})", "no workflow calls this llm", "add it to a workflow's stages or remove it")
     llms = tuple(_build_llm(source, base, i, m, cluster) for i, m in enumerate(spec.llms))
+    _check_latency_metric(source, spec.latency_metric, llms)
     return Instance(
         cluster=cluster,
         llms=llms,

@@ -5,6 +5,11 @@ A profile CSV has one row per measured (gpu_type, tp, fraction, arrival_rate) po
     gpu_type,tp,fraction,arrival_rate,throughput,latency_mean,latency_p50,latency_p90,latency_p99
 
 Rates are requests/s, latencies seconds. A row is *stable* when throughput >= 0.95 * arrival_rate.
+The percentile cells (latency_p50, latency_p90, latency_p99) may be empty: a benchmark that did not
+measure them (`vllm bench serve` without `--percentile-metrics e2el`); an instance whose
+latency_metric needs a missing percentile is refused when it is loaded. An optional `concurrency`
+column marks closed-loop points (a benchmark run at a fixed number of requests in flight, see
+tracing/profiling/benchimport.py).
 The capacity T of a (gpu_type, tp, fraction) curve is its largest stable arrival rate; the latency
 curve is the stable rows sorted by rate, piecewise linear, clamped to the first point below it.
 A fraction without its own rows gets a curve derived from the measured fractions around it with
@@ -38,6 +43,8 @@ PROFILE_COLUMNS = (
     "latency_p99",
 )
 LATENCY_METRICS = ("mean", "p50", "p90", "p99")
+OPTIONAL_NUMBER_COLUMNS = ("latency_p50", "latency_p90", "latency_p99")  # empty cell: not measured
+OPTIONAL_COLUMNS = ("concurrency",)  # closed-loop points: requests kept in flight (empty: open loop)
 STABLE_THROUGHPUT_RATIO = 0.95
 FRACTION_MATCH_TOLERANCE = 1e-6
 
@@ -79,6 +86,11 @@ class LlmProfile:
 
     source: str
     curves: Mapping[tuple[str, int], tuple[ProfileCurve, ...]]
+
+    def missing_metrics(self) -> list[str]:
+        """Latency metrics some stable row lacks (an empty percentile cell)."""
+        return [m for m in LATENCY_METRICS
+                if any(np.isnan(c.latencies_s[m]).any() for group in self.curves.values() for c in group)]
 
     def configurations(self) -> list[tuple[str, int]]:
         return sorted(self.curves)
@@ -220,9 +232,12 @@ def _bad_row(source: str, column: str, row: int, problem: str, fix: str) -> Inpu
     return InputError(source, f"row {row + 2}, column {column}", problem, fix)
 
 
-def _number_column(raw: list[str], column: str, source: str) -> np.ndarray:
+def _number_column(raw: list[str], column: str, source: str, optional: bool = False) -> np.ndarray:
     values = np.empty(len(raw))
     for row, text in enumerate(raw):
+        if optional and text == "":
+            values[row] = np.nan
+            continue
         try:
             values[row] = float(text)
         except ValueError:
@@ -271,7 +286,12 @@ def read_profile_table(path: Path | str) -> dict[str, np.ndarray]:
     index = {name: header.index(name) for name in PROFILE_COLUMNS}
     table: dict[str, np.ndarray] = {"gpu_type": np.array([cells[index["gpu_type"]].strip() for cells in body])}
     for column in PROFILE_COLUMNS[1:]:
-        table[column] = _number_column([cells[index[column]].strip() for cells in body], column, source)
+        optional = column in OPTIONAL_NUMBER_COLUMNS
+        table[column] = _number_column([cells[index[column]].strip() for cells in body], column, source, optional)
+    for column in OPTIONAL_COLUMNS:
+        if column in header:
+            at = header.index(column)
+            table[column] = _number_column([cells[at].strip() for cells in body], column, source, optional=True)
     row = _first((table["tp"] < 1) | (table["tp"] != np.round(table["tp"])))
     if row is not None:
         raise _bad_row(source, "tp", row, "tp must be a positive integer", "use 1, 2, 4 or 8")
@@ -343,7 +363,8 @@ def load_profile(path: Path | str) -> LlmProfile:
 def write_profile(rows, path: Path | str) -> None:
     """Write profile rows (a pandas DataFrame) in the canonical column order, sorted, with stable
     float formatting."""
-    frame = rows.loc[:, list(PROFILE_COLUMNS)].sort_values(["gpu_type", "tp", "fraction", "arrival_rate"])
+    columns = list(PROFILE_COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in rows and rows[c].notna().any()]
+    frame = rows.loc[:, columns].sort_values(["gpu_type", "tp", "fraction", "arrival_rate"])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, index=False, float_format="%.6g", lineterminator="\n")
 

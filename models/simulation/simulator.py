@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, Generator, Mapping, Sequence, cast
 
 import numpy as np
@@ -38,6 +39,8 @@ import simpy
 
 from scepsy.models.instance.allocation import Allocation
 from scepsy.models.catalog.catalog import GpuCard, ModelCard, find_gpu, find_model
+from scepsy.models.catalog.model_config import card_from_config
+from scepsy.models.performance.aiconfigurator import make_timer
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
 from scepsy.models.errors import InputError
 from scepsy.models.instance.instance import Instance, Workflow
@@ -55,11 +58,14 @@ def model_card(instance: Instance, llm: str) -> ModelCard:
     """The catalog model of an instance LLM (by its `model` id, else its name)."""
     spec = instance.llm(llm)
     card = find_model(spec.model) or find_model(spec.name)
+    config = Path(instance.source).parent / spec.model if instance.source else Path(spec.model)
+    if card is None and (config.is_dir() or config.suffix == ".json"):
+        return card_from_config(config)  # the model given by its config.json (path relative to the instance)
     if card is None:
         index = [m.name for m in instance.llms].index(llm)
         raise InputError(
             instance.source, f"llms[{index}] ({llm}).model", f"model {spec.model!r} is not in the engine catalog",
-            "use a model of models/catalog/catalog.py (e.g. meta-llama/Llama-3.1-8B) or add its architecture there",
+            "use a model of models/catalog/catalog.py (e.g. meta-llama/Llama-3.1-8B) or the path of its config.json",
         )
     return card
 
@@ -91,8 +97,11 @@ def gpu_card(instance: Instance, gpu_type: str) -> GpuCard:
 
 
 def replica_engine(instance: Instance, llm: str, gpu_type: str, tp: int, fraction: float,
-               settings: EngineSettings = DEFAULT_SETTINGS) -> Engine:
-    return Engine(model_card(instance, llm), gpu_card(instance, gpu_type), tp, fraction, settings)
+                   settings: EngineSettings = DEFAULT_SETTINGS, engine_model: str = "builtin",
+                   backend: str = "vllm", database_version: str = "current") -> Engine:
+    card, gpu = model_card(instance, llm), gpu_card(instance, gpu_type)
+    timer = make_timer(engine_model, card, gpu, tp, backend, database_version)
+    return Engine(card, gpu, tp, fraction, settings, timer=timer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,6 +197,9 @@ class SimulationSettings:
     seed: int = 0
     engine: EngineSettings = DEFAULT_SETTINGS
     routing: str = "cache_aware"  # or "least_outstanding" (models/performance/replica.py Router)
+    engine_model: str = "builtin"  # or "aiconfigurator" (models/performance/aiconfigurator.py)
+    backend: str = "vllm"  # AIConfigurator's framework database: vllm, sglang or trtllm
+    database_version: str = "current"
 
     @property
     def warmup(self) -> float:
@@ -403,7 +415,8 @@ def simulate(
     engines = {}
     for choice in allocation.llms:
         fraction = choice.share / allocation.fractions_per_gpu
-        engines[choice.llm] = replica_engine(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine)
+        engines[choice.llm] = replica_engine(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine,
+                                             settings.engine_model, settings.backend, settings.database_version)
     cluster = SimCluster(env, engines, settings.routing)
     for choice in allocation.llms:
         for _ in range(choice.replicas):

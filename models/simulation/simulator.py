@@ -22,6 +22,8 @@ duration_s; the simulation then runs until the measured requests finish or `drai
     utilization      busy time (an iteration running) / replica time in the window
     time share       per request, the union of an LLM's call intervals over the sum of the unions
                      of all its LLMs (the paper's Fig. 3 "relative" time)
+    critical path    per LLM, the share of its busy time on the requests' critical paths
+                     (models/instance/statistic.py; 1 when a request's LLMs never run side by side)
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from scepsy.models.performance.aiconfigurator import make_timer
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
 from scepsy.models.errors import InputError
 from scepsy.models.instance.instance import Instance, Workflow
-from scepsy.models.instance.statistic import InvocationStatistic, request_use
+from scepsy.models.instance.statistic import InvocationStatistic, critical_time_s, request_use
 from scepsy.models.instance.workflow import default_program
 from scepsy.models.simulation.programs import run_program
 from scepsy.models.performance.replica import ReplicaSim, Request, Router
@@ -215,6 +217,7 @@ class StageStats:
     parallelism: float  # p: summed call durations / union of call intervals
     mean_call_latency_s: float
     time_share: float  # mean over requests of union_m / sum of unions
+    critical_path: float = 1.0  # f: share of the union on the request's critical path (models/instance/statistic.py)
 
 
 @dataclass(frozen=True)
@@ -296,6 +299,7 @@ class SimulationResult:
                             "parallelism": num(s.parallelism),
                             "mean_call_latency_s": num(s.mean_call_latency_s),
                             "time_share": num(s.time_share),
+                            "critical_path": num(s.critical_path),
                         }
                         for s in w.stages
                     ],
@@ -350,12 +354,15 @@ def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], win
     statistic = {m: InvocationStatistic() for m in llms}
     shares: dict[str, list[float]] = {m: [] for m in llms}
     per_request: dict[str, list[float]] = {m: [] for m in llms}
+    critical = {m: 0.0 for m in llms}
     for record in done:
         spans: dict[str, list[tuple[float, float]]] = {m: [] for m in llms}
         for call in record.calls:
             spans.setdefault(cast(str, call.tag), []).append((call.arrival_s, cast(float, call.finish_s)))  # done: finished
         own = {m: request_use(spans[m]) for m in llms}
         total = sum(use.busy_s for use in own.values())
+        for m, seconds in critical_time_s(spans).items():
+            critical[m] = critical.get(m, 0.0) + seconds
         for m in llms:
             statistic[m].add(own[m])
             per_request[m].append(own[m].busy_s)
@@ -368,6 +375,7 @@ def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], win
             parallelism=statistic[m].parallelism(),
             mean_call_latency_s=statistic[m].call_time_s / statistic[m].calls if statistic[m].calls else math.nan,
             time_share=float(np.mean(shares[m])) if shares[m] else math.nan,
+            critical_path=min(critical[m] / statistic[m].busy_s, 1.0) if statistic[m].busy_s > 0 else math.nan,
         )
         for m in llms
     )

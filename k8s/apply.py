@@ -24,6 +24,7 @@ from scepsy.models.errors import InputError
 FIELD_MANAGER = "scepsy"
 APPLY_ORDER = (
     "Namespace",
+    "PriorityClass",
     "ServiceAccount",
     "Role",
     "ClusterRole",
@@ -35,6 +36,8 @@ APPLY_ORDER = (
     "ResourceClaim",
     "Service",
     "Deployment",
+    "PodDisruptionBudget",
+    "PodMonitor",
 )
 DRY_RUN_MODES = ("none", "server")
 # metadata the API server writes; never part of "did the object change"

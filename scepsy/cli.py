@@ -536,19 +536,20 @@ def manifests(
     engine: Annotated[str, typer.Option("--engine", help="Serving engine: vllm or sglang.")] = "vllm",
     gpu_sharing: Annotated[str, typer.Option("--gpu-sharing", help="GPU sharing: hami, dra-mps, device-plugin-mps or none.")] = "hami",
     namespace: NamespaceOpt = "scepsy",
-    image: Annotated[Optional[str], typer.Option("--image", help="Engine image (default: vllm/vllm-openai:latest or lmsysorg/sglang:latest).")] = None,
-    router_image: Annotated[str, typer.Option("--router-image", help="Image with the sglang-router package (SGLang model gateway).")] = "lmsysorg/sglang:latest",
-    router_workers: Annotated[str, typer.Option("--router-workers", help="How routers find engines: discovery (label selectors, needs RBAC) or urls (the LLM Services).")] = "discovery",
+    image: Annotated[Optional[str], typer.Option("--image", help="Engine image (default: the pinned vllm/vllm-openai or lmsysorg/sglang release).")] = None,
+    gateway_image: Annotated[Optional[str], typer.Option("--gateway-image", help="SGLang model gateway image (default: the pinned lmsysorg/sgl-model-gateway release).")] = None,
+    prometheus: Annotated[bool, typer.Option("--prometheus", help="Add prometheus-operator PodMonitors for engines and gateways.")] = False,
+    shm_gib: Annotated[int, typer.Option("--shm-gib", help="/dev/shm of engines with TP > 1, GiB (TP 1: 2 GiB).")] = 16,
     gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of its GPU memory slice an engine may fill (weights + KV cache).")] = 0.9,
     instance: Annotated[Optional[Path], typer.Option("--instance", help="Instance YAML (default: the plan's `instance`).")] = None,
     kubernetes_version: Annotated[str, typer.Option("--kubernetes-version", help="Target cluster version (selects the resource.k8s.io API for dra-mps).")] = "1.34",
-    hf_token_secret: Annotated[str, typer.Option("--hf-token-secret", help="Secret (key `token`) with a Hugging Face token; optional at run time.")] = "hf-token",
+    hf_token_secret: Annotated[str, typer.Option("--hf-token-secret", help="Secret (key `token`) with a Hugging Face token; required by pods of gated models, optional otherwise.")] = "hf-token",
     hf_cache_pvc: Annotated[Optional[str], typer.Option("--hf-cache-pvc", help="PersistentVolumeClaim for the HF cache (default: an emptyDir per pod).")] = None,
     device_plugin_namespace: Annotated[str, typer.Option("--device-plugin-namespace", help="Namespace of the NVIDIA device plugin (device-plugin-mps config).")] = "nvidia-device-plugin",
     json_output: JsonOpt = False,
 ) -> None:
-    """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, routers)."""
-    from scepsy.k8s.manifests import ManifestSettings, emit, write
+    """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, gateways)."""
+    from scepsy.k8s.manifests import ManifestSettings, emit, pinning_warnings, write
     from scepsy.k8s.plan_input import load_placed_plan
 
     with _errors():
@@ -557,9 +558,10 @@ def manifests(
             gpu_sharing=gpu_sharing,
             namespace=namespace,
             image=image,
-            router_image=router_image,
-            router_mode=router_workers,
+            **({"gateway_image": gateway_image} if gateway_image else {}),
             gpu_memory_utilization=gpu_memory_utilization,
+            shm_gib=shm_gib,
+            prometheus=prometheus,
             hf_token_secret=hf_token_secret,
             hf_cache_pvc=hf_cache_pvc,
             kubernetes_version=kubernetes_version,
@@ -567,6 +569,8 @@ def manifests(
         )
         placed = load_placed_plan(plan_file, instance)
         paths = write(emit(placed, settings), out)
+        for line in pinning_warnings(placed, settings):
+            stderr.print(line, markup=False, highlight=False, soft_wrap=True)
         if json_output:
             _emit_json({"out": str(out), "files": [p.name for p in paths]}, None, True)
         else:
@@ -755,13 +759,14 @@ def emulate(
     speedup: Annotated[float, typer.Option("--speedup", help="Run the modelled clock this many times faster than the wall clock (every modelled time is divided by it).")] = 1.0,
     mean_output_tokens: Annotated[float, typer.Option("--mean-output-tokens", min=0.0, help="Draw each sequence's end from a geometric length of this mean (0: sequences run to max_tokens).")] = 0.0,
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="Reuse the KV cache of earlier prompts and outputs (vLLM's default).")] = True,
+    personality: Annotated[str, typer.Option("--personality", help="vllm (no /server_info) or sglang (adds /server_info and /model_info, as the SGLang gateway reads them).")] = "vllm",
 ) -> None:
     """Serve an OpenAI-compatible engine emulator whose timing follows the engine model (until Ctrl-C)."""
     from scepsy.tracing.emulator import emulator_config, serve
 
     with _errors():
         config = emulator_config(model, gpu, tp, fraction, served_model_name, max_model_len, speedup,
-                                 mean_output_tokens, prefix_caching)
+                                 mean_output_tokens, prefix_caching, personality=personality)
         stderr.print(f"scepsy emulate on http://{host}:{port}: {config.describe()}", markup=False, highlight=False, soft_wrap=True)
         serve(config, host=host, port=port)
 

@@ -212,3 +212,37 @@ def test_gateways_route_each_llm_to_its_own_replicas(tmp_path, case):
     assert served == sent, (served, sent)
     assert set(gateways) == {m for m in llms if engine == "sglang" or serving_task(llms[m]["model"]) != "score"}
     assert all(sent[m] > 0 for m in gateways)
+
+
+def test_a_gateway_started_before_its_engines_serves_once_they_answer(tmp_path):
+    """In a cluster the gateway pod is ready in seconds and the engines after minutes of loading:
+    the gateway must keep retrying its workers (--worker-startup-timeout-secs) and report not ready
+    meanwhile (its readiness probe keeps the LLM's Service from sending traffic to it), then serve."""
+    case = next(c for c in CASES if (c.instance, c.plan_kind, c.engine) == ("beam-4xa6000", "whole", "vllm"))
+    objects = objects_of(regenerate.emit(case))
+    plan = json.loads(regenerate.plan_path(case).read_text())
+    llms = {m["name"]: m for m in plan["llms"]}
+    gateway = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "gen-gateway")
+    namespace = objects[0]["metadata"]["name"]
+    ports = {(p["llm"], p["replica"]): free_port() for p in plan["placement"] if p["llm"] == "gen"}
+    worker_urls = _replica_urls(objects, {k: f"http://127.0.0.1:{port}" for k, port in ports.items()} | {
+        (p["llm"], p["replica"]): "http://127.0.0.1:9" for p in plan["placement"] if p["llm"] != "gen"}, namespace)
+    with ExitStack() as stack:
+        processes = Processes(stack, tmp_path)
+        container = gateway["spec"]["template"]["spec"]["containers"][0]
+        args, url = _local_args(container["args"], worker_urls)
+        processes.start([sys.executable, *container["command"][1:], *args])
+        _poll(lambda: (r := _get(url + "/liveness")) is not None and r.status_code == 200, READY_LIMIT_S, "gateway liveness")
+        waiting = _get(url + "/readiness")
+        assert waiting is not None and waiting.status_code == 503  # no engine yet: not ready, but alive
+        for (llm, _), port in ports.items():
+            argv = [sys.executable, "-m", "scepsy.cli", "emulate", "--model", llms[llm]["model"], "--gpu", llms[llm]["gpu_type"],
+                    "--tp", str(llms[llm]["tp"]), "--served-model-name", llm, "--speedup", "1000", "--port", str(port)]
+            processes.start(argv)
+
+        def ready() -> bool:
+            response = _get(url + "/readiness")
+            return response is not None and response.status_code == 200 and response.json()["healthy_workers"] == len(ports)
+
+        _poll(ready, READY_LIMIT_S, "gateway after its engines started")
+        assert _send(url, "gen", "generate", "vllm") == 2 * REQUESTS_PER_KIND

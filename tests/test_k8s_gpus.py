@@ -141,3 +141,30 @@ def test_device_plugin_config_has_a_default_key():
     assert device_plugin_node_labels(plan) == {}
     usage = configmap["metadata"]["annotations"]["scepsy.io/usage"]
     assert "--set config.name=scepsy-device-plugin-config" in usage and "--set config.default=default" in usage
+
+
+def test_device_plugin_nodes_on_another_config_get_a_key_and_a_label(tmp_path):
+    """Two nodes, one split in halves (N = 2) and one on whole GPUs: the tie goes to the smaller N
+    as `default`, the other node's config is key `mps-2` and that node needs the label."""
+    case = next(c for c in CASES if c.sharing == "device-plugin-mps")
+    plan_json = json.loads(regenerate.plan_path(case).read_text())
+    plan_json["instance"] = str(ROOT / "instances" / "beam-8xa6000.yaml")
+    gen, ver = plan_json["llms"]
+    gen.update(fraction=0.5, replicas=2)
+    ver.update(fraction=1.0, replicas=2)
+    plan_json["placement"] = [
+        {"llm": "gen", "replica": 0, "node": "a6000-0", "shards": [{"gpu": 0, "fraction": 0.5}]},
+        {"llm": "gen", "replica": 1, "node": "a6000-0", "shards": [{"gpu": 0, "fraction": 0.5}]},
+        {"llm": "ver", "replica": 0, "node": "a6000-1", "shards": [{"gpu": 0, "fraction": 1.0}]},
+        {"llm": "ver", "replica": 1, "node": "a6000-1", "shards": [{"gpu": 1, "fraction": 1.0}]},
+    ]
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_json))
+    plan = load_placed_plan(path)
+    assert device_plugin_node_labels(plan) == {"a6000-0": "mps-2"}
+    objects = objects_of(emit(plan, ManifestSettings(gpu_sharing="device-plugin-mps")))
+    configmap = next(c for c in of_kind(objects, "ConfigMap") if c["metadata"]["name"] == "scepsy-device-plugin-config")
+    assert sorted(configmap["data"]) == ["default", "mps-2"]
+    assert "sharing" not in yaml.safe_load(configmap["data"]["default"])
+    assert yaml.safe_load(configmap["data"]["mps-2"])["sharing"]["mps"]["resources"][0]["replicas"] == 2
+    assert "kubectl label node a6000-0 nvidia.com/device-plugin.config=mps-2" in configmap["metadata"]["annotations"]["scepsy.io/usage"]

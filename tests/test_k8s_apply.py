@@ -176,3 +176,4 @@ def test_status_summary_of_real_shaped_objects():
     assert rows["gen-r0"].node == "h100" and rows["gen-r0"].llm == "gen" and rows["gen-r0"].replica == "0"
     assert rows["ver-r0"].phase == "NoPod" and not rows["ver-r0"].ready
     assert rows["gen-gateway"].llm == "gen" and rows["gen-gateway"].phase == "NoPod"
+    assert rows["gen-r0"].workflow == "beam" and rows["embed-r0"].workflow == "rag"

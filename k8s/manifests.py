@@ -326,24 +326,24 @@ class _Dumper(_SafeBase):
 
 
 _STR, _MAP, _SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"
-_SCALARS = {bool: ("tag:yaml.org,2002:bool", lambda v: "true" if v else "false"), int: ("tag:yaml.org,2002:int", str)}
+_BOOL, _INT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:int"
 
 
-def _node(data) -> yaml.Node:
+def _node(data: object) -> yaml.Node:
     """The YAML node yaml.safe_dump(sort_keys=True, default_flow_style=False) would build, built
     directly: PyYAML's generic representer dominated the time of large plans. Strings with a
     newline (embedded device plugin configs) are literal blocks."""
-    kind = type(data)
-    if kind is str:
+    if isinstance(data, str):
         return yaml.ScalarNode(_STR, data, style="|" if "\n" in data else None)
-    if kind is dict:
+    if isinstance(data, dict):
         return yaml.MappingNode(_MAP, [(_node(k), _node(v)) for k, v in sorted(data.items())], flow_style=False)
-    if kind is list:
+    if isinstance(data, list):
         return yaml.SequenceNode(_SEQ, [_node(v) for v in data], flow_style=False)
-    if kind in _SCALARS:
-        tag, text = _SCALARS[kind]
-        return yaml.ScalarNode(tag, text(data))
-    raise TypeError(f"cannot write a {kind.__name__} into a manifest")
+    if isinstance(data, bool):  # before int: bool is an int
+        return yaml.ScalarNode(_BOOL, "true" if data else "false")
+    if isinstance(data, int):
+        return yaml.ScalarNode(_INT, str(data))
+    raise TypeError(f"cannot write a {type(data).__name__} into a manifest")
 
 
 def dump(obj: dict) -> str:

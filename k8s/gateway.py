@@ -28,7 +28,7 @@ entry point.
 
 from __future__ import annotations
 
-from scepsy.models.catalog import serving_task
+from scepsy.models.catalog.catalog import serving_task
 
 from . import names
 from .plan_input import PlacedPlan

@@ -28,14 +28,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
-from scepsy.models.catalog import is_gated, serving_task
+from scepsy.models.catalog.catalog import is_gated, serving_task
 from scepsy.models.errors import InputError
+from scepsy.models.instance.allocation import ReplicaPlacement
 
 from . import gateway, names, operations
-from .plan_input import PlacedPlan, PlacedReplica
+from .plan_input import PlacedPlan
 from .sharing import GpuAccess, realise, unpinned
 from .sizing import engine_resources, shm_gib
 
@@ -91,7 +93,7 @@ def engine_memory_fraction(settings: ManifestSettings, share: float, access: Gpu
     return round(settings.gpu_memory_utilization * visible, 4)
 
 
-def _check_memory(plan: PlacedPlan, settings: ManifestSettings, replica: PlacedReplica, access: GpuAccess) -> None:
+def _check_memory(plan: PlacedPlan, settings: ManifestSettings, replica: ReplicaPlacement, access: GpuAccess) -> None:
     llm = plan.llm(replica.llm)
     budget = len(replica.shards) * access.slice_mib / 1024 * settings.gpu_memory_utilization
     if llm.memory_need_gib > budget + 1e-9:
@@ -142,7 +144,7 @@ def _node_affinity(node: str) -> dict:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def _engine_labels(plan: PlacedPlan, settings: ManifestSettings, replica: PlacedReplica) -> dict[str, str]:
+def _engine_labels(plan: PlacedPlan, settings: ManifestSettings, replica: ReplicaPlacement) -> dict[str, str]:
     deployment = names.engine_deployment(replica.llm, replica.replica)
     out = names.labels(settings.engine, deployment, "engine", llm=replica.llm, replica=replica.replica)
     for workflow in plan.workflows_of(replica.llm):
@@ -177,7 +179,7 @@ def _engine_resources(plan: PlacedPlan, settings: ManifestSettings, llm: str, ac
     return resources
 
 
-def engine_deployment(plan: PlacedPlan, settings: ManifestSettings, replica: PlacedReplica, access: GpuAccess) -> dict:
+def engine_deployment(plan: PlacedPlan, settings: ManifestSettings, replica: ReplicaPlacement, access: GpuAccess) -> dict:
     llm = plan.llm(replica.llm)
     share = llm.share / plan.fractions_per_gpu
     name = names.engine_deployment(llm.name, replica.replica)
@@ -315,7 +317,10 @@ def file_name(obj: dict) -> str:
 
 # yaml.safe_dump's dumper (libyaml's emitter when PyYAML has it: 30x faster, same text), without
 # anchors/aliases so that every object reads on its own
-_SafeBase = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+if TYPE_CHECKING:
+    _SafeBase = yaml.SafeDumper
+else:
+    _SafeBase = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class _Dumper(_SafeBase):

@@ -49,9 +49,10 @@ from dataclasses import dataclass, field
 import yaml
 
 from scepsy.models.errors import InputError
+from scepsy.models.instance.allocation import ReplicaPlacement
 
 from . import names
-from .plan_input import PlacedPlan, PlacedReplica
+from .plan_input import PlacedPlan
 
 BACKENDS = ("hami", "dra-mps", "device-plugin-mps", "none")
 HAMI_SCHEDULER = "hami-scheduler"
@@ -101,15 +102,15 @@ def _uuids(plan: PlacedPlan, node: str, gpus: tuple[int, ...]) -> list[str] | No
     return [uuids[g] for g in gpus] if uuids is not None else None
 
 
-def _share(plan: PlacedPlan, replica: PlacedReplica) -> float:
+def _share(plan: PlacedPlan, replica: ReplicaPlacement) -> float:
     return plan.llm(replica.llm).share / plan.fractions_per_gpu
 
 
-def _whole(plan: PlacedPlan, replica: PlacedReplica) -> bool:
+def _whole(plan: PlacedPlan, replica: ReplicaPlacement) -> bool:
     return plan.llm(replica.llm).share == plan.fractions_per_gpu
 
 
-def _slice_mib(plan: PlacedPlan, replica: PlacedReplica) -> int:
+def _slice_mib(plan: PlacedPlan, replica: ReplicaPlacement) -> int:
     """The replica's share of the memory its GPU model reports (MPS pinned limits)."""
     return math.floor(plan.gpu_reported_mib(replica.llm) * _share(plan, replica) + 1e-9)
 
@@ -124,7 +125,7 @@ def hami_memory_percent(share: float) -> int:
     return max(1, math.floor(100 * share + 1e-9))
 
 
-def _pinning(plan: PlacedPlan, replica: PlacedReplica, backend: str) -> str:
+def _pinning(plan: PlacedPlan, replica: ReplicaPlacement, backend: str) -> str:
     if backend not in PINNING_BACKENDS:
         return f"none: {backend} cannot choose GPUs; the device plugin picks them on the pinned node"
     if plan.gpu_uuids(replica.node) is None:
@@ -132,7 +133,7 @@ def _pinning(plan: PlacedPlan, replica: PlacedReplica, backend: str) -> str:
     return PINNED
 
 
-def unpinned(plan: PlacedPlan, backend: str) -> list[PlacedReplica]:
+def unpinned(plan: PlacedPlan, backend: str) -> list[ReplicaPlacement]:
     """Replicas that a backend able to pin GPUs (hami, dra-mps) cannot pin: their node lists no
     gpu_uuids in the cluster file."""
     if backend not in PINNING_BACKENDS:
@@ -267,7 +268,7 @@ def _device_plugin_mps(plan: PlacedPlan, namespace: str) -> SharingResult:
     return SharingResult(access, [configmap])
 
 
-def _groups(plan: PlacedPlan) -> list[tuple[str, tuple[int, ...], list[PlacedReplica]]]:
+def _groups(plan: PlacedPlan) -> list[tuple[str, tuple[int, ...], list[ReplicaPlacement]]]:
     """Connected components of replicas that share a GPU, per node: (node, gpus, replicas)."""
     parent: dict[tuple[str, int], tuple[str, int]] = {}
 
@@ -281,7 +282,7 @@ def _groups(plan: PlacedPlan) -> list[tuple[str, tuple[int, ...], list[PlacedRep
         first = (r.node, r.gpus[0])
         for g in r.gpus:
             parent[find((r.node, g))] = find(first)
-    members: dict[tuple[str, int], list[PlacedReplica]] = {}
+    members: dict[tuple[str, int], list[ReplicaPlacement]] = {}
     gpus: dict[tuple[str, int], set[int]] = {}
     for r in plan.replicas:
         root = find((r.node, r.gpus[0]))
@@ -302,7 +303,7 @@ def _claim_request(api_version: str, count: int, uuids: list[str] | None) -> dic
     return {"name": DRA_CLAIM_REQUEST, "exactly": device}
 
 
-def _mps_config(plan: PlacedPlan, members: list[PlacedReplica]) -> list[dict]:
+def _mps_config(plan: PlacedPlan, members: list[ReplicaPlacement]) -> list[dict]:
     """The claim's opaque GpuConfig turning MPS on, with the group's largest share as ceiling."""
     ceiling = max(members, key=lambda r: plan.llm(r.llm).share)
     mps = {
@@ -313,7 +314,7 @@ def _mps_config(plan: PlacedPlan, members: list[PlacedReplica]) -> list[dict]:
     return [{"requests": [DRA_CLAIM_REQUEST], "opaque": {"driver": DRA_DRIVER, "parameters": parameters}}]
 
 
-def _mps_client_env(plan: PlacedPlan, replica: PlacedReplica, claim_gpus: tuple[int, ...]) -> list[dict]:
+def _mps_client_env(plan: PlacedPlan, replica: ReplicaPlacement, claim_gpus: tuple[int, ...]) -> list[dict]:
     """A replica narrowed to its own GPUs (ordinals among the claim's GPUs, PCI bus order) and share."""
     position = {g: i for i, g in enumerate(claim_gpus)}
     limit = ",".join(f"{i}={_slice_mib(plan, replica)}M" for i in range(len(replica.gpus)))

@@ -20,16 +20,10 @@ Re-planning minimises `moved_shards` first (the rest of the objective follows, d
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 
-from scepsy.models.allocation import Allocation, Placement, ReplicaPlacement, Shard
-from scepsy.models.errors import InputError
-from scepsy.models.instance import Cluster
-
-_TOLERANCE = 1e-6
-
+from scepsy.models.instance.allocation import Allocation, Placement
+from scepsy.models.instance.instance import Cluster
 
 @dataclass(frozen=True)
 class Candidate:
@@ -44,51 +38,6 @@ class Candidate:
     @property
     def tp(self) -> int:
         return len(self.gpus)
-
-
-def load_current(path: Path | str, fractions_per_gpu: int) -> Placement:
-    """Read a previous plan JSON (or its placement list) as a Placement in units of 1/F."""
-    path = Path(path)
-    source = str(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(source, None, "file not found", "pass a plan JSON written by `scepsy plan --out`") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(source, None, f"cannot read the file ({exc})", "pass a readable plan JSON") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "pass a plan JSON or a placement list") from None
-    records = raw.get("placement") if isinstance(raw, dict) else raw
-    if not isinstance(records, list):
-        raise InputError(source, "placement", "no placement list", "pass a plan JSON (with `placement`) or the list itself")
-    return Placement(fractions_per_gpu, tuple(_replica(source, i, r, fractions_per_gpu) for i, r in enumerate(records)))
-
-
-def _replica(source: str, index: int, record: object, f: int) -> ReplicaPlacement:
-    where = f"placement[{index}]"
-    if not isinstance(record, dict):
-        raise InputError(source, where, "expected an object", "write {llm, replica, node, shards}")
-    for key, kind in (("llm", str), ("node", str), ("replica", int), ("shards", list)):
-        value = record.get(key)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise InputError(source, f"{where}.{key}", f"missing or not a {kind.__name__}", "fix the placement")
-    if record["replica"] < 0 or not record["shards"]:
-        raise InputError(source, where, "negative replica index or no shards", "fix the placement")
-    shards = []
-    for s, shard in enumerate(record["shards"]):
-        gpu = shard.get("gpu") if isinstance(shard, dict) else None
-        fraction = shard.get("fraction") if isinstance(shard, dict) else None
-        if not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0:
-            raise InputError(source, f"{where}.shards[{s}].gpu", f"GPU index {gpu!r} is not an integer >= 0", "fix the placement")
-        if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
-            raise InputError(source, f"{where}.shards[{s}].fraction", f"fraction {fraction!r} is not a number", "fix the placement")
-        units = round(fraction * f)
-        if not 0 < fraction <= 1 + _TOLERANCE or abs(units - fraction * f) > _TOLERANCE:
-            raise InputError(
-                source, f"{where}.shards[{s}].fraction", f"fraction {fraction:g} is not a multiple of 1/{f} in (0, 1]", f"use k/{f}"
-            )
-        shards.append(Shard(gpu, units))
-    return ReplicaPlacement(record["llm"], record["replica"], record["node"], tuple(shards))
 
 
 def keep_candidates(cluster: Cluster, allocation: Allocation, current: Placement | None) -> list[Candidate]:

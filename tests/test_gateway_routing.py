@@ -33,10 +33,10 @@ import openai
 import pytest
 
 from k8s_support import CASES, objects_of, of_kind, regenerate
+from support.llamacpp import free_port
 
 from scepsy.k8s.gateway import GATEWAY_COMMAND, GATEWAY_VERSION
-from scepsy.models.catalog import serving_task
-from scepsy.tracing.llamacpp import free_port
+from scepsy.models.catalog.catalog import serving_task
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def _stop(process: subprocess.Popen) -> None:
 
 def _start_emulator(processes: Processes, llm: dict, engine: str) -> str:
     port = free_port()
-    argv = [sys.executable, "-m", "scepsy.cli", "emulate", "--model", llm["model"], "--gpu", llm["gpu_type"],
+    argv = [sys.executable, "-m", "scepsy", "emulate", "--model", llm["model"], "--gpu", llm["gpu_type"],
             "--tp", str(llm["tp"]), "--fraction", str(llm["fraction"]), "--served-model-name", llm["name"],
             "--personality", engine, "--speedup", "1000", "--port", str(port)]
     processes.start(argv)
@@ -236,7 +236,7 @@ def test_a_gateway_started_before_its_engines_serves_once_they_answer(tmp_path):
         waiting = _get(url + "/readiness")
         assert waiting is not None and waiting.status_code == 503  # no engine yet: not ready, but alive
         for (llm, _), port in ports.items():
-            argv = [sys.executable, "-m", "scepsy.cli", "emulate", "--model", llms[llm]["model"], "--gpu", llms[llm]["gpu_type"],
+            argv = [sys.executable, "-m", "scepsy", "emulate", "--model", llms[llm]["model"], "--gpu", llms[llm]["gpu_type"],
                     "--tp", str(llms[llm]["tp"]), "--served-model-name", llm, "--speedup", "1000", "--port", str(port)]
             processes.start(argv)
 

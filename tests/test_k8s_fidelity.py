@@ -20,7 +20,7 @@ from k8s_support import CASES, engine_deployments, env_of, flag, objects_of, of_
 from scepsy.k8s.gateway import GATEWAY_DRAIN_S
 from scepsy.k8s.manifests import ManifestSettings, emit
 from scepsy.k8s.plan_input import load_placed_plan
-from scepsy.models import catalog
+from scepsy.models.catalog import catalog
 
 U = ManifestSettings().gpu_memory_utilization
 

@@ -22,7 +22,7 @@ from k8s_support import CASES, ROOT, engine_deployments, env_of, objects_of, of_
 from scepsy.k8s.manifests import ManifestSettings, emit, pinning_warnings
 from scepsy.k8s.plan_input import load_placed_plan
 from scepsy.k8s.sharing import device_plugin_node_labels
-from scepsy.models import catalog
+from scepsy.models.catalog import catalog
 
 NVML_FIXTURES = ROOT / "tests" / "fixtures" / "nvml"
 PLAN_KINDS = sorted({(c.instance, c.plan_kind) for c in CASES})
@@ -62,7 +62,7 @@ def test_nominal_mib_would_not_fit_an_h100_split_three_to_seven():
 
 
 def test_catalogue_reported_memory_matches_recorded_nvml_answers():
-    from scepsy.placement.topology import gpu_type_name
+    from scepsy.tracing.discovery.topology import gpu_type_name
 
     for path in sorted(NVML_FIXTURES.glob("*.json")):
         for gpu in json.loads(path.read_text())["gpus"]:

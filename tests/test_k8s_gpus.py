@@ -2,7 +2,7 @@
 
 - HAMi registers the memory NVML reports and divides it by `nvidia.com/gpumem-percentage`
   (memreq = Totalmem * p / 100, Project-HAMi/HAMi pkg/device/nvidia/device.go, Fit): the shares on
-  every GPU of every shipped plan must fit in that memory (catalogue totals, models/catalog.py).
+  every GPU of every shipped plan must fit in that memory (catalogue totals, models/catalog/catalog.py).
 - vLLM parses every CUDA_VISIBLE_DEVICES entry with int(): no engine container of any engine and
   sharing backend gets a GPU UUID, with or without `gpu_uuids` in the cluster file.
 - With `gpu_uuids`, hami and dra-mps pin the planned GPUs by UUID; without, the replicas are

@@ -246,3 +246,22 @@ def test_a_gateway_started_before_its_engines_serves_once_they_answer(tmp_path):
 
         _poll(ready, READY_LIMIT_S, "gateway after its engines started")
         assert _send(url, "gen", "generate", "vllm") == 2 * REQUESTS_PER_KIND
+
+
+def test_the_gateway_cannot_front_a_vllm_reranker(tmp_path):
+    """Why a vLLM reranker has no gateway (k8s/gateway.py): gateway 0.3.2 forwards rerank requests
+    with the model `unknown` (vLLM: 404) and parses the answer as SGLang's bare list (vLLM answers
+    {"results": [...]}). If a gateway release fixes this, this test fails and the exception can go."""
+    with ExitStack() as stack:
+        processes = Processes(stack, tmp_path)
+        llm = {"name": "rerank", "model": "BAAI/bge-reranker-base", "gpu_type": "H100", "tp": 1, "fraction": 0.7}
+        worker = _start_emulator(processes, llm, "vllm")
+        port, metrics_port = free_port(), free_port()
+        processes.start([sys.executable, *GATEWAY_COMMAND[1:], "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
+                         "--worker-urls", worker, "--prometheus-port", str(metrics_port)])
+        url = f"http://127.0.0.1:{port}"
+        _poll(lambda: (r := _get(url + "/readiness")) is not None and r.status_code == 200, READY_LIMIT_S, "gateway")
+        body = {"model": "rerank", "query": "q", "documents": ["a", "b"]}
+        assert httpx.post(url + "/v1/rerank", json=body, timeout=120.0).status_code == 404  # model forwarded as `unknown`
+        assert httpx.post(url + "/rerank", json=body, timeout=120.0).status_code == 500  # vLLM's shape not parsed
+        assert httpx.post(worker + "/v1/rerank", json=body, timeout=120.0).status_code == 200  # the engine itself answers

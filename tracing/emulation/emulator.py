@@ -62,7 +62,9 @@ from starlette.routing import Route
 
 from scepsy.models.catalog import catalog
 from scepsy.models.catalog.catalog import GpuCard, ModelCard, encoder_task
-from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
+from scepsy.models.catalog.model_config import resolve_model
+from scepsy.models.performance.aiconfigurator import make_timer
+from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings, IterationTimer
 from scepsy.models.errors import InputError
 
 from scepsy.tracing.emulation.livereplica import BLOCK_TOKENS, LiveReplica, LiveSequence
@@ -102,11 +104,12 @@ class EmulatorConfig:
     mean_output_tokens: float = 0.0  # 0: sequences with a cap run to it
     prefix_caching: bool = True
     settings: EngineSettings = DEFAULT_SETTINGS
+    timer: IterationTimer | None = None  # another engine model (models/performance/aiconfigurator.py); None: the roofline
     personality: str = "vllm"  # which engine's extra endpoints to serve (PERSONALITIES)
 
     @property
     def engine(self) -> Engine:
-        return Engine(self.model, self.gpu, self.tp, self.fraction, self.settings)
+        return Engine(self.model, self.gpu, self.tp, self.fraction, self.settings, timer=self.timer)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -122,8 +125,9 @@ class EmulatorConfig:
             timing = f"single-stream decode {engine.decode_step_time_s(1, 512) * 1e3:.2f} ms/token at 512 tokens of context"
             memory = f"KV cache {engine.kv_capacity_gib:.2f} GiB = {engine.kv_capacity_tokens} tokens"
         caching = "prefix caching" if self.prefix_caching and not self.model.encoder else "no prefix caching"
+        timed_by = f"; timed by {self.timer.describe()}" if self.timer is not None else ""
         return (f"{what}: {memory}, max_model_len {self.max_model_len}, {timing}, {caching}, "
-                f"speedup {self.speedup:g}x; served as {', '.join(self.names)}")
+                f"speedup {self.speedup:g}x; served as {', '.join(self.names)}{timed_by}")
 
 
 def emulator_config(
@@ -137,10 +141,15 @@ def emulator_config(
     mean_output_tokens: float = 0.0,
     prefix_caching: bool = True,
     settings: EngineSettings = DEFAULT_SETTINGS,
+    weights: str | None = None,
+    engine_model: str = "builtin",
+    backend: str = "vllm",
+    database_version: str = "current",
     personality: str = "vllm",
 ) -> EmulatorConfig:
-    """Resolve catalog names and check that the replica can run (InputError naming the option)."""
-    card, gpu_card = catalog.model(model), catalog.gpu(gpu)
+    """Resolve catalog names (or a config.json) and check that the replica can run (InputError
+    naming the option); `engine_model` aiconfigurator times iterations from its database."""
+    card, gpu_card = resolve_model(model, weights), catalog.gpu(gpu)
     if tp < 1 or card.heads % tp:
         raise InputError(None, "--tp", f"{tp} does not divide the {card.heads} attention heads of {card.name}",
                          f"use one of: {', '.join(str(d) for d in range(1, card.heads + 1) if card.heads % d == 0 and d <= 8)}")
@@ -175,8 +184,9 @@ def emulator_config(
             why, fix = "the tokens the KV cache holds", f"give at most {limit}, or a larger --fraction or --tp"
         raise InputError(None, "--max-model-len", f"{max_model_len} is outside 2..{limit} ({why})", fix)
     names = tuple(dict.fromkeys(n for n in served_model_names if n))
+    timer = make_timer(engine_model, card, gpu_card, tp, backend, database_version)
     return EmulatorConfig(card, gpu_card, tp, fraction, names, max_model_len, speedup, mean_output_tokens,
-                          prefix_caching, settings, personality)
+                          prefix_caching, settings, timer, personality)
 
 
 # ----------------------------------------------------------------------------------------------

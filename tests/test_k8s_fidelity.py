@@ -32,7 +32,7 @@ def _plan_view(plan_json: dict):
 
 
 def _reported_mib(gpu_type: str, memory_gib: float) -> int:
-    return catalog.NVML_MEMORY_MIB.get(catalog.gpu(gpu_type).name, math.floor(memory_gib * 1024))
+    return catalog.gpu(gpu_type).nvml_memory_mib or math.floor(memory_gib * 1024)
 
 
 def _visible_ordinals(env: dict, visible_gpus: int) -> None:

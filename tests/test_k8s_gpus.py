@@ -48,7 +48,7 @@ def test_hami_shares_fit_the_memory_every_gpu_reports(instance, plan_kind):
     }
     for (node, gpu), shares in _per_gpu(plan, lambda r: percent[(r.llm, r.replica)]).items():
         gpu_type = next(n.gpu_type for n in plan.instance.cluster.nodes if n.name == node)
-        reported = catalog.NVML_MEMORY_MIB[catalog.gpu(gpu_type).name]
+        reported = catalog.gpu(gpu_type).nvml_memory_mib
         assert sum(reported * p // 100 for p in shares) <= reported, (node, gpu, shares)
         assert sum(shares) <= 100
 
@@ -67,7 +67,7 @@ def test_catalogue_reported_memory_matches_recorded_nvml_answers():
     for path in sorted(NVML_FIXTURES.glob("*.json")):
         for gpu in json.loads(path.read_text())["gpus"]:
             card = catalog.gpu(gpu_type_name(gpu["name"]))
-            assert catalog.NVML_MEMORY_MIB[card.name] == gpu["memory_total_bytes"] // 2**20, (path.name, gpu["name"])
+            assert card.nvml_memory_mib == gpu["memory_total_bytes"] // 2**20, (path.name, gpu["name"])
     assert catalog.reported_memory_mib("A100-40G", 40) == 40 * 1024  # no reported total: nominal
 
 

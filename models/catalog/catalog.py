@@ -286,16 +286,8 @@ _DATASHEET = {
 # tests/fixtures/nvml (memory_total_bytes / 2**20). The others are the totals nvidia-smi prints in
 # public logs (found with code search on nvidia-smi output: "NVIDIA A100-SXM4-80GB ... / 81920MiB",
 # "NVIDIA H200 ... / 143771MiB", "NVIDIA L40S ... / 46068MiB"). A GPU without an entry (A100 40GB)
-# falls back to its nominal capacity in `reported_memory_mib`.
-NVML_MEMORY_MIB = {
-    "A6000": 49140,  # NVIDIA RTX A6000 (ECC off, the workstation default)
-    "A100-80G": 81920,
-    "A100-80G-PCIE": 81920,
-    "H100-SXM": 81559,  # NVIDIA H100 80GB HBM3
-    "H200": 143771,
-    "L40S": 46068,
-    "L4": 23034,
-}
+# falls back to its nominal capacity in `reported_memory_mib`. The totals are each card's
+# `nvml_memory_mib` below (the A6000's with ECC off, the workstation default).
 NVML_SOURCES = (
     "tests/fixtures/nvml/*.json (recorded nvmlDeviceGetMemoryInfo totals: H100 85520809984 B, "
     "A6000 51527024640 B, L4 24152899584 B)",
@@ -309,22 +301,22 @@ GPUS: dict[str, GpuCard] = {
     for card in (
         # 48 GB GDDR6, 768 GB/s, 309.7 tensor TFLOPS with sparsity -> 154.8 dense, NVLink bridge
         # 112.5 GB/s bidirectional between two cards, PCIe Gen4 x16 (64 GB/s).
-        GpuCard("A6000", 48.0, 768.0, 154.8, 112.5, 2, 64.0, _DATASHEET["A6000"], ("RTX A6000", "RTX-A6000")),
+        GpuCard("A6000", 48.0, 768.0, 154.8, 112.5, 2, 64.0, _DATASHEET["A6000"], ("RTX A6000", "RTX-A6000"), nvml_memory_mib=49140),
         # A100 80GB SXM: HBM2e 2,039 GB/s, BF16 312 TFLOPS dense, NVLink 600 GB/s, PCIe Gen4 64 GB/s.
-        GpuCard("A100-80G", 80.0, 2039.0, 312.0, 600.0, 8, 64.0, _DATASHEET["A100"], ("A100", "A100-SXM4-80GB", "A100-80GB")),
+        GpuCard("A100-80G", 80.0, 2039.0, 312.0, 600.0, 8, 64.0, _DATASHEET["A100"], ("A100", "A100-SXM4-80GB", "A100-80GB"), nvml_memory_mib=81920),
         # A100 80GB PCIe: HBM2e 1,935 GB/s, 312 TFLOPS, no NVLink in the validation setups.
-        GpuCard("A100-80G-PCIE", 80.0, 1935.0, 312.0, None, 1, 64.0, _DATASHEET["A100"], ("A100-PCIE-80GB",)),
+        GpuCard("A100-80G-PCIE", 80.0, 1935.0, 312.0, None, 1, 64.0, _DATASHEET["A100"], ("A100-PCIE-80GB",), nvml_memory_mib=81920),
         # A100 40GB SXM: HBM2 1,555 GB/s, 312 TFLOPS, NVLink 600 GB/s.
         GpuCard("A100-40G", 40.0, 1555.0, 312.0, 600.0, 8, 64.0, _DATASHEET["A100"], ("A100-SXM4-40GB", "A100-40GB")),
         # H100 SXM5 80GB: HBM3 3.35 TB/s, BF16 1,979 TFLOPS with sparsity -> 989.4 dense,
         # NVLink 900 GB/s, PCIe Gen5 128 GB/s.
-        GpuCard("H100-SXM", 80.0, 3350.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H100"], ("H100", "H100-SXM5-80GB", "H100-80GB")),
+        GpuCard("H100-SXM", 80.0, 3350.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H100"], ("H100", "H100-SXM5-80GB", "H100-80GB"), nvml_memory_mib=81559),
         # H200 SXM 141GB: HBM3e 4.8 TB/s, BF16 989 TFLOPS dense, NVLink 900 GB/s, PCIe Gen5.
-        GpuCard("H200", 141.0, 4800.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H200"], ("H200-SXM", "H200-141GB")),
+        GpuCard("H200", 141.0, 4800.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H200"], ("H200-SXM", "H200-141GB"), nvml_memory_mib=143771),
         # L40S: 48 GB GDDR6, 864 GB/s, BF16 733 TFLOPS with sparsity -> 362.05 dense, no NVLink, PCIe Gen4.
-        GpuCard("L40S", 48.0, 864.0, 362.05, None, 1, 64.0, _DATASHEET["L40S"]),
+        GpuCard("L40S", 48.0, 864.0, 362.05, None, 1, 64.0, _DATASHEET["L40S"], nvml_memory_mib=46068),
         # L4: 24 GB GDDR6, 300 GB/s, BF16 242 TFLOPS with sparsity -> 121 dense, no NVLink, PCIe Gen4.
-        GpuCard("L4", 24.0, 300.0, 121.0, None, 1, 64.0, _DATASHEET["L4"]),
+        GpuCard("L4", 24.0, 300.0, 121.0, None, 1, 64.0, _DATASHEET["L4"], nvml_memory_mib=23034),
     )
 }
 
@@ -488,8 +480,8 @@ def reported_memory_mib(gpu_type: str, nominal_gib: float) -> int:
     """The memory NVML reports for a GPU of this type (MiB); the nominal capacity when the
     catalogue has no reported total for it."""
     card = find_gpu(gpu_type)
-    if card is not None and card.name in NVML_MEMORY_MIB:
-        return NVML_MEMORY_MIB[card.name]
+    if card is not None and card.nvml_memory_mib is not None:
+        return card.nvml_memory_mib
     return math.floor(nominal_gib * 1024)
 
 

@@ -64,6 +64,9 @@ class PlanSettings:
     # exact placement counts inside the allocation model up to this many (GPU, shape) pairs;
     # beyond it, valid inequalities and lazy placement cuts
     placement_counts_limit: int = 1000
+    # CP-SAT's linearization_level for the allocation stages (None: its default, 1). The optimum
+    # does not depend on it; 0 (no LP relaxation) is faster on what-if grids' lazy-cut models
+    linearization_level: int | None = None
     load_tolerance: float = 1e-3  # max_throughput: relative width of the final bisection bracket
     # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
     # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
@@ -270,7 +273,8 @@ def _solve_model(
     )
     model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
     hint = warm[0] if warm is not None else None
-    solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h)  # noqa: E731
+    tuning = {} if settings.linearization_level is None else {"linearization_level": settings.linearization_level}
+    solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h, **tuning)  # noqa: E731
     for allocation in unplaceable or ():
         backend.add_placement_cut(model, allocation)  # valid at any rates: placement ignores them
     loop = _CutLoop(

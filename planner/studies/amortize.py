@@ -100,8 +100,9 @@ def plan_family(
     start = time.perf_counter()
     cache: dict = {}
     # latency objectives: the optimum does not depend on how placeability enters the model, and
-    # lazy placement cuts prove it faster than the placement counts on these families
-    settings = replace(settings, placement_counts_limit=0)
+    # lazy placement cuts prove it faster than the placement counts on these families, and CP-SAT
+    # without its LP relaxation faster still (bench/whatif_amortized.py)
+    settings = replace(settings, placement_counts_limit=0, linearization_level=0)
     references = _family_references(instances, settings, placer, cache)
     problems: list[Problem | ScepsyError] = []
     for instance, refs in zip(instances, references):
@@ -436,8 +437,12 @@ def _rival_exists(
     model = base.model.clone()
     x = {key: model.get_bool_var_from_proto_index(v.Index()) for key, v in base.x.items()}
     am = cpsat.AllocationModel(model, base.options, x, [], base.fractions_per_gpu)
-    index = {m: {_key(o): i for i, o in enumerate(opts)} for m, opts in base.options.items()}
-    outside = [v for (m, i), v in x.items() if (m, _key(base.options[m][i])) not in block_options]
+    keyed = [((m, _key(o)), (m, i)) for m, opts in base.options.items() for i, o in enumerate(opts)]  # read once, not per row
+    index = {m: {} for m in base.options}
+    for (m, key), (_, i) in keyed:
+        index[m][key] = i
+    inside = [(key, x[mi]) for key, mi in keyed if key in block_options]
+    outside = [x[mi] for key, mi in keyed if key not in block_options]
     if outside:
         model.Add(sum(outside) == 0)
     for m in keep:
@@ -447,10 +452,7 @@ def _rival_exists(
         if margin <= 0:
             return True  # nothing to separate by: treat as not proven
         step = margin / DELTA_STEPS
-        terms = [
-            (math.floor(gaps[(m, _key(o))] / step), x[(m, i)])
-            for m, opts in base.options.items() for i, o in enumerate(opts) if (m, _key(o)) in block_options
-        ]
+        terms = [(math.floor(gaps[key] / step), v) for key, v in inside]
         model.Add(cp_model.LinearExpr.WeightedSum([v for _, v in terms], [c for c, _ in terms]) <= math.floor(bound / step))
     deadline = time.perf_counter() + settings.time_limit_s
     while True:

@@ -438,7 +438,7 @@ def _rival_exists(
     x = {key: model.get_bool_var_from_proto_index(v.Index()) for key, v in base.x.items()}
     am = cpsat.AllocationModel(model, base.options, x, [], base.fractions_per_gpu)
     keyed = [((m, _key(o)), (m, i)) for m, opts in base.options.items() for i, o in enumerate(opts)]  # read once, not per row
-    index = {m: {} for m in base.options}
+    index: dict[str, dict[Key, int]] = {m: {} for m in base.options}
     for (m, key), (_, i) in keyed:
         index[m][key] = i
     inside = [(key, x[mi]) for key, mi in keyed if key in block_options]

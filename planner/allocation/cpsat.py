@@ -349,7 +349,7 @@ def solve_stage(
     **parameters: object,
 ) -> tuple[StageResult, Allocation | None]:
     """Minimise one stage; the decoded allocation, or None without a solution. `parameters`: more
-    CP-SAT parameters (PlanSettings.linearization_level)."""
+    CP-SAT parameters (PlanSettings.stage_parameters)."""
     am.model.ClearObjective()
     am.model.Minimize(stage.expr)
     am.model.ClearHints()

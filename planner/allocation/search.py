@@ -64,9 +64,10 @@ class PlanSettings:
     # exact placement counts inside the allocation model up to this many (GPU, shape) pairs;
     # beyond it, valid inequalities and lazy placement cuts
     placement_counts_limit: int = 1000
-    # CP-SAT's linearization_level for the allocation stages (None: its default, 1). The optimum
-    # does not depend on it; 0 (no LP relaxation) is faster on what-if grids' lazy-cut models
-    linearization_level: int | None = None
+    # more CP-SAT parameters for the allocation stages, (name, value) pairs (none: its defaults).
+    # The optimum does not depend on them; what-if grids turn off the LP relaxation and symmetry
+    # detection, faster on their lazy-cut models (planner/studies/amortize.py)
+    stage_parameters: tuple[tuple[str, int], ...] = ()
     load_tolerance: float = 1e-3  # max_throughput: relative width of the final bisection bracket
     # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
     # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
@@ -273,7 +274,7 @@ def _solve_model(
     )
     model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
     hint = warm[0] if warm is not None else None
-    tuning = {} if settings.linearization_level is None else {"linearization_level": settings.linearization_level}
+    tuning = dict(settings.stage_parameters) if backend is cpsat else {}
     solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h, **tuning)  # noqa: E731
     for allocation in unplaceable or ():
         backend.add_placement_cut(model, allocation)  # valid at any rates: placement ignores them

@@ -63,6 +63,7 @@ from scepsy.planner.allocation.search import (
 ROUNDING_SAFETY = 2.0
 DELTA_STEPS = 1e4  # integer steps of a certificate row per margin (floor rounding keeps it a lower bound)
 BINDING_TOLERANCE = 1e-4  # rows within this share of the max ratio count as binding
+GRID_STAGE_PARAMETERS = (("linearization_level", 0), ("symmetry_level", 0))  # CP-SAT, for the stage solves
 FIRST_BLOCK = 1  # scenarios certified at once after a solve (doubled after each success)
 
 Key = tuple[str, int, int, int]  # an option's choice: (gpu_type, tp, share, replicas)
@@ -101,8 +102,8 @@ def plan_family(
     cache: dict = {}
     # latency objectives: the optimum does not depend on how placeability enters the model, and
     # lazy placement cuts prove it faster than the placement counts on these families, and CP-SAT
-    # without its LP relaxation faster still (bench/whatif_amortized.py)
-    settings = replace(settings, placement_counts_limit=0, linearization_level=0)
+    # without its LP relaxation and symmetry detection faster still (bench/whatif_amortized.py)
+    settings = replace(settings, placement_counts_limit=0, stage_parameters=GRID_STAGE_PARAMETERS)
     references = _family_references(instances, settings, placer, cache)
     problems: list[Problem | ScepsyError] = []
     for instance, refs in zip(instances, references):

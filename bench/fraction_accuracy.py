@@ -26,6 +26,7 @@ import numpy as np
 
 from scepsy.models.catalog import catalog
 from scepsy.models.performance.alp import predict
+from scepsy.models.performance.fraction_shape import share_model
 from scepsy.models.instance.instance import load_instance
 from scepsy.models.instance.profile import LlmProfile, load_profile
 from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
@@ -52,16 +53,16 @@ def synthesized_profiles(directory: Path) -> list[tuple[Path, float]]:
         frame, _ = synthesize(model, catalog.gpu(gpu), [1, 2], FRACTIONS, source, SynthesisSettings(seed=0))
         path = directory / f"{name}-{gpu}.csv"
         write_profile(frame, path)
-        out.append((path, model.weights_gib))
+        out.append((path, (model.weights_gib, name)))
     return out
 
 
-def shipped_weights_gib() -> dict[str, float]:
-    """Weights of each shipped profile's model, from the instances that use it."""
+def shipped_weights_gib() -> dict[str, tuple[float, str]]:
+    """(weights GiB, model name) of each shipped profile's model, from the instances that use it."""
     weights = {}
     for path in INSTANCES:
         for llm in load_instance(path).llms:
-            weights[Path(llm.profile_path).name] = llm.weights_gib
+            weights[Path(llm.profile_path).name] = (llm.weights_gib, llm.model)
     return weights
 
 
@@ -70,7 +71,8 @@ def without(profile: LlmProfile, key, fraction: float) -> LlmProfile:
     return replace(profile, curves={**profile.curves, key: kept})
 
 
-def leave_one_out(path: Path, weights_gib: float) -> list[dict]:
+def leave_one_out(path: Path, weights: tuple[float, str]) -> list[dict]:
+    weights_gib, model = weights
     profile = load_profile(path)
     rows = []
     for key, curves in sorted(profile.curves.items()):
@@ -79,7 +81,9 @@ def leave_one_out(path: Path, weights_gib: float) -> list[dict]:
         gpu_type, tp = key
         memory = MEMORY_GIB[gpu_type]
         for measured in curves:
-            derived = without(profile, key, measured.fraction).curve(gpu_type, tp, measured.fraction, memory, weights_gib)
+            kept = without(profile, key, measured.fraction)
+            shape = share_model(model, gpu_type, tp, kept.curves[key])
+            derived = kept.curve(gpu_type, tp, measured.fraction, memory, weights_gib, shape)
             if derived is None:
                 continue
             rates = LOADS * measured.capacity_rps

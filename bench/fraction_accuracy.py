@@ -5,8 +5,10 @@
 1. Leave one fraction out: for every shipped profile (instances/profiles/*.csv) and two more models
    synthesized here (Mistral-7B on RTX A6000, Qwen2.5-7B on H100-SXM; tp 1 and 2, fractions
    0.1..1.0, `scepsy profiles synthesize` with fixed 512/128-token requests), drop each measured
-   fraction of each (gpu_type, tp) in turn, derive its curve from the others (models/profile.py
-   `derive_curve`) and compare the derived mean latency with the measured one at 15 rates from 10%
+   fraction of each (gpu_type, tp) in turn, derive its curve from the others with the engine
+   model's shape fitted to them (models/instance/profile.py `derive_curve`,
+   models/performance/fraction_shape.py, the model named by the instances that use the profile)
+   and compare the derived mean latency with the measured one at 15 rates from 10%
    to 80% of the measured capacity (worst relative error per case), and the capacities.
 2. Sparse profiles: plan every shipped instance with its profiles cut to the fractions 0.2, 0.5
    and 1.0 (the README's `profiles synthesize` example), evaluate that allocation on the full

@@ -13,10 +13,13 @@ tracing/profiling/benchimport.py).
 The capacity T of a (gpu_type, tp, fraction) curve is its largest stable arrival rate; the latency
 curve is the stable rows sorted by rate, piecewise linear, clamped to the first point below it.
 A fraction without its own rows gets a curve derived from the measured fractions around it with
-the engine model's shape (`derive_curve`): capacity linear in the share between them (outside them,
-a power law through the two nearest, bounded by the KV cache ratio kv(f)/kv(f0),
-kv(x) = tp * x * memory_gib - weights_gib), latency at each utilisation linear in 1/share, and
-never faster than the next larger measured share.
+the engine model's shape (`derive_curve`): with the model and GPU in the catalogue, the neighbours'
+curves scaled by the engine model's capacity and light-load latency ratios between the shares
+(models/performance/fraction_shape.py: request shape fitted to the measured fractions, KV-cache
+batch limit, prefix-cache misses); otherwise capacity linear in the share between them (outside
+them, a power law through the two nearest, bounded by the KV cache ratio kv(f)/kv(f0),
+kv(x) = tp * x * memory_gib - weights_gib), latency at each utilisation linear in 1/share. Never
+faster than the next larger measured share (docs/model.md, "Profiles").
 """
 
 from __future__ import annotations

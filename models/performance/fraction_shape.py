@@ -6,17 +6,21 @@ theirs (models/instance/profile.py `derive_curve`, docs/model.md "Profiles"). Th
 those ratios for one model on one GPU type and TP degree (models/performance/engine.py):
 
     light-load latency  L(f) = prefill(P) + (C - 1) * decode_step(1, P + C/2)     one request alone
-    capacity            T(f) = B / (C * decode_step(B, P + C/2) + B P / budget * chunk(budget))
-                        B    = min(max_num_seqs, kv_tokens(f) // (P + C))         sequences that fit
-    encoders            T(f) = (budget / P) / iteration(budget tokens),  L(f) = prefill(P)
+    capacity            T(f) = b / (C * decode_step(b, P + C/2) + b (P + m(f)) / budget * chunk(budget))
+                        b    = min(B, kv_tokens(f) // (P + C))                    sequences that fit
+                        m(f) = X * max(0, 1 - kv_tokens(f) / W)                   prefix-cache misses
+    encoders            T(f) = (budget / P) / chunk(budget),  L(f) = prefill(P)
 
 (`chunk(budget)` is one iteration of `budget` prompt tokens, the chunked-prefill token budget).
 kv_tokens(f) is the replica's KV cache at share f, a step in the share that cuts the batch where
 the cache runs short (the 8B verifier on one H100 triples its capacity from f = 0.3 to 0.4), and
-iteration times are work / share plus fixed costs. The request shape (P prompt, C completion
-tokens) is not in a profile: it is the grid point whose T and L, up to one scale each, best fit the
-measured fractions (least squares of the log ratios), so the shape stands for the profile's own
-mix of lengths and prefix-cache hits. Deterministic; cached per (model, gpu, tp, measured curves).
+iteration times are work / share plus fixed costs. The request shape (P prompt and C completion
+tokens, at most B sequences at once) is not in a profile: it is the grid point whose T and L, up to
+one scale each, best fit the measured fractions (least squares of the log ratios, plus a tenth of
+the squared log scales), so the shape stands for the profile's own mix of lengths; the prefix-cache
+term (X tokens per request that miss while the cache cannot hold a working set of W tokens) is
+added only where it cuts the misfit to a quarter (a verifier that re-reads long shared prefixes).
+Deterministic; cached per (model, gpu, tp, measured points) and per profile object.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@ published totals in tests/test_engine.py.
 Conventions:
 - memory_gib is the datasheet capacity read as GiB (the driver and CUDA context take a little of it;
   the engine model's `memory_utilization` accounts for that, as vLLM's gpu_memory_utilization does);
+- nvml_memory_mib is the total NVML reports (`nvmlDeviceGetMemoryInfo(h).total`, shown by nvidia-smi
+  as "Memory-Usage ... / N MiB"), which is what GPU-sharing stacks register and divide (HAMi's
+  `nvidia.com/gpumem`, MPS pinned-memory limits); it is below the nominal capacity because ECC and
+  reserved regions come off (an H100 80GB reports 81559 MiB, not 81920). Sources in NVML_SOURCES;
 - bandwidths are GB/s = 1e9 bytes/s; rates are TFLOP/s = 1e12 FLOP/s;
 - link latencies are the small-message all-reduce latencies of NCCL/vLLM custom all-reduce
   (engineering estimates, see docs/engine-model.md), not datasheet numbers.
@@ -16,6 +20,7 @@ Conventions:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from scepsy.models.errors import InputError
@@ -276,27 +281,42 @@ _DATASHEET = {
     "L4": "https://www.nvidia.com/en-us/data-center/l4/",
 }
 
+# Total memory NVML reports per GPU model (MiB), as nvidia-smi prints it on a default (ECC on for
+# data-centre parts) driver set-up. H100, A6000 and L4 are also the recorded NVML answers of
+# tests/fixtures/nvml (memory_total_bytes / 2**20). The others are the totals nvidia-smi prints in
+# public logs (found with code search on nvidia-smi output: "NVIDIA A100-SXM4-80GB ... / 81920MiB",
+# "NVIDIA H200 ... / 143771MiB", "NVIDIA L40S ... / 46068MiB"). A GPU without an entry (A100 40GB)
+# falls back to its nominal capacity in `reported_memory_mib`. The totals are each card's
+# `nvml_memory_mib` below (the A6000's with ECC off, the workstation default).
+NVML_SOURCES = (
+    "tests/fixtures/nvml/*.json (recorded nvmlDeviceGetMemoryInfo totals: H100 85520809984 B, "
+    "A6000 51527024640 B, L4 24152899584 B)",
+    "nvidia-smi Memory-Usage totals in public logs (A100 80GB 81920MiB, "
+    "H200 143771MiB, L40S 46068MiB)",
+)
+
+
 GPUS: dict[str, GpuCard] = {
     card.name: card
     for card in (
         # 48 GB GDDR6, 768 GB/s, 309.7 tensor TFLOPS with sparsity -> 154.8 dense, NVLink bridge
         # 112.5 GB/s bidirectional between two cards, PCIe Gen4 x16 (64 GB/s).
-        GpuCard("A6000", 48.0, 768.0, 154.8, 112.5, 2, 64.0, _DATASHEET["A6000"], ("RTX A6000", "RTX-A6000")),
+        GpuCard("A6000", 48.0, 768.0, 154.8, 112.5, 2, 64.0, _DATASHEET["A6000"], ("RTX A6000", "RTX-A6000"), nvml_memory_mib=49140),
         # A100 80GB SXM: HBM2e 2,039 GB/s, BF16 312 TFLOPS dense, NVLink 600 GB/s, PCIe Gen4 64 GB/s.
-        GpuCard("A100-80G", 80.0, 2039.0, 312.0, 600.0, 8, 64.0, _DATASHEET["A100"], ("A100", "A100-SXM4-80GB", "A100-80GB")),
+        GpuCard("A100-80G", 80.0, 2039.0, 312.0, 600.0, 8, 64.0, _DATASHEET["A100"], ("A100", "A100-SXM4-80GB", "A100-80GB"), nvml_memory_mib=81920),
         # A100 80GB PCIe: HBM2e 1,935 GB/s, 312 TFLOPS, no NVLink in the validation setups.
-        GpuCard("A100-80G-PCIE", 80.0, 1935.0, 312.0, None, 1, 64.0, _DATASHEET["A100"], ("A100-PCIE-80GB",)),
+        GpuCard("A100-80G-PCIE", 80.0, 1935.0, 312.0, None, 1, 64.0, _DATASHEET["A100"], ("A100-PCIE-80GB",), nvml_memory_mib=81920),
         # A100 40GB SXM: HBM2 1,555 GB/s, 312 TFLOPS, NVLink 600 GB/s.
         GpuCard("A100-40G", 40.0, 1555.0, 312.0, 600.0, 8, 64.0, _DATASHEET["A100"], ("A100-SXM4-40GB", "A100-40GB")),
         # H100 SXM5 80GB: HBM3 3.35 TB/s, BF16 1,979 TFLOPS with sparsity -> 989.4 dense,
         # NVLink 900 GB/s, PCIe Gen5 128 GB/s.
-        GpuCard("H100-SXM", 80.0, 3350.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H100"], ("H100", "H100-SXM5-80GB", "H100-80GB")),
+        GpuCard("H100-SXM", 80.0, 3350.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H100"], ("H100", "H100-SXM5-80GB", "H100-80GB"), nvml_memory_mib=81559),
         # H200 SXM 141GB: HBM3e 4.8 TB/s, BF16 989 TFLOPS dense, NVLink 900 GB/s, PCIe Gen5.
-        GpuCard("H200", 141.0, 4800.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H200"], ("H200-SXM", "H200-141GB")),
+        GpuCard("H200", 141.0, 4800.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H200"], ("H200-SXM", "H200-141GB"), nvml_memory_mib=143771),
         # L40S: 48 GB GDDR6, 864 GB/s, BF16 733 TFLOPS with sparsity -> 362.05 dense, no NVLink, PCIe Gen4.
-        GpuCard("L40S", 48.0, 864.0, 362.05, None, 1, 64.0, _DATASHEET["L40S"]),
+        GpuCard("L40S", 48.0, 864.0, 362.05, None, 1, 64.0, _DATASHEET["L40S"], nvml_memory_mib=46068),
         # L4: 24 GB GDDR6, 300 GB/s, BF16 242 TFLOPS with sparsity -> 121 dense, no NVLink, PCIe Gen4.
-        GpuCard("L4", 24.0, 300.0, 121.0, None, 1, 64.0, _DATASHEET["L4"]),
+        GpuCard("L4", 24.0, 300.0, 121.0, None, 1, 64.0, _DATASHEET["L4"], nvml_memory_mib=23034),
     )
 }
 
@@ -454,3 +474,42 @@ def model(name: str, field: str = "--model", source: str | None = None) -> Model
     if card is None:
         raise InputError(source, field, f"unknown model {name!r}", f"use one of: {', '.join(MODELS)}")
     return card
+
+
+def reported_memory_mib(gpu_type: str, nominal_gib: float) -> int:
+    """The memory NVML reports for a GPU of this type (MiB); the nominal capacity when the
+    catalogue has no reported total for it."""
+    card = find_gpu(gpu_type)
+    if card is not None and card.nvml_memory_mib is not None:
+        return card.nvml_memory_mib
+    return math.floor(nominal_gib * 1024)
+
+
+# Hugging Face organisations whose model repositories are gated: downloading needs an access
+# token of an account that accepted the licence (every meta-llama repository is gated behind the
+# Llama community licence; https://huggingface.co/meta-llama). Other organisations' models in the
+# catalogue (Qwen, intfloat, BAAI, RLHFlow) are public.
+GATED_ORGANISATIONS = ("meta-llama",)
+
+
+def is_gated(hf_id: str) -> bool:
+    """Whether downloading this Hugging Face repository needs an access token."""
+    return hf_id.split("/", 1)[0] in GATED_ORGANISATIONS
+
+
+def encoder_task(card: ModelCard) -> str:
+    """What an encoder serves: `score` for cross-encoders (rerankers: a query-document pair in,
+    a relevance score out), `embed` for embedders (which also score and rerank, by the cosine of
+    embeddings, as vLLM does). Cross-encoders are recognised by "rerank" or "cross-encoder" in
+    their catalog or Hugging Face name."""
+    names = f"{card.name} {card.hf_id} {' '.join(card.aliases)}".lower()
+    return "score" if "rerank" in names or "cross-encoder" in names else "embed"
+
+
+def serving_task(model_id: str) -> str:
+    """What a replica of this model serves: `generate` (decoders, and models the catalogue does
+    not know), `embed` (embedders) or `score` (cross-encoder rerankers)."""
+    card = find_model(model_id)
+    if card is None or not card.encoder:
+        return "generate"
+    return encoder_task(card)

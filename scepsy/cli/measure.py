@@ -101,6 +101,7 @@ def emulate(
     engine_model: EngineModelOpt = "builtin",
     backend: EngineBackendOpt = "vllm",
     database_version: DatabaseVersionOpt = "current",
+    personality: Annotated[str, typer.Option("--personality", help="vllm (no /server_info) or sglang (adds /server_info and /model_info, as the SGLang gateway reads them).")] = "vllm",
 ) -> None:
     """Serve an OpenAI-compatible engine emulator whose timing follows the engine model (until Ctrl-C)."""
     from scepsy.tracing.emulation.emulator import emulator_config, serve
@@ -108,7 +109,7 @@ def emulate(
     with errors():
         config = emulator_config(model, gpu, tp, fraction, served_model_name, max_model_len, speedup,
                                  mean_output_tokens, prefix_caching, weights=weights, engine_model=engine_model,
-                                 backend=backend, database_version=database_version)
+                                 backend=backend, database_version=database_version, personality=personality)
         stderr.print(f"scepsy emulate on http://{host}:{port}: {config.describe()}", markup=False, highlight=False, soft_wrap=True)
         serve(config, host=host, port=port)
 

@@ -69,7 +69,7 @@ class ShareModel:
         batch slows every iteration: latency grows with the load)."""
         if self.model.encoder:
             return "compute"
-        engine = Engine(self.model, self.gpu, self.tp, min(max(fraction, 1e-6), 1.0))
+        engine = _engine(self.model, self.gpu, self.tp, fraction)
         fitting = engine.kv_capacity_tokens // (self.prompt_tokens + self.completion_tokens)
         return "memory" if fitting < self.max_batch else "compute"
 

@@ -101,10 +101,12 @@ def _pareto(candidates: dict[int, tuple[np.ndarray, np.ndarray]], epsilon: float
 
 
 def llm_options(
-    instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0
+    instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0,
+    shapes: dict | None = None,
 ) -> list[Option]:
     """All feasible options of one LLM (memory, profile, throughput), dominance-pruned if `prune`
-    (within a latency factor 1/(1 - epsilon) if epsilon > 0)."""
+    (within a latency factor 1/(1 - epsilon) if epsilon > 0). `shapes` keeps each replica shape's
+    profile curve and most replicas, which do not depend on the rates (valid for one cluster)."""
     cluster = instance.cluster
     offered = instance.offered_rate_rps(llm.name)
     options: list[Option] = []
@@ -113,12 +115,11 @@ def llm_options(
             candidates: dict[int, tuple[np.ndarray, np.ndarray]] = {}
             capacities: dict[int, float] = {}
             for share in shares_for(cluster, space):
-                curve = replica_curve(instance, llm, gpu_type, tp, share)
+                curve, d_max = _shape(instance, llm, gpu_type, tp, share, shapes)
                 if curve is None:
                     continue
                 usable = instance.max_utilization * curve.capacity_rps
                 d_min = max(1, math.ceil(offered / usable * (1 - 1e-9)))
-                d_max = max_replicas(cluster, gpu_type, tp, share)
                 if d_min > d_max:
                     continue
                 replicas = np.arange(d_min, d_max + 1)
@@ -131,6 +132,18 @@ def llm_options(
             options += [Option(llm.name, gpu_type, tp, s, d, lat, capacities[s]) for s, d, lat in points]
     options.sort(key=lambda o: (o.gpu_type, o.tp, o.share, o.replicas))
     return options
+
+
+def _shape(instance: Instance, llm: Llm, gpu_type: str, tp: int, share: int, shapes: dict | None):
+    """(profile curve or None, most replicas on the cluster) of one replica shape of `llm`."""
+    key = (llm.name, gpu_type, tp, share)
+    if shapes is not None and key in shapes:
+        return shapes[key]
+    curve = replica_curve(instance, llm, gpu_type, tp, share)
+    found = (curve, max_replicas(instance.cluster, gpu_type, tp, share) if curve is not None else 0)
+    if shapes is not None:
+        shapes[key] = found
+    return found
 
 
 def all_options(

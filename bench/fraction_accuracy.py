@@ -5,8 +5,10 @@
 1. Leave one fraction out: for every shipped profile (instances/profiles/*.csv) and two more models
    synthesized here (Mistral-7B on RTX A6000, Qwen2.5-7B on H100-SXM; tp 1 and 2, fractions
    0.1..1.0, `scepsy profiles synthesize` with fixed 512/128-token requests), drop each measured
-   fraction of each (gpu_type, tp) in turn, derive its curve from the others (models/profile.py
-   `derive_curve`) and compare the derived mean latency with the measured one at 15 rates from 10%
+   fraction of each (gpu_type, tp) in turn, derive its curve from the others with the engine
+   model's shape fitted to them (models/instance/profile.py `derive_curve`,
+   models/performance/fraction_shape.py, the model named by the instances that use the profile)
+   and compare the derived mean latency with the measured one at 15 rates from 10%
    to 80% of the measured capacity (worst relative error per case), and the capacities.
 2. Sparse profiles: plan every shipped instance with its profiles cut to the fractions 0.2, 0.5
    and 1.0 (the README's `profiles synthesize` example), evaluate that allocation on the full
@@ -26,6 +28,7 @@ import numpy as np
 
 from scepsy.models.catalog import catalog
 from scepsy.models.performance.alp import predict
+from scepsy.models.performance.fraction_shape import share_model
 from scepsy.models.instance.instance import load_instance
 from scepsy.models.instance.profile import LlmProfile, load_profile
 from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
@@ -52,16 +55,16 @@ def synthesized_profiles(directory: Path) -> list[tuple[Path, float]]:
         frame, _ = synthesize(model, catalog.gpu(gpu), [1, 2], FRACTIONS, source, SynthesisSettings(seed=0))
         path = directory / f"{name}-{gpu}.csv"
         write_profile(frame, path)
-        out.append((path, model.weights_gib))
+        out.append((path, (model.weights_gib, name)))
     return out
 
 
-def shipped_weights_gib() -> dict[str, float]:
-    """Weights of each shipped profile's model, from the instances that use it."""
+def shipped_weights_gib() -> dict[str, tuple[float, str]]:
+    """(weights GiB, model name) of each shipped profile's model, from the instances that use it."""
     weights = {}
     for path in INSTANCES:
         for llm in load_instance(path).llms:
-            weights[Path(llm.profile_path).name] = llm.weights_gib
+            weights[Path(llm.profile_path).name] = (llm.weights_gib, llm.model)
     return weights
 
 
@@ -70,7 +73,8 @@ def without(profile: LlmProfile, key, fraction: float) -> LlmProfile:
     return replace(profile, curves={**profile.curves, key: kept})
 
 
-def leave_one_out(path: Path, weights_gib: float) -> list[dict]:
+def leave_one_out(path: Path, weights: tuple[float, str]) -> list[dict]:
+    weights_gib, model = weights
     profile = load_profile(path)
     rows = []
     for key, curves in sorted(profile.curves.items()):
@@ -79,7 +83,9 @@ def leave_one_out(path: Path, weights_gib: float) -> list[dict]:
         gpu_type, tp = key
         memory = MEMORY_GIB[gpu_type]
         for measured in curves:
-            derived = without(profile, key, measured.fraction).curve(gpu_type, tp, measured.fraction, memory, weights_gib)
+            kept = without(profile, key, measured.fraction)
+            shape = share_model(model, gpu_type, tp, kept.curves[key])
+            derived = kept.curve(gpu_type, tp, measured.fraction, memory, weights_gib, shape)
             if derived is None:
                 continue
             rates = LOADS * measured.capacity_rps

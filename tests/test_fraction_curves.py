@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -93,3 +94,133 @@ def test_plan_output_marks_derived_curves(write_instance):
     assert llms["gen"]["profile_derived_from_fractions"] == [0.5, 1.0]
     assert "profile_derived_from_fractions" not in llms["ver"]  # measured: the plan format as before
     assert "gen: 0.5, 1" in llm_table(prediction).caption
+
+
+# -- with the engine model's shape (models/performance/fraction_shape.py) -------------------------
+
+ENGINE_CASES = (("llama-3.1-8b", "A6000", 1), ("llama-3.1-8b", "H100-SXM", 2), ("llama-3.2-1b", "H100-SXM", 1),
+                ("e5-base-v2", "A6000", 1))
+
+
+def engine_model_profile(case, prompt, completion, max_batch, bend, measured):
+    """A profile whose capacity and light-load latency are the engine model's own for one request
+    shape on the fitting grid (latency (1 + bend u^3) times the light-load one at utilisation u), and
+    the ShareModel that made it; fractions where nothing fits are left out."""
+    from scepsy.models.catalog import catalog
+    from scepsy.models.performance.fraction_shape import ShareModel
+
+    name, gpu, tp = case
+    model = catalog.model(name)
+    truth = ShareModel(model, catalog.gpu(gpu), tp, prompt, 0 if model.encoder else completion,
+                       max_batch)
+    rows = []
+    for f in measured:
+        capacity, light = truth.at(f)
+        if not capacity > 0:
+            continue
+        for u in POINTS + (1.3,):
+            latency = light * (1 + bend * min(u, 1.0) ** 3)
+            rows.append(dict(gpu_type=gpu, tp=tp, fraction=f, arrival_rate=u * capacity,
+                             throughput=min(u, 1.0) * capacity, latency_mean=latency, latency_p50=0.9 * latency,
+                             latency_p90=1.4 * latency, latency_p99=2.0 * latency))
+    return (build_profile(pd.DataFrame(rows), "engine-model") if rows else None), truth
+
+
+def engine_model_curves():
+    from scepsy.models.performance.fraction_shape import BATCH_GRID, COMPLETION_GRID, PROMPT_GRID
+
+    return st.builds(
+        engine_model_profile,
+        case=st.sampled_from(ENGINE_CASES),
+        prompt=st.sampled_from(PROMPT_GRID),
+        completion=st.sampled_from(COMPLETION_GRID),
+        max_batch=st.sampled_from(BATCH_GRID),
+        bend=st.floats(0.2, 5.0),
+        measured=st.lists(st.sampled_from(GRID), min_size=2, max_size=6, unique=True).map(sorted),
+    )
+
+
+def shaped_curve(profile, truth, f):
+    from scepsy.models.performance.fraction_shape import share_model
+
+    ((gpu, tp), measured), = profile.curves.items()
+    shape = share_model(truth.model.name, gpu, tp, measured)
+    return profile.curve(gpu, tp, f, truth.gpu.memory_gib, truth.model.weights_gib, shape)
+
+
+@settings(max_examples=60, deadline=None)
+@given(engine_model_curves(), st.sampled_from(GRID), st.sampled_from(GRID), st.floats(0.0, 1.0))
+def test_engine_shaped_curves_never_make_a_smaller_share_faster(made, f1, f2, load):
+    profile, truth = made
+    if profile is None:
+        return
+    small, large = sorted((f1, f2))
+    a, b = shaped_curve(profile, truth, small), shaped_curve(profile, truth, large)
+    if a is None:  # no batch fits the smaller share
+        return
+    assert b is not None
+    assert a.capacity_rps <= b.capacity_rps * (1 + 1e-9)
+    rate = load * a.capacity_rps
+    for metric in ("mean", "p99"):
+        assert a.latency_s(rate, metric) >= b.latency_s(rate, metric) * (1 - 1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(engine_model_curves())
+def test_engine_shaped_curves_are_exact_on_profiled_points(made):
+    profile, truth = made
+    if profile is None:
+        return
+    (measured,) = profile.curves.values()
+    for c in measured:
+        got = shaped_curve(profile, truth, c.fraction)
+        assert got.measured and np.array_equal(got.latency_s(c.rates_rps), c.latencies_s["mean"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(engine_model_curves(), st.sampled_from(GRID))
+def test_a_profile_that_follows_the_engine_model_is_derived_exactly(made, f):
+    """The fit finds the request shape back (up to shapes with the same ratios), so a derived curve
+    is the engine model's own: capacity T(f) and latency L(f) (1 + bend u^3), KV cliffs included."""
+    profile, truth = made
+    if profile is None or len(next(iter(profile.curves.values()))) < 2:
+        return
+    got = shaped_curve(profile, truth, f)
+    capacity, light = truth.at(f)
+    if got is None:
+        assert capacity == 0
+        return
+    assert got.capacity_rps == pytest.approx(capacity, rel=1e-6)
+    measured = next(iter(profile.curves.values()))[0]
+    for u in (0.1, 0.4, 0.8):  # latency over the light-load latency at utilisation u: alike at every share
+        ratio = got.latency_s(u * got.capacity_rps) / light
+        reference = measured.latency_s(u * measured.capacity_rps) / truth.at(measured.fraction)[1]
+        assert ratio == pytest.approx(reference, rel=1e-6)
+
+
+def test_a_kv_cache_cliff_of_a_shipped_profile_is_derived_from_its_neighbour():
+    """Llama-3-8B on two RTX A6000 halves (instances/profiles/llama-3-8b.csv) at f = 0.2 keeps a
+    2.3 GiB KV cache, a third of 0.3's: its capacity is 2.65 requests/s against 4.99. Left out, it is
+    derived from 0.3 with the engine model's shape within 10% of its mean latency at 10-80% of its
+    capacity; the rule without the engine model (a model outside the catalogue) misses by > 30%."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from scepsy.models.instance.profile import load_profile
+    from scepsy.models.performance.fraction_shape import share_model
+
+    profile = load_profile(Path(__file__).resolve().parent.parent / "instances" / "profiles" / "llama-3-8b.csv")
+    key = ("A6000", 2)
+    (truth,) = [c for c in profile.curves[key] if c.fraction == 0.2]
+    kept = tuple(c for c in profile.curves[key] if c.fraction != 0.2)
+    left_out = replace(profile, curves={key: kept})
+    shape = share_model("meta-llama/Meta-Llama-3-8B-Instruct", "A6000", 2, kept)
+    rates = np.linspace(0.1, 0.8, 15) * truth.capacity_rps
+
+    def worst_error(curve) -> float:
+        return float(np.max(np.abs(curve.latency_s(rates) / truth.latency_s(rates) - 1)))
+
+    got = left_out.curve("A6000", 2, 0.2, 48.0, 14.96, shape)
+    assert got.derived_from == (0.3,)
+    assert worst_error(got) <= 0.10
+    assert worst_error(left_out.curve("A6000", 2, 0.2, 48.0, 14.96)) > 0.30

@@ -13,17 +13,20 @@ tracing/profiling/benchimport.py).
 The capacity T of a (gpu_type, tp, fraction) curve is its largest stable arrival rate; the latency
 curve is the stable rows sorted by rate, piecewise linear, clamped to the first point below it.
 A fraction without its own rows gets a curve derived from the measured fractions around it with
-the engine model's shape (`derive_curve`): capacity linear in the share between them (outside them,
-a power law through the two nearest, bounded by the KV cache ratio kv(f)/kv(f0),
-kv(x) = tp * x * memory_gib - weights_gib), latency at each utilisation linear in 1/share, and
-never faster than the next larger measured share.
+the engine model's shape (`derive_curve`): with the model and GPU in the catalogue, the neighbours'
+curves scaled by the engine model's capacity and light-load latency ratios between the shares
+(models/performance/fraction_shape.py: request shape fitted to the measured fractions, KV-cache
+batch limit, prefix-cache misses); otherwise capacity linear in the share between them (outside
+them, a power law through the two nearest, bounded by the KV cache ratio kv(f)/kv(f0),
+kv(x) = tp * x * memory_gib - weights_gib), latency at each utilisation linear in 1/share. Never
+faster than the next larger measured share (docs/model.md, "Profiles").
 """
 
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -86,6 +89,7 @@ class LlmProfile:
 
     source: str
     curves: Mapping[tuple[str, int], tuple[ProfileCurve, ...]]
+    _derived: dict = field(default_factory=dict, init=False, repr=False, compare=False)  # curve() cache
 
     def missing_metrics(self) -> list[str]:
         """Latency metrics some stable row lacks (an empty percentile cell)."""
@@ -98,11 +102,16 @@ class LlmProfile:
     def has(self, gpu_type: str, tp: int) -> bool:
         return (gpu_type, tp) in self.curves
 
+    def measures(self, gpu_type: str, tp: int, fraction: float) -> bool:
+        """Whether `fraction` of (gpu_type, tp) has its own measured curve."""
+        return any(abs(c.fraction - fraction) <= FRACTION_MATCH_TOLERANCE for c in self.curves.get((gpu_type, tp), ()))
+
     def curve(
-        self, gpu_type: str, tp: int, fraction: float, memory_gib: float, weights_gib: float
+        self, gpu_type: str, tp: int, fraction: float, memory_gib: float, weights_gib: float, shape=None
     ) -> ProfileCurve | None:
         """The curve of one replica with `tp` shards of `fraction` GPU each; None if not profiled
-        (or if the fraction leaves no KV cache). Unprofiled fractions: `derive_curve`."""
+        (or if the fraction leaves no KV cache). Unprofiled fractions: `derive_curve` (with the
+        engine model's `shape` of this (gpu_type, tp) when given); derived curves are cached."""
         measured = self.curves.get((gpu_type, tp))
         if not measured:
             return None
@@ -111,7 +120,11 @@ class LlmProfile:
                 return curve
         if tp * fraction * memory_gib - weights_gib <= 0:
             return None
-        return derive_curve(measured, fraction, lambda f: tp * f * memory_gib - weights_gib)
+        key = (gpu_type, tp, fraction, memory_gib, weights_gib, shape)
+        if key not in self._derived:
+            kv = lambda f: tp * f * memory_gib - weights_gib  # noqa: E731
+            self._derived[key] = derive_curve(measured, fraction, kv, shape)
+        return self._derived[key]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -199,28 +212,86 @@ def _latency_at_load(measured, fraction: float, utilisation: np.ndarray, metric:
     return latency
 
 
-def derive_curve(measured: tuple[ProfileCurve, ...], fraction: float, kv) -> ProfileCurve | None:
+def _shape_weights(measured: tuple[ProfileCurve, ...], fraction: float, shape) -> list[tuple[ProfileCurve, float]]:
+    """The measured curves an engine-model-scaled curve is built from and their weights: the two
+    neighbours, weighted linearly in the share (so the result is exact on each), else the nearest;
+    a neighbour in another regime of the engine model than `fraction` (`shape.regime`: the KV
+    cache caps the batch, or not) is left out while the other one shares it."""
+    smaller = [c for c in measured if c.fraction < fraction]
+    larger = [c for c in measured if c.fraction > fraction]
+    if smaller and larger:
+        lo, hi = smaller[-1], larger[0]
+        regime = shape.regime(fraction)
+        same_lo, same_hi = shape.regime(lo.fraction) == regime, shape.regime(hi.fraction) == regime
+        if same_lo != same_hi:
+            return [(lo if same_lo else hi, 1.0)]
+        t = (fraction - lo.fraction) / (hi.fraction - lo.fraction)
+        return [(lo, 1.0 - t), (hi, t)]
+    return [(larger[0] if larger else smaller[-1], 1.0)]
+
+
+def _scaled_by_shape(measured, fraction: float, shape):
+    """Capacity and latency-at-utilisation of `fraction` from the engine model's ratios: each
+    neighbour's measured capacity times T(f) / T(f0) (combined geometrically) and its latency at an
+    equal utilisation times L(f) / L(f0) (combined linearly); `shape.at(f)` = (T, L) modelled.
+    Returns (capacity, latency(utilisation, metric), the curves used), or None where the engine
+    model fits no batch at `fraction`."""
+    weighted = _shape_weights(measured, fraction, shape)
+    capacity_f, latency_f = shape.at(fraction)
+    if not (capacity_f > 0 and math.isfinite(latency_f)):
+        return None
+    log_capacity = 0.0
+    ratios = []
+    for curve, weight in weighted:
+        capacity_0, latency_0 = shape.at(curve.fraction)
+        log_capacity += weight * math.log(curve.capacity_rps * capacity_f / capacity_0)
+        ratios.append((curve, weight, latency_f / latency_0))
+    capacity = math.exp(log_capacity)
+
+    def latency(utilisation: np.ndarray, metric: str) -> np.ndarray:
+        # latency never falls with the load (a measured curve's wiggles are not carried over)
+        return sum(w * r * np.maximum.accumulate(c.latency_s(utilisation * c.capacity_rps, metric)) for c, w, r in ratios)
+
+    return capacity, latency, tuple(c for c, _ in weighted)
+
+
+def derive_curve(measured: tuple[ProfileCurve, ...], fraction: float, kv, shape=None) -> ProfileCurve | None:
     """The curve of an unprofiled `fraction` from the measured curves of the same (gpu_type, tp).
 
-    Capacity as in `_capacity_rps`, latency at each utilisation as in `_latency_at_load`, on the
-    union of the neighbours' measured utilisations. A smaller share is never faster: the
-    curve is raised to the next larger measured share's latency at the same rate, and its capacity
-    kept at or below that share's."""
-    capacity = _capacity_rps(measured, fraction, kv)
+    With the engine model's `shape` (models/performance/fraction_shape.py): `_scaled_by_shape`.
+    Without one (a model or GPU outside the catalogue): capacity as in `_capacity_rps`, latency at
+    each utilisation as in `_latency_at_load`. Either on the union of the neighbours' measured
+    utilisations. A smaller share is never faster: the curve is raised to the next larger measured
+    share's latency at the same rate, and its capacity kept at or below that share's (with the
+    engine model's shape, also never slower nor smaller than the next smaller measured share)."""
+    scaled = _scaled_by_shape(measured, fraction, shape) if shape is not None else None
+    if shape is not None and scaled is None:
+        return None  # the engine model fits no batch at this share (vLLM keeps 10% of the memory back)
+    if scaled is not None:
+        capacity, latency_at, near = scaled
+    else:
+        capacity = _capacity_rps(measured, fraction, kv)
+        near = _neighbours(measured, fraction)
+        latency_at = lambda u, metric: _latency_at_load(measured, fraction, u, metric)  # noqa: E731
     larger = [c for c in measured if c.fraction > fraction]
+    smaller = [c for c in measured if c.fraction < fraction] if scaled is not None else []
+    if smaller:  # nor slower than the next smaller measured share (the engine model's fit is no bound)
+        capacity = max(capacity, smaller[-1].capacity_rps)
     if larger:
         capacity = min(capacity, larger[0].capacity_rps)
     if not capacity > 0:
         return None
-    near = _neighbours(measured, fraction)
     points = np.concatenate([c.rates_rps / c.capacity_rps for c in near])
-    if larger:  # the larger share's own points, so that the raise below is exact between points
-        points = np.concatenate([points, larger[0].rates_rps / capacity])
+    for bound in (smaller[-1:] + larger[:1]):  # the bounds' own points, so that the clamps are exact between points
+        points = np.concatenate([points, bound.rates_rps / capacity])
     utilisation = np.unique(np.append(points[(points > 0) & (points < 1.0)], 1.0))
     rates = utilisation * capacity
     latencies = {}
     for metric in LATENCY_METRICS:
-        latency = _latency_at_load(measured, fraction, utilisation, metric)
+        latency = latency_at(utilisation, metric)
+        if smaller:
+            within = rates <= smaller[-1].capacity_rps
+            latency = np.where(within, np.minimum(latency, smaller[-1].latency_s(rates, metric)), latency)
         if larger:
             latency = np.maximum(latency, larger[0].latency_s(rates, metric))
         latencies[metric] = _frozen(latency)

@@ -1,0 +1,179 @@
+"""How a replica's capacity and light-load latency change with its GPU share, from the engine model.
+
+A profile measures some fractions of a (gpu_type, tp); the curve of an unprofiled fraction is the
+measured neighbours' curves scaled by the engine model's ratios between the target share and
+theirs (models/instance/profile.py `derive_curve`, docs/model.md "Profiles"). This module gives
+those ratios for one model on one GPU type and TP degree (models/performance/engine.py):
+
+    light-load latency  L(f) = prefill(P) + (C - 1) * decode_step(1, P + C/2)     one request alone
+    capacity            T(f) = b / (C * decode_step(b, P + C/2) + b (P + m(f)) / budget * chunk(budget))
+                        b    = min(B, kv_tokens(f) // (P + C))                    sequences that fit
+                        m(f) = X * max(0, 1 - kv_tokens(f) / W)                   prefix-cache misses
+    encoders            T(f) = (budget / P) / chunk(budget),  L(f) = prefill(P)
+
+(`chunk(budget)` is one iteration of `budget` prompt tokens, the chunked-prefill token budget).
+kv_tokens(f) is the replica's KV cache at share f, a step in the share that cuts the batch where
+the cache runs short (the 8B verifier on one H100 triples its capacity from f = 0.3 to 0.4), and
+iteration times are work / share plus fixed costs. The request shape (P prompt and C completion
+tokens, at most B sequences at once) is not in a profile: it is the grid point whose T and L, up to
+one scale each, best fit the measured fractions (least squares of the log ratios, plus a tenth of
+the squared log scales), so the shape stands for the profile's own mix of lengths; the prefix-cache
+term (X tokens per request that miss while the cache cannot hold a working set of W tokens) is
+added only where it cuts the misfit to a quarter (a verifier that re-reads long shared prefixes).
+Deterministic; cached per (model, gpu, tp, measured points) and per profile object.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from scepsy.models.catalog.catalog import GpuCard, ModelCard, find_gpu, find_model
+from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, IterationWork, causal_attention
+
+PROMPT_GRID = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+COMPLETION_GRID = (1, 4, 16, 64, 128, 256, 512, 1024)
+BATCH_GRID = (8, 16, 32, 48, 64, 96, 128, 192, 256)
+# the fit: ratios between shares count fully, the absolute level (the catalogue's calibration
+# against the measured one) a tenth: it picks among shapes with alike ratios
+LEVEL_WEIGHT = 0.1
+PREFIX_GRID = (256, 1024, 4096, 16384)
+WORKING_SET_GRID = (2**14, 2**15, 2**16, 2**17, 2**18, 2**19, 2**20)
+MISS_GAIN = 0.25  # prefix-cache misses are kept only where they cut the misfit to a quarter
+
+
+@dataclass(frozen=True)
+class ShareModel:
+    """The engine model of one (model, gpu, tp) for the fitted request shape: `at(f)` gives the
+    modelled (capacity_rps, light-load latency_s) at share f; only their ratios are used."""
+
+    model: ModelCard
+    gpu: GpuCard
+    tp: int
+    prompt_tokens: int
+    completion_tokens: int
+    max_batch: int  # the most sequences that run at once where the KV cache does not bind
+    prefix_tokens: int = 0  # prompt tokens per request that hit the prefix cache when it holds the working set
+    working_set_tokens: int = 1  # KV the prefix cache needs to hold all of them
+
+    def at(self, fraction: float) -> tuple[float, float]:
+        return _modelled(self.model, self.gpu, self.tp, fraction, self.prompt_tokens, self.completion_tokens,
+                         self.max_batch, self.prefix_tokens, self.working_set_tokens)
+
+    def regime(self, fraction: float) -> str:
+        """"memory" where the KV cache caps the batch below `max_batch` (the replica then acts as
+        that many servers: latency stays flat until the batch is full), else "compute" (a fuller
+        batch slows every iteration: latency grows with the load)."""
+        if self.model.encoder:
+            return "compute"
+        engine = _engine(self.model, self.gpu, self.tp, fraction)
+        fitting = engine.kv_capacity_tokens // (self.prompt_tokens + self.completion_tokens)
+        return "memory" if fitting < self.max_batch else "compute"
+
+
+@lru_cache(maxsize=4096)
+def _engine(model: ModelCard, gpu: GpuCard, tp: int, fraction: float) -> Engine:
+    return Engine(model, gpu, tp, min(max(fraction, 1e-6), 1.0))
+
+
+@lru_cache(maxsize=262144)
+def _light(model: ModelCard, gpu: GpuCard, tp: int, fraction: float, prompt: int, completion: int) -> float:
+    """Latency of one request alone: its prefill, then its decode steps."""
+    engine = _engine(model, gpu, tp, fraction)
+    if model.encoder:
+        return engine.prefill_time_s(prompt)
+    return engine.prefill_time_s(prompt) + (completion - 1) * engine.decode_step_time_s(1, prompt + completion / 2)
+
+
+@lru_cache(maxsize=262144)
+def _chunk_s(model: ModelCard, gpu: GpuCard, tp: int, fraction: float, prompt: int) -> float:
+    """One iteration of a full chunked-prefill token budget of `prompt`-token requests."""
+    engine = _engine(model, gpu, tp, fraction)
+    budget = engine.settings.max_num_batched_tokens
+    attention = budget * prompt if model.encoder else causal_attention(budget)
+    return engine.iteration_time_s(IterationWork(
+        prefill_tokens=budget, prefill_attention=attention, prefills_finishing=max(budget // prompt, 1)))
+
+
+@lru_cache(maxsize=262144)
+def _decode_s(model: ModelCard, gpu: GpuCard, tp: int, fraction: float, prompt: int, completion: int,
+              batch: int) -> float:
+    """The decode steps of `batch` requests running together."""
+    if model.encoder:
+        return 0.0
+    return completion * _engine(model, gpu, tp, fraction).decode_step_time_s(batch, prompt + completion / 2)
+
+
+def _modelled(model: ModelCard, gpu: GpuCard, tp: int, fraction: float, prompt: int, completion: int,
+              max_batch: int, prefix_tokens: int = 0, working_set_tokens: int = 1) -> tuple[float, float]:
+    """(capacity_rps, light-load latency_s) of the engine model; capacity 0 where nothing fits.
+    Under load, `prefix_tokens` more prompt tokens per request miss the prefix cache in the share
+    of the working set (`working_set_tokens`) the KV cache cannot hold."""
+    engine = _engine(model, gpu, tp, fraction)
+    budget = engine.settings.max_num_batched_tokens
+    if model.encoder:
+        batch = max(budget // prompt, 1)
+    else:
+        batch = min(max_batch, engine.kv_capacity_tokens // (prompt + completion)) if engine.fits else 0
+    if batch < 1:
+        return 0.0, math.inf
+    missed = prefix_tokens * min(max(1.0 - engine.kv_capacity_tokens / working_set_tokens, 0.0), 1.0)
+    busy_s = _decode_s(model, gpu, tp, fraction, prompt, completion, batch) \
+        + batch * (prompt + missed) / budget * _chunk_s(model, gpu, tp, fraction, prompt)
+    return batch / busy_s, _light(model, gpu, tp, fraction, prompt, completion)
+
+
+def _misfit(model: ModelCard, gpu: GpuCard, tp: int, points, prompt: int, completion: int,
+            max_batch: int, prefix_tokens: int = 0, working_set_tokens: int = 1) -> float:
+    """Squared log error of the modelled capacity and latency against the measured ones, each up to
+    one scale (only ratios between shares are used), plus LEVEL_WEIGHT times the squared scales."""
+    modelled = [_modelled(model, gpu, tp, f, prompt, completion, max_batch, prefix_tokens, working_set_tokens)
+                for f, _, _ in points]
+    if any(c <= 0 for c, _ in modelled):
+        return math.inf
+    capacity = np.log([t for _, t, _ in points]) - np.log([c for c, _ in modelled])
+    latency = np.log([lat for _, _, lat in points]) - np.log([lat for _, lat in modelled])
+    error = 0.0
+    for residual in (capacity, latency):
+        centre = float(residual.mean())
+        error += float(np.sum((residual - centre) ** 2)) + LEVEL_WEIGHT * len(residual) * centre**2
+    return error
+
+
+@lru_cache(maxsize=4096)
+def _fit(model: ModelCard, gpu: GpuCard, tp: int, points: tuple[tuple[float, float, float], ...]) -> ShareModel:
+    """The grid shape (P, C, max batch) of least `_misfit`; the first of equals (deterministic)."""
+    completions = (0,) if model.encoder else COMPLETION_GRID
+    batches = (DEFAULT_SETTINGS.max_num_seqs,) if model.encoder else BATCH_GRID
+    grid = [(p, c, b) for p in PROMPT_GRID for c in completions for b in batches]
+    error, best = min((_misfit(model, gpu, tp, points, *shape), i) for i, shape in enumerate(grid))
+    shape = grid[best]
+    if not model.encoder:  # then prefix-cache misses, kept where they explain most of what is left
+        misses = [(x, w) for x in PREFIX_GRID for w in WORKING_SET_GRID]
+        with_misses, index = min((_misfit(model, gpu, tp, points, *shape, *m), i) for i, m in enumerate(misses))
+        if with_misses < MISS_GAIN * error:
+            return ShareModel(model, gpu, tp, *shape, *misses[index])
+    return ShareModel(model, gpu, tp, *shape)
+
+
+def share_model(model_name: str, gpu_type: str, tp: int, measured) -> ShareModel | None:
+    """The engine model's share shape for `model_name` on `gpu_type` x `tp`, its request shape fitted
+    to the `measured` curves (ProfileCurve: fraction, capacity_rps, light-load latency); None when
+    the model or the GPU is not in the catalogue, or fewer than two fractions are measured."""
+    model, gpu = find_model(model_name), find_gpu(gpu_type)
+    if model is None or gpu is None or len(measured) < 2:
+        return None
+    points = tuple((c.fraction, c.capacity_rps, float(c.latencies_s["mean"][0])) for c in measured)
+    if any(not (t > 0 and lat > 0) for _, t, lat in points):
+        return None
+    fitted = _fit(model, gpu, tp, points)
+    return fitted if all(fitted.at(f)[0] > 0 for f, _, _ in points) else None
+
+
+@lru_cache(maxsize=1024)
+def profile_share_model(profile, model_name: str, gpu_type: str, tp: int) -> ShareModel | None:
+    """`share_model` of an LlmProfile's measured curves of (gpu_type, tp), once per profile object."""
+    return share_model(model_name, gpu_type, tp, profile.curves.get((gpu_type, tp), ()))

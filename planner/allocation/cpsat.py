@@ -345,18 +345,22 @@ class StageResult:
 
 
 def solve_stage(
-    am: AllocationModel, stage: StageExpr, time_limit_s: float, workers: int, hint: Allocation | None = None
+    am: AllocationModel, stage: StageExpr, time_limit_s: float, workers: int, hint: Allocation | None = None,
+    **parameters: object,
 ) -> tuple[StageResult, Allocation | None]:
-    """Minimise one stage; the decoded allocation, or None without a solution."""
+    """Minimise one stage; the decoded allocation, or None without a solution. `parameters`: more
+    CP-SAT parameters (PlanSettings.stage_parameters)."""
     am.model.ClearObjective()
     am.model.Minimize(stage.expr)
     am.model.ClearHints()
     if hint is not None:
-        for key, value in sorted(hint_for(am, hint).items()):
-            am.model.AddHint(am.x[key], value)
+        # what AddHint does per variable (x are positive literals), in two bulk appends
+        pairs = sorted(hint_for(am, hint).items())
+        am.model.Proto().solution_hint.vars.extend([am.x[key].Index() for key, _ in pairs])
+        am.model.Proto().solution_hint.values.extend([value for _, value in pairs])
     # presolve and probing cost more than they save on these models (bench/solver_scaling.py):
     # probing alone added seconds and millions of binary clauses at 128 GPUs
-    solver = cpsat_solver(time_limit_s, workers, cp_model_presolve=False, cp_model_probing_level=0)
+    solver = cpsat_solver(time_limit_s, workers, cp_model_presolve=False, cp_model_probing_level=0, **parameters)
     status = solver.Solve(am.model)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     result = StageResult(

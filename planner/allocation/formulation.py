@@ -54,7 +54,10 @@ def capacity_rows(cluster: Cluster, options: dict[str, list[Option]]) -> list[Ro
             rows.append(Row(f"units[{gpu_type},tp>={t}]", tuple((o.units, (m, i)) for m, i, o in inside), sum(free)))
             gpus_by_free = Counter(free)
             shards = [(o.share, o.tp * o.replicas, (m, i)) for m, i, o in inside]  # read once, not per weight
+            shares = sorted({share for share, _, _ in shards})
             for k, weight in enumerate(weights):
+                if not any(weight[share] for share in shares):
+                    continue  # no term: most weights miss every share in use (a quick test, not a scan)
                 terms = tuple([(count * weight[share], key) for share, count, key in shards if weight[share]])
                 if terms:
                     limit = sum(n * gpu_weight_capacity(weight, c) for c, n in gpus_by_free.items())

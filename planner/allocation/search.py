@@ -64,6 +64,10 @@ class PlanSettings:
     # exact placement counts inside the allocation model up to this many (GPU, shape) pairs;
     # beyond it, valid inequalities and lazy placement cuts
     placement_counts_limit: int = 1000
+    # more CP-SAT parameters for the allocation stages, (name, value) pairs (none: its defaults).
+    # The optimum does not depend on them; what-if grids turn off the LP relaxation and symmetry
+    # detection, faster on their lazy-cut models (planner/studies/amortize.py)
+    stage_parameters: tuple[tuple[str, int], ...] = ()
     load_tolerance: float = 1e-3  # max_throughput: relative width of the final bisection bracket
     # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
     # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
@@ -270,7 +274,8 @@ def _solve_model(
     )
     model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
     hint = warm[0] if warm is not None else None
-    solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h)  # noqa: E731
+    tuning = dict(settings.stage_parameters) if backend is cpsat else {}
+    solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h, **tuning)  # noqa: E731
     for allocation in unplaceable or ():
         backend.add_placement_cut(model, allocation)  # valid at any rates: placement ignores them
     loop = _CutLoop(

@@ -63,6 +63,7 @@ from scepsy.planner.allocation.search import (
 ROUNDING_SAFETY = 2.0
 DELTA_STEPS = 1e4  # integer steps of a certificate row per margin (floor rounding keeps it a lower bound)
 BINDING_TOLERANCE = 1e-4  # rows within this share of the max ratio count as binding
+GRID_STAGE_PARAMETERS = (("linearization_level", 0), ("symmetry_level", 0))  # CP-SAT, for the stage solves
 FIRST_BLOCK = 1  # scenarios certified at once after a solve (doubled after each success)
 
 Key = tuple[str, int, int, int]  # an option's choice: (gpu_type, tp, share, replicas)
@@ -100,8 +101,9 @@ def plan_family(
     start = time.perf_counter()
     cache: dict = {}
     # latency objectives: the optimum does not depend on how placeability enters the model, and
-    # lazy placement cuts prove it faster than the placement counts on these families
-    settings = replace(settings, placement_counts_limit=0)
+    # lazy placement cuts prove it faster than the placement counts on these families, and CP-SAT
+    # without its LP relaxation and symmetry detection faster still (bench/whatif_amortized.py)
+    settings = replace(settings, placement_counts_limit=0, stage_parameters=GRID_STAGE_PARAMETERS)
     references = _family_references(instances, settings, placer, cache)
     problems: list[Problem | ScepsyError] = []
     for instance, refs in zip(instances, references):
@@ -436,8 +438,12 @@ def _rival_exists(
     model = base.model.clone()
     x = {key: model.get_bool_var_from_proto_index(v.Index()) for key, v in base.x.items()}
     am = cpsat.AllocationModel(model, base.options, x, [], base.fractions_per_gpu)
-    index = {m: {_key(o): i for i, o in enumerate(opts)} for m, opts in base.options.items()}
-    outside = [v for (m, i), v in x.items() if (m, _key(base.options[m][i])) not in block_options]
+    keyed = [((m, _key(o)), (m, i)) for m, opts in base.options.items() for i, o in enumerate(opts)]  # read once, not per row
+    index: dict[str, dict[Key, int]] = {m: {} for m in base.options}
+    for (m, key), (_, i) in keyed:
+        index[m][key] = i
+    inside = [(key, x[mi]) for key, mi in keyed if key in block_options]
+    outside = [x[mi] for key, mi in keyed if key not in block_options]
     if outside:
         model.Add(sum(outside) == 0)
     for m in keep:
@@ -447,10 +453,7 @@ def _rival_exists(
         if margin <= 0:
             return True  # nothing to separate by: treat as not proven
         step = margin / DELTA_STEPS
-        terms = [
-            (math.floor(gaps[(m, _key(o))] / step), x[(m, i)])
-            for m, opts in base.options.items() for i, o in enumerate(opts) if (m, _key(o)) in block_options
-        ]
+        terms = [(math.floor(gaps[key] / step), v) for key, v in inside]
         model.Add(cp_model.LinearExpr.WeightedSum([v for _, v in terms], [c for c, _ in terms]) <= math.floor(bound / step))
     deadline = time.perf_counter() + settings.time_limit_s
     while True:

@@ -11,12 +11,12 @@ Every inconsistency between plan and instance is an `InputError` (exit code 2) n
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 from scepsy.models.errors import InputError
+from scepsy.models.files import load_json
 from scepsy.models.instance import Instance, load_instance
 
 _TOLERANCE = 1e-6
@@ -118,16 +118,7 @@ def resolve_instance_path(plan_path: Path, recorded: object, override: Path | No
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(str(path), None, "file not found", "check the path of the plan JSON") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(str(path), None, f"cannot read the file ({exc})", "pass a plan JSON written by `scepsy plan --out`") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(str(path), f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "pass a plan JSON written by `scepsy plan --out`") from None
+    raw = load_json(path, "pass a plan JSON written by `scepsy plan --out`")
     if not isinstance(raw, dict):
         raise InputError(str(path), None, "not a JSON object", "pass a plan JSON written by `scepsy plan --out`")
     return raw

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,14 @@ class Placement:
         ]
 
 
+# What an allocation record may hold: its own fields, plus those of a plan JSON's `llms` entries
+# (models/plan.py, prediction_to_json), so that a plan is an allocation too.
+ALLOCATION_FIELDS = ("name", "gpu_type", "tp", "fraction", "replicas")
+RECORD_FIELDS = frozenset(ALLOCATION_FIELDS + ("llm", "model", "gpus", "per_replica_rate", "offered_rate_rps", "latency_s",
+                                               "capacity_rps", "utilization", "overloaded"))
+MAX_REPLICAS = 1_000_000
+
+
 def allocation_from_records(records: list, fractions_per_gpu: int, source: str, known: dict[str, set[str]]) -> Allocation:
     """Build an allocation from `llms:` records ({name|llm, gpu_type, tp, fraction, replicas}).
 
@@ -91,22 +100,27 @@ def allocation_from_records(records: list, fractions_per_gpu: int, source: str, 
         if not isinstance(record, dict):
             raise InputError(source, where, "expected a mapping", "write {name, gpu_type, tp, fraction, replicas}")
         name = record.get("name", record.get("llm"))
-        if name not in known:
+        if not isinstance(name, str) or name not in known:
             raise InputError(source, f"{where}.name", f"unknown llm {name!r}", f"use one of: {', '.join(sorted(known))}")
+        unknown = sorted(str(k) for k in record if k not in RECORD_FIELDS)
+        if unknown:
+            raise InputError(source, f"{where} ({name}).{unknown[0]}", "unknown field",
+                             "remove it or correct its spelling: name, gpu_type, tp, fraction, replicas")
         missing = [k for k in ("gpu_type", "tp", "fraction", "replicas") if k not in record]
         if missing:
             raise InputError(source, f"{where} ({name}).{missing[0]}", "missing field", "add it")
-        if record["gpu_type"] not in known[name]:
+        if not isinstance(record["gpu_type"], str) or record["gpu_type"] not in known[name]:
             raise InputError(
                 source, f"{where} ({name}).gpu_type", f"unknown gpu type {record['gpu_type']!r}", f"use one of: {', '.join(sorted(known[name]))}"
             )
-        try:
-            tp, replicas, fraction = int(record["tp"]), int(record["replicas"]), float(record["fraction"])
-        except (TypeError, ValueError):
-            raise InputError(source, f"{where} ({name})", "tp, replicas and fraction must be numbers", "fix the values") from None
-        if tp < 1 or replicas < 1:
-            raise InputError(source, f"{where} ({name})", "tp and replicas must be >= 1", "fix the values")
-        share = round(fraction * fractions_per_gpu)
+        tp, replicas, fraction = record["tp"], record["replicas"], record["fraction"]
+        for key, value in (("tp", tp), ("replicas", replicas)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_REPLICAS:
+                raise InputError(source, f"{where} ({name}).{key}", f"{value!r} is not a whole number in 1..{MAX_REPLICAS}",
+                                 "write a whole number such as 1 or 2")
+        if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not math.isfinite(fraction):
+            raise InputError(source, f"{where} ({name}).fraction", f"{fraction!r} is not a number", "write e.g. 0.5")
+        share = round(fraction * fractions_per_gpu) if 0 < fraction <= 1 else 0
         if not 0 < fraction <= 1 or abs(share - fraction * fractions_per_gpu) > 1e-6:
             raise InputError(
                 source,

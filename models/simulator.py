@@ -391,6 +391,28 @@ def _replica_window_time(replica: ReplicaSim, start: float, end: float) -> float
     return max(min(alive_to, end) - max(replica.started_s, start), 0.0)
 
 
+# The simulator keeps every request's calls until it summarises the run; beyond this many expected
+# calls a run would hold gigabytes, and the statistics converge long before it.
+MAX_SIMULATED_CALLS = 2_000_000
+
+
+def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mapping[str, Sequence[float]] | None = None) -> None:
+    """Refuse a run whose expected number of LLM calls exceeds MAX_SIMULATED_CALLS (InputError)."""
+    expected = 0.0
+    for workflow in instance.workflows:
+        if arrivals is not None and workflow.name in arrivals:
+            requests = sum(1 for t in arrivals[workflow.name] if t < settings.duration_s)
+        else:
+            requests = workflow.arrival_rate * settings.duration_s
+        expected += requests * sum(s.invocations for s in workflow.stages)
+    if not expected <= MAX_SIMULATED_CALLS:
+        raise InputError(
+            None, "--duration-s", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to simulate, "
+            f"more than the {MAX_SIMULATED_CALLS:,} the simulator holds in memory",
+            "shorten --duration-s or lower the rates (the statistics settle within minutes of simulated time)",
+        )
+
+
 def simulate(
     instance: Instance,
     allocation: Allocation,
@@ -402,6 +424,7 @@ def simulate(
 ) -> SimulationResult:
     """Simulate the instance's workflows (at their arrival rates, or at the given arrival
     timestamps per workflow) on `allocation`; `controller` may change replicas while it runs."""
+    check_size(instance, settings, arrivals)
     env = simpy.Environment()
     engines = {}
     for choice in allocation.llms:

@@ -1,9 +1,9 @@
 """Re-planning: the placement that runs now (`--current`), and which of its replicas may stay.
 
 A current placement is a previous plan JSON (its `placement` list is used) or the list alone:
-`[{llm, replica, node, shards: [{gpu, fraction}]}]`. Structural problems are input errors (exit 2);
-replicas that no longer fit the new plan or cluster (another shape, a node that is gone, a GPU now
-reserved) are not errors: they simply cannot stay.
+`[{llm, replica, node, shards: [{gpu, fraction}]}]`. Structural problems are input errors (exit 2),
+and so (given the cluster) is a replica on a node or GPU the cluster does not have; replicas that no
+longer fit the new plan (another shape, a GPU now reserved) are not errors: they simply cannot stay.
 
 A current replica is a *keep candidate* when the new allocation gives its LLM the same shape
 (gpu type of its node, tp = its number of shards, the same share per shard) and its GPUs still
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from scepsy.models.allocation import Allocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.errors import InputError
+from scepsy.models.files import load_json
 from scepsy.models.instance import Cluster
 
 _TOLERANCE = 1e-6
@@ -46,22 +47,33 @@ class Candidate:
         return len(self.gpus)
 
 
-def load_current(path: Path | str, fractions_per_gpu: int) -> Placement:
-    """Read a previous plan JSON (or its placement list) as a Placement in units of 1/F."""
+def load_current(path: Path | str, fractions_per_gpu: int, cluster: Cluster | None = None) -> Placement:
+    """Read a previous plan JSON (or its placement list) as a Placement in units of 1/F; with
+    `cluster`, a replica on a node or GPU the cluster does not have is an input error (it would
+    otherwise be dropped silently: a removed node must be removed from the file too)."""
     path = Path(path)
     source = str(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(source, None, "file not found", "pass a plan JSON written by `scepsy plan --out`") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(source, None, f"cannot read the file ({exc})", "pass a readable plan JSON") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "pass a plan JSON or a placement list") from None
+    raw = load_json(path, "pass a plan JSON written by `scepsy plan --out` or a placement list")
     records = raw.get("placement") if isinstance(raw, dict) else raw
     if not isinstance(records, list):
         raise InputError(source, "placement", "no placement list", "pass a plan JSON (with `placement`) or the list itself")
-    return Placement(fractions_per_gpu, tuple(_replica(source, i, r, fractions_per_gpu) for i, r in enumerate(records)))
+    placement = Placement(fractions_per_gpu, tuple(_replica(source, i, r, fractions_per_gpu) for i, r in enumerate(records)))
+    if cluster is not None:
+        _check_on_cluster(source, placement, cluster)
+    return placement
+
+
+def _check_on_cluster(source: str, placement: Placement, cluster: Cluster) -> None:
+    gpus = {n.name: n.gpus for n in cluster.nodes}
+    for i, replica in enumerate(placement.replicas):
+        where = f"placement[{i}]"
+        if replica.node not in gpus:
+            raise InputError(source, f"{where}.node", f"node {replica.node!r} is not in the instance's cluster",
+                             "remove the replicas of nodes that are gone from the file, or add the node to the cluster")
+        for s, shard in enumerate(replica.shards):
+            if shard.gpu >= gpus[replica.node]:
+                raise InputError(source, f"{where}.shards[{s}].gpu", f"node {replica.node} has GPUs 0..{gpus[replica.node] - 1}",
+                                 "fix the GPU index or the cluster")
 
 
 def _replica(source: str, index: int, record: object, f: int) -> ReplicaPlacement:
@@ -82,7 +94,7 @@ def _replica(source: str, index: int, record: object, f: int) -> ReplicaPlacemen
             raise InputError(source, f"{where}.shards[{s}].gpu", f"GPU index {gpu!r} is not an integer >= 0", "fix the placement")
         if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
             raise InputError(source, f"{where}.shards[{s}].fraction", f"fraction {fraction!r} is not a number", "fix the placement")
-        units = round(fraction * f)
+        units = round(fraction * f) if 0 < fraction <= 1 + _TOLERANCE else 0
         if not 0 < fraction <= 1 + _TOLERANCE or abs(units - fraction * f) > _TOLERANCE:
             raise InputError(
                 source, f"{where}.shards[{s}].fraction", f"fraction {fraction:g} is not a multiple of 1/{f} in (0, 1]", f"use k/{f}"

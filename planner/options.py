@@ -12,11 +12,14 @@ shape are never harder to place and use no more GPU, so some optimal plan avoids
 from __future__ import annotations
 
 import math
+import time
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
 from scepsy.models.alp import replica_curve
+from scepsy.models.errors import TimeLimitError
 from scepsy.models.instance import Cluster, Instance, Llm
 
 LATENCY_TOLERANCE = 1e-12
@@ -50,21 +53,32 @@ class Option:
         return (self.gpu_type, self.tp, self.share)
 
 
-def max_replicas(cluster: Cluster, gpu_type: str, tp: int, share: int) -> int:
+DomainKinds = list[tuple[str, tuple[int, ...], int]]
+
+
+def domain_kinds(cluster: Cluster) -> DomainKinds:
+    """The NVLink domains grouped by (gpu_type, free units of each GPU), with their counts: a
+    cluster of a million GPUs has a handful of kinds, so counting per kind keeps option building
+    independent of the cluster's size."""
+    counts = Counter((d.gpu_type, tuple(cluster.free_units(d.node, g) for g in d.gpus)) for d in cluster.domains())
+    return [(gpu_type, free, count) for (gpu_type, free), count in sorted(counts.items())]
+
+
+def max_replicas(cluster: Cluster, gpu_type: str, tp: int, share: int, kinds: DomainKinds | None = None) -> int:
     """Most replicas of one shape that fit the cluster alone (exact per NVLink domain).
 
     In a domain whose GPUs hold c_i shards each, n replicas of tp shards on distinct GPUs fit iff
     sum_i min(c_i, n) >= n * tp (fill GPUs in blocks, deal replicas round-robin).
     """
     total = 0
-    for domain in cluster.domains():
-        if domain.gpu_type != gpu_type or domain.size < tp:
+    for kind_type, free, count in domain_kinds(cluster) if kinds is None else kinds:
+        if kind_type != gpu_type or len(free) < tp:
             continue
-        slots = [cluster.free_units(domain.node, g) // share for g in domain.gpus]
+        slots = [units // share for units in free]
         n = sum(slots) // tp
         while n > 0 and sum(min(c, n) for c in slots) < n * tp:
             n -= 1
-        total += n
+        total += n * count
     return total
 
 
@@ -110,12 +124,24 @@ def _pareto(candidates: dict[int, tuple[np.ndarray, np.ndarray]], epsilon: float
     return kept
 
 
+def _check_deadline(deadline: float | None, instance: Instance, llm: Llm) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise TimeLimitError(
+            f"the time limit passed while building the configurations of llm {llm.name} "
+            f"({len(instance.llms)} LLMs, {instance.cluster.gpu_count()} GPUs): the instance is too large for "
+            "the limit; raise --time-limit-s or plan a smaller instance"
+        )
+
+
 def llm_options(
-    instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0
+    instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0,
+    deadline: float | None = None, kinds: DomainKinds | None = None,
 ) -> list[Option]:
     """All feasible options of one LLM (memory, profile, throughput), dominance-pruned if `prune`
-    (within a latency factor 1/(1 - epsilon) if epsilon > 0)."""
+    (within a latency factor 1/(1 - epsilon) if epsilon > 0). Past `deadline` (perf_counter
+    seconds) it raises TimeLimitError: the time limit covers building the options too."""
     cluster = instance.cluster
+    kinds = domain_kinds(cluster) if kinds is None else kinds
     offered = instance.offered_rate_rps(llm.name)
     options: list[Option] = []
     for gpu_type in gpu_types_for(instance, space):
@@ -123,12 +149,13 @@ def llm_options(
             candidates: dict[int, tuple[np.ndarray, np.ndarray]] = {}
             capacities: dict[int, float] = {}
             for share in shares_for(cluster, space):
+                _check_deadline(deadline, instance, llm)
                 curve = replica_curve(instance, llm, gpu_type, tp, share)
                 if curve is None:
                     continue
                 usable = instance.max_utilization * curve.capacity_rps
                 d_min = max(1, math.ceil(offered / usable * (1 - 1e-9)))
-                d_max = max_replicas(cluster, gpu_type, tp, share)
+                d_max = max_replicas(cluster, gpu_type, tp, share, kinds)
                 if d_min > d_max:
                     continue
                 replicas = np.arange(d_min, d_max + 1)
@@ -144,15 +171,18 @@ def llm_options(
 
 
 def all_options(
-    instance: Instance, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0
+    instance: Instance, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0,
+    deadline: float | None = None,
 ) -> dict[str, list[Option]]:
-    return {llm.name: llm_options(instance, llm, space, prune, epsilon) for llm in instance.llms}
+    kinds = domain_kinds(instance.cluster)
+    return {llm.name: llm_options(instance, llm, space, prune, epsilon, deadline, kinds) for llm in instance.llms}
 
 
 def max_servable(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace()) -> tuple[float, str]:
     """The most requests/s the whole cluster could serve for this LLM alone (at max_utilization),
     and the configuration that does it; (0.0, "") when no configuration holds the model."""
     cluster = instance.cluster
+    kinds = domain_kinds(cluster)
     best_rate, best_config = 0.0, ""
     for gpu_type in gpu_types_for(instance, space):
         for tp in tp_degrees_for(instance, llm, gpu_type, space):
@@ -160,7 +190,7 @@ def max_servable(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(
                 curve = replica_curve(instance, llm, gpu_type, tp, share)
                 if curve is None:
                     continue
-                replicas = max_replicas(cluster, gpu_type, tp, share)
+                replicas = max_replicas(cluster, gpu_type, tp, share, kinds)
                 rate = replicas * curve.capacity_rps * instance.max_utilization
                 if rate > best_rate:
                     fraction = share / cluster.fractions_per_gpu

@@ -20,7 +20,7 @@ from typing import Callable
 
 from scepsy.models.allocation import Allocation, LlmAllocation
 from scepsy.models.alp import predict
-from scepsy.models.errors import InfeasibleError, InputError, ScepsyError
+from scepsy.models.errors import InfeasibleError, InputError, TimeLimitError
 from scepsy.models.instance import Cluster, Instance
 from scepsy.models.plan import Plan, SolverInfo
 
@@ -49,10 +49,8 @@ REFERENCE_THREADS = 2
 Placer = Callable[[Cluster, Allocation], PlacementCheck]
 
 
-class SolveTimeoutError(ScepsyError):
+class SolveTimeoutError(TimeLimitError):
     """The time limit passed before any placeable plan was found (exit code 3)."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -69,6 +67,9 @@ class PlanSettings:
     # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
     # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
     epsilon: float | None = None
+    # perf_counter() when the command started: the time limit counts from there, so that loading
+    # the instance and building the options are inside it (None: from the call of make_plan)
+    started_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,7 @@ def _warm_start(instance, options, objective: Objective, settings: PlanSettings,
     """A placeable plan to hint the solver and fall back on: from a coarse model on large
     instances, the paper's enumeration if asked for, else the cheapest placeable plan."""
     if sum(map(len, options.values())) > COARSE_OPTIONS:
-        coarse = all_options(instance, settings.space, epsilon=COARSE_EPSILON)
+        coarse = all_options(instance, settings.space, epsilon=COARSE_EPSILON, deadline=deadline)
         budget = time.perf_counter() + COARSE_TIME_SHARE * max(deadline - time.perf_counter(), 0.0)
         try:
             found = _solve_model(instance, coarse, objective, settings, placer, budget, epsilon=COARSE_EPSILON, coarse=False)
@@ -272,24 +273,26 @@ def _solve_model(
     return Outcome(best[0], best[1], status, values, bound, loop.solves, model.cuts, notes)
 
 
-def _options(instance: Instance, settings: PlanSettings, objective: Objective) -> tuple[dict[str, list[Option]], float]:
+def _options(
+    instance: Instance, settings: PlanSettings, objective: Objective, deadline: float | None = None
+) -> tuple[dict[str, list[Option]], float]:
     """The options and the pruning epsilon used (bruteforce: every option, unpruned). Latency
     limits (SLOs) or GPU stages turn the automatic epsilon off: a slightly slower kept option
     could miss an SLO that a dropped one meets."""
     if settings.backend == "bruteforce":
-        return all_options(instance, settings.space, prune=False), 0.0
+        return all_options(instance, settings.space, prune=False, deadline=deadline), 0.0
     if settings.epsilon is not None:
-        return all_options(instance, settings.space, epsilon=settings.epsilon), settings.epsilon
-    options = all_options(instance, settings.space)
+        return all_options(instance, settings.space, epsilon=settings.epsilon, deadline=deadline), settings.epsilon
+    options = all_options(instance, settings.space, deadline=deadline)
     if sum(map(len, options.values())) > AUTO_EPSILON_OPTIONS and objective.latency_only and not objective.latency_limits:
-        return all_options(instance, settings.space, epsilon=AUTO_EPSILON), AUTO_EPSILON
+        return all_options(instance, settings.space, epsilon=AUTO_EPSILON, deadline=deadline), AUTO_EPSILON
     return options, 0.0
 
 
 def solve_at_load(instance: Instance, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float) -> Outcome:
     """Search the allocation of `instance` (at its own rates) for `objective`."""
     placer = _placer_for(objective, placer)
-    options, epsilon = _options(instance, settings, objective)
+    options, epsilon = _options(instance, settings, objective, deadline)
     outcome = None
     if all(options.values()):
         if settings.backend in ("cpsat", "milp"):
@@ -358,7 +361,7 @@ def make_plan(instance: Instance, settings: PlanSettings = PlanSettings(), place
         from .loadfactor import plan_max_throughput
 
         return plan_max_throughput(instance, settings, placer)
-    start = time.perf_counter()
+    start = time.perf_counter() if settings.started_s is None else settings.started_s
     deadline = start + settings.time_limit_s
     objective = build_objective(instance, references(instance, settings, placer))
     outcome = solve_at_load(instance, objective, settings, placer, deadline)

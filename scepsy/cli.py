@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,6 +18,9 @@ import typer
 from rich.console import Console
 
 from scepsy.models.errors import InputError, ScepsyError
+from scepsy.models.files import check_output, check_output_dir, write_text, writing
+
+MAX_OPTION_VALUE = 1e9  # rates, load factors, seconds: beyond it lies no real workload, only overflow
 
 app = typer.Typer(
     name="scepsy",
@@ -25,9 +29,11 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-# Wide enough for the tables when piped; a terminal keeps its own width.
-stdout = Console() if sys.stdout.isatty() else Console(width=160)
-stderr = Console(stderr=True)
+# Wide enough for the tables when piped; a terminal keeps its own width. User-given text (names,
+# paths) is printed as it is: no markup, emoji codes or highlighting; stderr lines never wrap.
+_PLAIN = {"markup": False, "emoji": False, "highlight": False}
+stdout = Console(**_PLAIN) if sys.stdout.isatty() else Console(width=160, **_PLAIN)
+stderr = Console(stderr=True, soft_wrap=True, **_PLAIN)
 
 # Shared options, defined once
 InstanceArg = Annotated[Path, typer.Argument(help="Instance YAML (cluster, llms, workflows).", show_default=False)]
@@ -63,8 +69,13 @@ HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback 
 PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")]
 
 
+def _say(line: str) -> None:
+    """One plain line on stderr (no console layout at all: nothing to interpret or wrap)."""
+    sys.stderr.write(" ".join(line.splitlines()) + "\n")
+
+
 def _fail(error: ScepsyError) -> None:
-    stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+    _say(f"error: {error}")
     raise typer.Exit(error.exit_code)
 
 
@@ -80,7 +91,7 @@ def _errors():
     except Exception as error:  # noqa: BLE001 - last line of defence for the no-traceback promise
         if os.environ.get("SCEPSY_DEBUG"):
             raise
-        stderr.print(f"internal error: {type(error).__name__}: {error} (set SCEPSY_DEBUG=1 for details)", markup=False)
+        _say(f"internal error: {type(error).__name__}: {error} (set SCEPSY_DEBUG=1 for details)")
         raise typer.Exit(1)
 
 
@@ -121,9 +132,23 @@ def _float_list(value: str, option: str) -> list[float]:
         values = [float(x) for x in value.split(",") if x.strip()]
     except ValueError:
         raise InputError(None, option, f"{value!r} is not a comma-separated list of numbers", "write e.g. 1,2,4") from None
-    if not values or any(v <= 0 for v in values):
-        raise InputError(None, option, "values must be positive", "write e.g. 1,2,4")
+    if not values or not all(0 < v <= MAX_OPTION_VALUE for v in values):
+        raise InputError(None, option, f"values must be positive finite numbers up to {MAX_OPTION_VALUE:g}", "write e.g. 1,2,4")
     return values
+
+
+def _tp_list(value: str) -> list[int]:
+    degrees = _float_list(value, "--tp")
+    for degree in degrees:
+        if degree != int(degree) or degree > 64:
+            raise InputError(None, "--tp", f"{degree:g} is not a tensor-parallel degree", "write whole numbers up to 64, e.g. 1,2,4")
+    return [int(d) for d in degrees]
+
+
+def _finite(value: float | None, option: str) -> None:
+    """Refuse nan, inf and numbers too large to compute with for a numeric option."""
+    if value is not None and not -MAX_OPTION_VALUE <= value <= MAX_OPTION_VALUE:
+        raise InputError(None, option, f"{value!r} is not a finite number up to {MAX_OPTION_VALUE:g}", "give a finite value")
 
 def _load(path: Path, objective: Optional[str] = None, welfare: Optional[str] = None):
     """Load an instance, with the objective and welfare overridden from the command line."""
@@ -138,18 +163,10 @@ def _load(path: Path, objective: Optional[str] = None, welfare: Optional[str] = 
     return loaded.with_objective(objective or loaded.objective, welfare)
 
 
-def _write_text(out: Path, text: str) -> None:
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
-    except OSError as exc:
-        raise InputError(str(out), None, f"cannot write ({exc.strerror})", "choose a writable --out path") from None
-
-
-def _emit_json(data: dict, out: Optional[Path], to_stdout: bool) -> None:
+def _emit_json(data: dict, out: Optional[Path], to_stdout: bool, option: str = "--out") -> None:
     text = json.dumps(data, indent=2) + "\n"
     if out is not None:
-        _write_text(out, text)
+        write_text(out, text, option=option)
     if to_stdout:
         sys.stdout.write(text)
 
@@ -182,11 +199,16 @@ def plan(
     from scepsy.placement.place import plan_and_place
     from scepsy.planner.search import PlanSettings
 
+    started_s = time.perf_counter()  # the time limit covers loading and building the options too
     with _errors():
+        _finite(time_limit_s, "--time-limit-s")
+        _finite(placement_time_limit_s, "--placement-time-limit-s")
+        if out is not None:
+            check_output(out, [instance, current])
         placing = _placement_settings(placement, placement_time_limit_s, workers)
         loaded = _load(instance, objective, welfare)
-        running = load_current(current, loaded.cluster.fractions_per_gpu) if current is not None else None
-        settings = PlanSettings(backend=backend, time_limit_s=time_limit_s, workers=workers)
+        running = load_current(current, loaded.cluster.fractions_per_gpu, loaded.cluster) if current is not None else None
+        settings = PlanSettings(backend=backend, time_limit_s=time_limit_s, workers=workers, started_s=started_s)
         with _working(f"planning {instance} with {backend}, placing with {placement}"):
             result = plan_and_place(loaded, settings, placing, running)
         _emit_json(result.to_json(), out, json_output)
@@ -213,11 +235,14 @@ def place(
     from scepsy.placement.place import place as run_place
 
     with _errors():
+        _finite(placement_time_limit_s, "--placement-time-limit-s")
+        if out is not None:
+            check_output(out, [instance, allocation, current])
         placing = _placement_settings(placement, placement_time_limit_s, workers)
         loaded = load_instance(instance)
         known = {m.name: set(loaded.cluster.gpu_types) for m in loaded.llms}
         chosen = load_allocation(allocation, loaded.cluster.fractions_per_gpu, known)
-        running = load_current(current, loaded.cluster.fractions_per_gpu) if current is not None else None
+        running = load_current(current, loaded.cluster.fractions_per_gpu, loaded.cluster) if current is not None else None
         with _working(f"placing {allocation} with {placement}"):
             result = run_place(loaded.cluster, chosen, placing, running)
         f = chosen.fractions_per_gpu
@@ -250,13 +275,16 @@ def topology(
     from scepsy.placement.topology import RecordedNvml, discover, real_nvml, record as record_answers
 
     with _errors():
+        for path, option in ((out, "--out"), (record, "--record")):
+            if path is not None:
+                check_output(path, [replay], option)
         nvml = RecordedNvml.from_file(replay) if replay is not None else real_nvml()
         found = discover(nvml, node_name, gpu_type)
         if record is not None:
-            _emit_json(record_answers(nvml), record, False)
+            _emit_json(record_answers(nvml), record, False, "--record")
         text = found.to_yaml()
         if out is not None:
-            _write_text(out, text)
+            write_text(out, text)
         if json_output:
             _emit_json(found.to_json(), None, True)
         else:
@@ -280,6 +308,8 @@ def predict(
     from scepsy.models.report import prediction_view
 
     with _errors():
+        if out is not None:
+            check_output(out, [instance, allocation])
         loaded = load_instance(instance)
         known = {m.name: set(loaded.cluster.gpu_types) for m in loaded.llms}
         chosen = load_allocation(allocation, loaded.cluster.fractions_per_gpu, known)
@@ -319,8 +349,9 @@ def profiles_synthesize(
     from scepsy.models.synthesize import SynthesisSettings, load_request_source, stable_capacity_rps, synthesize
 
     with _errors():
+        check_output(out, [requests] if Path(requests).exists() else [])
         card, gpu_card = catalog.model(model), catalog.gpu(gpu)
-        tps = [int(x) for x in _float_list(tp, "--tp")]
+        tps = _tp_list(tp)
         fracs = _float_list(fractions, "--fractions")
         if any(f > 1 for f in fracs):
             raise InputError(None, "--fractions", "fractions must lie in (0, 1]", "write e.g. 0.2,0.5,1.0")
@@ -336,7 +367,8 @@ def profiles_synthesize(
             old = read_profile_frame(out)
             keep = ~old.set_index(["gpu_type", "tp"]).index.isin(frame.set_index(["gpu_type", "tp"]).index)
             frame = pd.concat([old[keep], frame], ignore_index=True)
-        write_profile(frame, out)
+        with writing(out):
+            write_profile(frame, out)
         summary = {
             "out": str(out),
             "model": card.name,
@@ -361,35 +393,6 @@ def profiles_synthesize(
                 stdout.print(f"  skipped tp{s.tp}/f{s.fraction:g}: {s.reason}")
 
 
-def _load_arrivals(path: Path, workflows: list[str]) -> dict[str, list[float]]:
-    """Arrival timestamps: JSONL {"workflow", "arrival_s"} or a CSV with a TIMESTAMP column
-    (Azure trace format; every workflow replays it, from its first timestamp)."""
-    import pandas as pd
-
-    if not path.is_file():
-        raise InputError(str(path), None, "file not found", "check the --arrivals path")
-    if path.suffix == ".csv":
-        try:
-            stamps = pd.to_datetime(pd.read_csv(path, usecols=["TIMESTAMP"])["TIMESTAMP"])
-        except (ValueError, KeyError, pd.errors.ParserError) as exc:
-            raise InputError(str(path), "TIMESTAMP", f"cannot read timestamps ({exc})", "give a CSV with a TIMESTAMP column") from None
-        seconds = ((stamps - stamps.min()).dt.total_seconds()).tolist()
-        return {w: seconds for w in workflows}
-    out: dict[str, list[float]] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            out.setdefault(str(record["workflow"]), []).append(float(record["arrival_s"]))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise InputError(str(path), f"line {number}", "expected {\"workflow\": W, \"arrival_s\": T}", "fix the line") from None
-    unknown = sorted(set(out) - set(workflows))
-    if unknown:
-        raise InputError(str(path), "workflow", f"unknown workflow {unknown[0]!r}", f"use one of: {', '.join(workflows)}")
-    return out
-
-
 @app.command()
 def simulate(
     instance: InstanceArg,
@@ -408,12 +411,18 @@ def simulate(
     """Simulate the workflows on a deployment: engine model per replica, routers, real control flow."""
     from scepsy.models.allocation import load_allocation
     from scepsy.models.alp import AllocationError, predict as run_predict
+    from scepsy.models.arrivals import load_arrivals
     from scepsy.models.instance import load_instance
     from scepsy.models.report import simulation_view
     from scepsy.models.simulator import SimulationSettings, simulate as run_simulation
     from scepsy.planner.search import PlanSettings, make_plan
 
     with _errors():
+        for value, option in ((rate, "--rate"), (duration_s, "--duration-s"), (warmup_s, "--warmup-s")):
+            _finite(value, option)
+        for path, option in ((out, "--out"), (calls_out, "--calls-out")):
+            if path is not None:
+                check_output(path, [instance, plan, arrivals], option)
         loaded = load_instance(instance)
         if plan is not None:
             known = {m.name: set(loaded.cluster.gpu_types) for m in loaded.llms}
@@ -424,7 +433,7 @@ def simulate(
         if rate is not None and rates is not None:
             raise InputError(None, "--rates", "both --rate and --rates given", "use one of them")
         points = _float_list(rates, "--rates") if rates is not None else [rate]
-        timestamps = _load_arrivals(arrivals, [w.name for w in loaded.workflows]) if arrivals is not None else None
+        timestamps = load_arrivals(arrivals, [w.name for w in loaded.workflows]) if arrivals is not None else None
         if routing not in ("cache_aware", "least_outstanding"):
             raise InputError(None, "--routing", f"unknown routing {routing!r}", "use cache_aware or least_outstanding")
         settings = SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing)
@@ -442,14 +451,10 @@ def simulate(
                     prediction = None
                 results.append((point, result, prediction))
         if calls_out is not None:
-            try:
-                calls_out.parent.mkdir(parents=True, exist_ok=True)
-                with calls_out.open("w") as handle:
-                    for _, result, _ in results:
-                        for call in result.calls:
-                            handle.write(json.dumps(call, sort_keys=True) + "\n")
-            except OSError as exc:
-                raise InputError(str(calls_out), None, f"cannot write ({exc.strerror})", "choose a writable --calls-out path") from None
+            with writing(calls_out, "--calls-out"), calls_out.open("w") as handle:
+                for _, result, _ in results:
+                    for call in result.calls:
+                        handle.write(json.dumps(call, sort_keys=True) + "\n")
         payload = {"instance": str(instance), "runs": []}
         for point, result, prediction in results:
             run = {"rate_rps": point, **result.to_json()}
@@ -491,6 +496,10 @@ def sweep(
     from scepsy.planner.sweep import SweepSettings, compare, load_points, plot_sweep, sweep as run_sweep, write_sweep
 
     with _errors():
+        _finite(duration_s, "--duration-s")
+        _finite(warmup_s, "--warmup-s")
+        for path, option in ((out_csv, "--out-csv"), (out_png, "--out-png")):
+            check_output(path, [instance, allocation], option)
         loaded = load_instance(instance)
         if (rates is None) == (load_factors is None):
             raise InputError(None, "--rates", "give exactly one of --rates and --load-factors", "e.g. --rates 1,2,4")
@@ -506,8 +515,10 @@ def sweep(
         settings = SweepSettings(SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed), static_path=allocation)
         with _progress("sweeping", len(systems) * len(points)) as advance:
             frame = run_sweep(loaded, points, systems, settings, progress=lambda text: advance(None, text))
-        write_sweep(frame, out_csv)
-        plot_sweep(frame, out_png, title=Path(instance).stem)
+        with writing(out_csv, "--out-csv"):
+            write_sweep(frame, out_csv)
+        with writing(out_png, "--out-png"):
+            plot_sweep(frame, out_png, title=Path(instance).stem)
         comparisons = compare(frame)
         payload = {
             "csv": str(out_csv),
@@ -565,8 +576,10 @@ def manifests(
             kubernetes_version=kubernetes_version,
             device_plugin_namespace=device_plugin_namespace,
         )
+        check_output_dir(out, [plan_file, instance])
         placed = load_placed_plan(plan_file, instance)
-        paths = write(emit(placed, settings), out)
+        with writing(out / "kustomization.yaml"):
+            paths = write(emit(placed, settings), out)
         if json_output:
             _emit_json({"out": str(out), "files": [p.name for p in paths]}, None, True)
         else:
@@ -644,6 +657,11 @@ def whatif(
     from scepsy.planner.whatif import cheapest_clusters, parse_clusters, parse_rates, plot_grid, run_grid, write_table
 
     with _errors():
+        _finite(time_limit_s, "--time-limit-s")
+        if out is not None:
+            check_output(out, [instance])
+        if plots is not None:
+            check_output_dir(plots, [instance], "--plots")
         loaded = _load(instance, objective)
         rate_list, sizes = parse_rates(rates), parse_clusters(clusters)
         settings = PlanSettings(backend=backend, time_limit_s=time_limit_s)
@@ -651,10 +669,12 @@ def whatif(
             task = bar.add_task("planning the grid", total=len(rate_list) * len(sizes))
             frame = run_grid(loaded, rate_list, sizes, settings, workers, lambda done, total: bar.update(task, completed=done))
         if out is not None:
-            write_table(frame, out)
+            with writing(out):
+                write_table(frame, out)
         if plots is not None:
-            for path in plot_grid(frame, plots):
-                stderr.print(f"wrote {path}")
+            with writing(plots / "plot.png", "--plots"):
+                for path in plot_grid(frame, plots):
+                    stderr.print(f"wrote {path}")
         if json_output:
             sys.stdout.write(frame.to_json(orient="records", indent=2) + "\n")
         else:
@@ -722,12 +742,15 @@ def proxy(
     store: Annotated[Path, typer.Option("--store", help="SQLite trace store (WAL mode).")] = Path("traces.db"),
     no_bodies: Annotated[bool, typer.Option("--no-bodies", help="Do not record request/response bodies (traces then cannot be replayed).")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Answer 504 when an upstream sends nothing for this long.")] = 600.0,
+    max_body_mib: Annotated[float, typer.Option("--max-body-mib", min=0.0, help="Store request/response bodies up to this size, MiB (larger ones: only their sizes).")] = 16.0,
 ) -> None:
     """Run the tracing proxy in front of OpenAI-compatible engines (until Ctrl-C)."""
     from scepsy.tracing.proxy import ProxyConfig, serve
     from scepsy.tracing.store import TraceStore
 
     with _errors():
+        _finite(timeout_s, "--timeout-s")
+        _finite(max_body_mib, "--max-body-mib")
         upstreams = _parse_upstreams(upstream)
         try:
             trace_store = TraceStore(store)
@@ -736,7 +759,9 @@ def proxy(
         routes = ", ".join(f"{name}={url} (/{name}/v1/...)" for name, url in sorted(upstreams.items()))
         stderr.print(f"scepsy proxy on http://{host}:{port}: {routes}; recording to {store}", markup=False, highlight=False)
         try:
-            serve(ProxyConfig(upstreams, store=trace_store, record_bodies=not no_bodies, timeout_s=timeout_s), host=host, port=port)
+            config = ProxyConfig(upstreams, store=trace_store, record_bodies=not no_bodies, timeout_s=timeout_s,
+                                 max_body_bytes=int(max_body_mib * 2**20))
+            serve(config, host=host, port=port)
         finally:
             trace_store.close()
             stderr.print(f"recorded {trace_store.written} calls to {store}" + (f" ({trace_store.write_errors} failed to write)" if trace_store.write_errors else ""), markup=False)
@@ -779,7 +804,10 @@ def traces_export(
     with _errors():
         if fmt not in ("jsonl", "parquet"):
             raise InputError(None, "--format", f"unknown format {fmt!r}", "use jsonl or parquet")
-        count = export_traces(load_traces(traces), out, fmt, bodies=not no_bodies)
+        check_output(out, traces)
+        calls = load_traces(traces)
+        with writing(out):
+            count = export_traces(calls, out, fmt, bodies=not no_bodies)
         stderr.print(f"wrote {count} calls to {out}", markup=False)
 
 
@@ -798,14 +826,15 @@ def aggregate(
     from scepsy.tracing.traces import load_traces
 
     with _errors():
+        if out is not None:
+            check_output(out, traces)
         stats = run_aggregate(load_traces(traces, _parse_llm_names(llm_name)), default_workflow=workflow)
         if not stats.workflows:
             raise InputError(", ".join(map(str, traces)), None, "no completed call carries a workflow request id",
                              "send X-Workflow-Id (or a W3C traceparent) with every LLM call of a workflow request")
         data = stats_to_dict(stats)
         if out is not None:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(f"# scepsy aggregate {' '.join(map(str, traces))}\n" + yaml.safe_dump(data, sort_keys=False))
+            write_text(out, f"# scepsy aggregate {' '.join(map(str, traces))}\n" + yaml.safe_dump(data, sort_keys=False))
         if json_output:
             sys.stdout.write(json.dumps(data, indent=2) + "\n")
         else:
@@ -819,7 +848,7 @@ def _parse_rates(value: str) -> tuple[float, ...] | None:
         rates = tuple(float(v) for v in value.split(",") if v.strip())
     except ValueError:
         rates = ()
-    if not rates or any(not r > 0 for r in rates):
+    if not rates or any(not 0 < r <= MAX_OPTION_VALUE for r in rates):
         raise InputError(None, "--rates", f"{value!r} is not auto or a list of positive rates", "write auto or e.g. 0.5,1,2,4")
     return rates
 
@@ -828,11 +857,10 @@ def _write_profile_rows(rows, out: Path) -> None:
     from scepsy.models.profile import read_profile_frame, write_profile
     from scepsy.tracing.replay import merge_profile_rows
 
-    existing = read_profile_frame(out) if out.is_file() else None
-    try:
+    check_output(out)
+    existing = read_profile_frame(out) if out.exists() else None
+    with writing(out):
         write_profile(merge_profile_rows(existing, rows), out)
-    except OSError as exc:
-        raise InputError(str(out), None, f"cannot write ({exc.strerror})", "choose a writable --out path") from None
 
 
 @app.command()
@@ -866,6 +894,9 @@ def profile(
             raise InputError(None, "--fraction", f"{fraction} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
         if arrivals not in ("poisson", "uniform"):
             raise InputError(None, "--arrivals", f"unknown arrival process {arrivals!r}", "use poisson or uniform")
+        _finite(duration_s, "--duration-s")
+        _finite(timeout_s, "--timeout-s")
+        check_output(out, traces)
         settings = SweepSettings(rates_rps=_parse_rates(rates), duration_s=duration_s, min_requests=min_requests,
                                  seed=seed, timeout_s=timeout_s, model=model, arrivals=arrivals)
         calls = load_traces(traces)
@@ -918,6 +949,7 @@ def profiles_import(
     with _errors():
         if not 0 < fraction <= 1:
             raise InputError(None, "--fraction", f"{fraction} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
+        check_output(out, files)
         result = import_bench_results(files, gpu_type, tp, fraction)
         _write_profile_rows(result.rows, out)
         for line in result.notes + [f"skipped {s}" for s in result.skipped]:
@@ -925,8 +957,28 @@ def profiles_import(
         stderr.print(f"wrote {len(result.rows)} rows for {gpu_type} tp={tp} fraction={fraction:g} to {out}", markup=False)
 
 
-def main() -> None:
-    app()
+def main(argv: Optional[list[str]] = None) -> None:
+    """Run the command line; a usage error (bad option value, missing argument) is one plain line
+    with exit code 2 like any other bad input, not a framed box."""
+    try:
+        code = app(args=argv, prog_name="scepsy", standalone_mode=False)
+    except _usage_errors() as exc:
+        context = getattr(exc, "ctx", None)
+        where = f" (see {context.command_path} --help)" if context is not None else ""
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        _say(f"error: {message}{where}")
+        sys.exit(getattr(exc, "exit_code", 2))
+    except typer.Abort:
+        _say("aborted")
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """The exception classes of usage errors: click's, or typer's own where it vendors click."""
+    import click
+
+    return (click.ClickException,) + ((typer.TyperException,) if hasattr(typer, "TyperException") else ())
 
 
 if __name__ == "__main__":

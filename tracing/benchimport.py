@@ -30,6 +30,7 @@ from typing import Iterable
 import pandas as pd
 
 from scepsy.models.errors import InputError
+from scepsy.models.files import read_text
 from scepsy.models.profile import PROFILE_COLUMNS
 
 _MEAN = ("mean_e2el_ms", "mean_e2e_latency_ms", "mean_request_latency")
@@ -73,6 +74,19 @@ def _percentile_list(result: dict, rank: float) -> float | None:
     return None
 
 
+def _check_row(where: str, throughput: float, latencies_ms: dict[str, float]) -> None:
+    """A result a benchmark cannot have produced is refused rather than planned with."""
+    if throughput < 0:
+        raise InputError(where, "request_throughput", f"negative throughput {throughput:g}", "import an intact result file")
+    for name, value in latencies_ms.items():
+        if value <= 0:
+            raise InputError(where, f"latency {name}", f"latency {value:g} ms is not positive", "import an intact result file")
+    ordered = [latencies_ms[k] for k in ("p50", "p90", "p99")]
+    if ordered != sorted(ordered):
+        raise InputError(where, "p50/p90/p99", "the latency percentiles are not in increasing order (p50 <= p90 <= p99)",
+                         "import an intact result file")
+
+
 def result_row(result: dict, where: str, notes: list[str]) -> dict | None:
     """One profile row (without gpu_type/tp/fraction) from one result object; None to skip it."""
     rate = result.get("request_rate")
@@ -108,6 +122,7 @@ def result_row(result: dict, where: str, notes: list[str]) -> dict | None:
     if p90 is None:
         p90 = p50 + (p99 - p50) * (90 - 50) / (99 - 50)
         notes.append(f"{where}: latency_p90 interpolated between p50 and p99")
+    _check_row(where, throughput, {"mean": mean, "p50": p50, "p90": p90, "p99": p99})
     return {
         "arrival_rate": rate_value,
         "throughput": throughput,
@@ -119,10 +134,7 @@ def result_row(result: dict, where: str, notes: list[str]) -> dict | None:
 
 
 def _results_in(path: Path) -> list[tuple[str, dict]]:
-    try:
-        text = path.read_text()
-    except (FileNotFoundError, IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(str(path), None, f"cannot read ({type(exc).__name__})", "pass a benchmark result file") from None
+    text = read_text(path, "pass a benchmark result file")
     try:
         whole = json.loads(text)
     except ValueError:

@@ -39,9 +39,11 @@ class CallRecord:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     usage_source: str | None = None
-    request_body: bytes | None = None
+    request_body: bytes | None = None  # None: not recorded (--no-bodies, or larger than the proxy's bound)
     response_body: bytes | None = None
     error: str | None = None
+    request_bytes: int | None = None  # body sizes, recorded whether or not the bodies are
+    response_bytes: int | None = None
 
     @property
     def latency_s(self) -> float:
@@ -64,7 +66,7 @@ class CallRecord:
             value = values.get(key)
             if isinstance(value, str):
                 values[key] = value.encode("utf-8")
-        for key in ("prompt_tokens", "completion_tokens", "status"):
+        for key in ("prompt_tokens", "completion_tokens", "status", "request_bytes", "response_bytes"):
             if values.get(key) is not None:
                 values[key] = int(values[key])
         if "stream" in values:

@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from scepsy.models.errors import InputError
+from scepsy.models.files import check_input, check_output, parse_json_text, read_text, writing
 
 from .records import COLUMNS, CallRecord
 from .store import read_store
 
+_TRACE_FIX = "pass a proxy store (.db), a .jsonl, .json or .parquet export"
 _OTLP_OPERATION_PATHS = {
     "chat": "/v1/chat/completions",
     "text_completion": "/v1/completions",
@@ -105,23 +107,22 @@ def otlp_calls(payload: Mapping, source: str, llm_names: Mapping[str, str] | Non
 
 def _read_jsonl(path: Path, llm_names: Mapping[str, str] | None) -> list[CallRecord]:
     calls = []
-    with path.open() as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise InputError(str(path), f"line {number}", f"not JSON ({exc})", "write one JSON object per line") from None
-            if not isinstance(row, dict):
-                raise InputError(str(path), f"line {number}", "not a JSON object", "write one record per line")
-            if "resourceSpans" in row:
-                calls += otlp_calls(row, f"{path}:{number}", llm_names)
-                continue
-            missing = [c for c in ("call_id", "llm", "path", "start_s", "end_s", "status") if c not in row]
-            if missing:
-                raise InputError(str(path), f"line {number}", f"missing field {missing[0]}", "export traces with `scepsy traces export`")
-            calls.append(CallRecord.from_row(row))
+    for number, line in enumerate(read_text(path, _TRACE_FIX).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise InputError(str(path), f"line {number}", f"not JSON ({exc})", "write one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise InputError(str(path), f"line {number}", "not a JSON object", "write one record per line")
+        if "resourceSpans" in row:
+            calls += otlp_calls(row, f"{path}:{number}", llm_names)
+            continue
+        missing = [c for c in ("call_id", "llm", "path", "start_s", "end_s", "status") if c not in row]
+        if missing:
+            raise InputError(str(path), f"line {number}", f"missing field {missing[0]}", "export traces with `scepsy traces export`")
+        calls.append(CallRecord.from_row(row))
     return calls
 
 
@@ -136,8 +137,7 @@ def load_traces(paths: Iterable[Path | str], llm_names: Mapping[str, str] | None
     """Every call record in the given files, sorted by (start_s, call_id)."""
     calls: list[CallRecord] = []
     for path in map(Path, paths):
-        if not path.is_file():
-            raise InputError(str(path), None, "trace file not found", "pass a proxy store (.db), a .jsonl, .json or .parquet export")
+        check_input(path, _TRACE_FIX)
         suffix = path.suffix.lower()
         try:
             if suffix in (".db", ".sqlite", ".sqlite3"):
@@ -145,7 +145,7 @@ def load_traces(paths: Iterable[Path | str], llm_names: Mapping[str, str] | None
             elif suffix == ".jsonl":
                 calls += _read_jsonl(path, llm_names)
             elif suffix == ".json":
-                payload = json.loads(path.read_text())
+                payload = parse_json_text(read_text(path, _TRACE_FIX), str(path), _TRACE_FIX)
                 if not isinstance(payload, dict) or "resourceSpans" not in payload:
                     raise InputError(str(path), None, "not an OTLP JSON export (no resourceSpans)", "pass an OTLP JSON file or a .jsonl export")
                 calls += otlp_calls(payload, str(path), llm_names)
@@ -185,6 +185,7 @@ def export_traces(calls: Iterable[CallRecord], out: Path | str, fmt: str, bodies
                 ("workflow_id", pa.string()), ("model", pa.string()), ("stream", pa.bool_()), ("ttft_s", pa.float64()),
                 ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("usage_source", pa.string()),
                 ("request_body", pa.string()), ("response_body", pa.string()), ("error", pa.string()),
+                ("request_bytes", pa.int64()), ("response_bytes", pa.int64()),
             ]
         )
         assert tuple(schema.names) == COLUMNS

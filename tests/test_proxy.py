@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import threading
 import time
 
 import httpx
@@ -70,19 +71,23 @@ def test_streaming_with_openai_client_records_ttft_and_tokens(proxied):
 
 
 def test_chunks_are_forwarded_as_they_arrive(engine):
-    slow = engine
-    slow.token_delay_s = 0.1
+    """Pass-through proven by order, not by time: the upstream holds back every token after the
+    first until the client has received that first token through the proxy. A proxy that buffered
+    the stream would never deliver it, and the upstream's wait would run out instead."""
+    engine.gate = threading.Event()
     recorder = Recorder()
-    with ServerThread(create_app(ProxyConfig({"gen": slow.url}, store=recorder))) as proxy:
-        start = time.perf_counter()
-        arrivals = []
+    received = b""
+    with ServerThread(create_app(ProxyConfig({"gen": engine.url}, store=recorder))) as proxy:
         with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json={**CHAT, "max_tokens": 5, "stream": True}) as response:
-            for _ in response.iter_raw():
-                arrivals.append(time.perf_counter() - start)
-    # 5 tokens 0.1 s apart: the first token reaches the client long before the last one
-    assert arrivals[0] < 0.15 and arrivals[-1] > 0.38
+            for chunk in response.iter_raw():
+                received += chunk
+                if b"tok0" in received and not engine.gate.is_set():
+                    assert b"tok1" not in received  # the rest is still held upstream
+                    engine.gate.set()
+    assert engine.gate_waits == [True]  # the client's receipt opened the gate
+    assert b"tok4" in received and received.rstrip().endswith(b"data: [DONE]")
     wait_for(lambda: recorder.records)
-    assert recorder.records[0].ttft_s < 0.15
+    assert 0 < recorder.records[0].ttft_s < recorder.records[0].latency_s
 
 
 def test_routing_by_model_field_and_errors(proxied):

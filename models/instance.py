@@ -34,6 +34,8 @@ MAX_COUNT = 1e6  # invocations, parallelism, weights, GPUs per node, nodes per e
 MAX_GIB = 1e6  # memory and weights
 MAX_HARDWARE = 1e9  # TFLOP/s, GB/s, price per hour
 MAX_SECONDS = 1e9
+MAX_GPUS_PER_NODE = 1024
+MAX_CLUSTER_GPUS = 1_000_000
 # A node name becomes the value of the kubernetes.io/hostname label in the manifests: a
 # Kubernetes node name (RFC 1123 subdomain) of at most 63 characters.
 NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
@@ -55,7 +57,7 @@ class NodeSpec(_Spec):
     name: str = Field(min_length=1)
     count: int | None = Field(default=None, ge=1, le=MAX_COUNT, description="expand to name-0 .. name-{count-1}")
     gpu_type: str
-    gpus: int = Field(ge=1, le=MAX_COUNT)
+    gpus: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     nvlink_domains: list[list[int]] = Field(default_factory=list)
     gpu_uuids: list[str] | None = None
 
@@ -331,6 +333,10 @@ def parse_yaml(path: Path) -> object:
 
 
 def _expand_nodes(source: str, spec: ClusterSpec) -> tuple[Node, ...]:
+    total = sum((node.count or 1) * node.gpus for node in spec.nodes)
+    if total > MAX_CLUSTER_GPUS:
+        raise InputError(source, "cluster.nodes", f"{total:,} GPUs, more than the {MAX_CLUSTER_GPUS:,} scepsy plans for",
+                         "plan a smaller cluster (or its partitions one by one)")
     nodes: list[Node] = []
     for i, node in enumerate(spec.nodes):
         where = f"cluster.nodes[{i}] ({node.name})"

@@ -114,6 +114,7 @@ class SimCluster:
         self.engines = dict(engines)
         self.routers = {llm: Router(llm, routing) for llm in self.engines}
         self.counter = 0
+        self.calls_made = 0  # bounded by MAX_SIMULATED_CALLS: a workflow program may call without end
 
     def add_replica(self, llm: str, engine: Engine | None = None) -> ReplicaSim:
         if engine is not None:
@@ -146,6 +147,13 @@ class RequestContext:
     def call(self, llm: str, prompt_tokens: int, completion_tokens: int, *, prefix_key=None, prefix_tokens: int = 0,
              store_key=None, sequences: int = 1) -> simpy.Event:
         engine = self.cluster.engines[llm]
+        self.cluster.calls_made += 1
+        if self.cluster.calls_made > MAX_SIMULATED_CALLS:
+            raise InputError(
+                None, "--duration-s", f"the simulation made more than {MAX_SIMULATED_CALLS:,} LLM calls, what it holds in memory "
+                "(the workflows' programs call more often than their stages say)",
+                "shorten --duration-s, lower the rates, or check the program's beams, passages and iterations",
+            )
         if not engine.model.encoder:
             limit = engine.kv_capacity_tokens
             if prompt_tokens + completion_tokens > limit:  # what max_model_len would cut

@@ -226,3 +226,36 @@ def test_no_bodies_mode(engine):
     record = recorder.records[0]
     assert record.request_body is None and record.response_body is None
     assert record.completion_tokens == 5 and record.ttft_s is not None  # still measured
+
+
+def test_workflow_headers_are_utf8_capped_and_validated(proxied):
+    url, recorder, engine = proxied
+    name = "Beam-Suche \u00e4\u540d"
+    ok = httpx.post(f"{url}/gen/v1/chat/completions", json=CHAT,
+                    headers=[(b"x-workflow-name", name.encode("utf-8")), (b"x-workflow-id", b"r-1")])
+    assert ok.status_code == 200
+    wait_for(lambda: recorder.records)
+    assert recorder.records[0].workflow == name  # UTF-8 kept, not read as Latin-1 (mojibake)
+    received = len(engine.received)
+    for header, value in [(b"x-workflow-name", b"w" * 257), (b"x-workflow-name", b"\xff\xfe"),
+                          (b"x-workflow-id", b"a\x01b"), (b"x-workflow-id", b"i" * 5000)]:
+        response = httpx.post(f"{url}/gen/v1/chat/completions", json=CHAT, headers=[(header, value)])
+        assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_workflow_header"
+    # a header past the HTTP server's own limit never reaches the proxy
+    assert httpx.post(f"{url}/gen/v1/chat/completions", json=CHAT, headers={"x-workflow-name": "w" * 100_000}).status_code >= 400
+    assert len(engine.received) == received and len(recorder.records) == 1  # nothing forwarded or recorded
+
+
+def test_bodies_over_the_bound_are_left_out_with_their_sizes(engine):
+    recorder = Recorder()
+    config = ProxyConfig({"gen": engine.url}, store=recorder, max_body_bytes=2000)
+    with ServerThread(create_app(config)) as proxy:
+        small = httpx.post(f"{proxy.url}/v1/chat/completions", json=CHAT)
+        big_body = {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}
+        big = httpx.post(f"{proxy.url}/v1/chat/completions", json=big_body)
+        wait_for(lambda: len(recorder.records) == 2)
+    assert small.status_code == big.status_code == 200
+    first, second = recorder.records
+    assert first.request_body is not None and first.request_bytes == len(first.request_body)
+    assert second.request_body is None and second.request_bytes > 5000  # recorded, by size only
+    assert second.response_body is not None and second.response_bytes == len(big.content)

@@ -13,6 +13,7 @@ The API calls go through an `Applier` (get, apply); `KubeApplier` is the officia
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -187,6 +188,12 @@ def _load_config(kubeconfig: Path | None, context: str | None):
 
 def connect(kubeconfig: Path | None = None, context: str | None = None, timeout_s: float = 5.0):
     """An ApiClient for the kubeconfig/context, checked to reach its API server (exit 2 if not)."""
+    with warnings.catch_warnings():  # the client's deprecation notes would break the one-line answer
+        warnings.simplefilter("ignore")
+        return _connect(kubeconfig, context, timeout_s)
+
+
+def _connect(kubeconfig: Path | None, context: str | None, timeout_s: float):
     from kubernetes import client
 
     api_client = _load_config(kubeconfig, context)

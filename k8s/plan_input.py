@@ -135,10 +135,15 @@ def _require_list(source: str, raw: dict, key: str) -> list:
 def _units(source: str, where: str, fraction: object, f: int) -> int:
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
         raise InputError(source, where, f"fraction {fraction!r} is not a number", "write a number in (0, 1]")
-    units = round(fraction * f)
+    units = round(fraction * f) if 0 < fraction <= 1 + _TOLERANCE else 0
     if not 0 < fraction <= 1 + _TOLERANCE or abs(units - fraction * f) > _TOLERANCE:
         raise InputError(source, where, f"fraction {fraction:g} is not a multiple of 1/{f} in (0, 1]", f"use k/{f}")
     return units
+
+
+def _name(value: object) -> str | None:
+    """A name field as text; anything else (a list, a number) matches no name."""
+    return value if isinstance(value, str) else None
 
 
 def _int_field(source: str, where: str, record: dict, key: str, minimum: int) -> int:
@@ -160,7 +165,7 @@ def _parse_llms(source: str, raw: dict, instance: Instance, f: int) -> tuple[Pla
         except KeyError:
             known = ", ".join(m.name for m in instance.llms)
             raise InputError(source, f"{where}.name", f"llm {name!r} is not in the instance", f"use a plan of this instance (llms: {known})") from None
-        gpu_type = record.get("gpu_type")
+        gpu_type = _name(record.get("gpu_type"))
         if gpu_type not in instance.cluster.gpu_types:
             raise InputError(source, f"{where}.gpu_type", f"unknown gpu type {gpu_type!r}", "use a plan of this instance")
         tp = _int_field(source, where, record, "tp", 1)
@@ -185,7 +190,7 @@ def _parse_workflows(source: str, raw: dict, llm_names: set[str]) -> tuple[Plann
             raise InputError(source, f"{where}.stages", "missing or empty list", "fix the plan")
         called = []
         for s, stage in enumerate(stages):
-            llm = stage.get("llm") if isinstance(stage, dict) else None
+            llm = _name(stage.get("llm")) if isinstance(stage, dict) else None
             if llm not in llm_names:
                 raise InputError(source, f"{where}.stages[{s}].llm", f"llm {llm!r} has no allocation in the plan", "fix the plan")
             called.append(llm)
@@ -201,11 +206,11 @@ def _parse_placement(source: str, raw: dict, instance: Instance, llms: tuple[Pla
         where = f"placement[{i}]"
         if not isinstance(record, dict):
             raise InputError(source, where, "expected an object", "fix the plan")
-        llm = by_name.get(record.get("llm"))
+        llm = by_name.get(_name(record.get("llm")))
         if llm is None:
             raise InputError(source, f"{where}.llm", f"llm {record.get('llm')!r} has no allocation in the plan", "fix the plan")
         replica = _int_field(source, where, record, "replica", 0)
-        node = nodes.get(record.get("node"))
+        node = nodes.get(_name(record.get("node")))
         if node is None:
             raise InputError(source, f"{where}.node", f"node {record.get('node')!r} is not in the instance's cluster", "use a plan of this instance")
         if node.gpu_type != llm.gpu_type:

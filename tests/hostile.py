@@ -91,6 +91,16 @@ def workspace(directory: Path) -> Path:
     (directory / "traces.jsonl").write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in trace_rows()))
     (directory / "vllm.json").write_text(json.dumps(VLLM_RESULT))
     (directory / "alloc.yaml").write_text(yaml.safe_dump(ALLOCATION))
+    manifests = directory / "manifests"
+    manifests.mkdir()
+    (manifests / "kustomization.yaml").write_text("resources: [namespace.yaml]\n")
+    (manifests / "namespace.yaml").write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: scepsy}\n")
+    # a real kubeconfig (kubectl config view) whose API server refuses connections at once
+    (directory / "kubeconfig.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}], "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "ctx",
+    }))
     (directory / "arrivals.jsonl").write_text("".join(json.dumps({"workflow": "beam", "arrival_s": 0.5 * k}) + "\n" for k in range(20)))
     return directory
 

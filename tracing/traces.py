@@ -60,6 +60,10 @@ def _otlp_status(span: Mapping) -> tuple[int, str, str | None]:
     return 200, "ok", None
 
 
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
+
+
 def otlp_calls(payload: Mapping, source: str, llm_names: Mapping[str, str] | None = None) -> list[CallRecord]:
     """Call records from one OTLP JSON export (`resourceSpans`); non-GenAI spans are skipped."""
     llm_names = llm_names or {}
@@ -92,7 +96,7 @@ def otlp_calls(payload: Mapping, source: str, llm_names: Mapping[str, str] | Non
                         end_s=end_s,
                         status=status,
                         outcome=outcome,
-                        workflow=attrs.get("scepsy.workflow.name") or resource.get("service.name"),
+                        workflow=_text(attrs.get("scepsy.workflow.name") or resource.get("service.name")),
                         workflow_id=str(span.get("traceId")) if span.get("traceId") else None,
                         model=str(model),
                         stream=bool(attrs.get("gen_ai.request.stream", False)),
@@ -122,7 +126,10 @@ def _read_jsonl(path: Path, llm_names: Mapping[str, str] | None) -> list[CallRec
         missing = [c for c in ("call_id", "llm", "path", "start_s", "end_s", "status") if c not in row]
         if missing:
             raise InputError(str(path), f"line {number}", f"missing field {missing[0]}", "export traces with `scepsy traces export`")
-        calls.append(CallRecord.from_row(row))
+        try:
+            calls.append(CallRecord.from_row(row))
+        except ValueError as exc:
+            raise InputError(str(path), f"line {number}", str(exc), "export traces with `scepsy traces export`") from None
     return calls
 
 

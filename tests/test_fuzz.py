@@ -2,7 +2,7 @@
 benchmark results, NVML answers and kubeconfigs, each run through the command that reads it; every
 case must keep the README's promise (tests/hostile.py: exit 0 with valid output, 2 with one plain
 line, or 3; never 1, never a traceback). CI samples SCEPSY_FUZZ_EXAMPLES cases per target
-(default 8, a fixed derandomised sample); bench/fuzz.py walks every path and mutation.
+(default 25, a fixed derandomised sample: about 20 s); bench/fuzz.py walks every path and mutation.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from fuzz_targets import TARGETS, check, command, mutated_copy
 from hostile import HOSTILE_VALUES, STRUCTURAL, dump, load_document, mutate, paths, text_mutation, workspace
 
-EXAMPLES = int(os.environ.get("SCEPSY_FUZZ_EXAMPLES", "8"))
+EXAMPLES = int(os.environ.get("SCEPSY_FUZZ_EXAMPLES", "25"))
 
 
 @pytest.fixture(scope="module")

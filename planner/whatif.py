@@ -25,7 +25,7 @@ from typing import Callable, Iterable
 import pandas as pd
 
 from scepsy.models.errors import InputError, ScepsyError
-from scepsy.models.instance import Instance
+from scepsy.models.instance import MAX_CLUSTER_GPUS, MAX_RATE, Instance
 
 from .search import PlanSettings, make_plan
 
@@ -36,21 +36,27 @@ COLUMNS = [
 ]
 
 
+MAX_GRID_POINTS = 10_000
+
+
 def parse_rates(text: str) -> list[float]:
     """`a:b:s` (inclusive) or `a,b,c`; every rate > 0."""
     try:
         if ":" in text:
             start, stop, step = (float(v) for v in text.split(":"))
-            if step <= 0:
+            if not (step > 0 and math.isfinite(start) and math.isfinite(stop)):
                 raise ValueError
             count = int(math.floor((stop - start) / step + 1e-9)) + 1
+            if count > MAX_GRID_POINTS:
+                raise InputError(None, "--rates", f"{text!r} is {count:,} rates, more than {MAX_GRID_POINTS:,}",
+                                 "use a larger step or a shorter range")
             rates = [round(start + k * step, 9) for k in range(count)]
         else:
             rates = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise InputError(None, "--rates", f"cannot read {text!r}", "write start:stop:step (e.g. 1:20:1) or a list 1,2,5") from None
-    if not rates or min(rates) <= 0:
-        raise InputError(None, "--rates", "rates must be positive", "use request rates above 0")
+    if not rates or not all(0 < r <= MAX_RATE for r in rates):
+        raise InputError(None, "--rates", f"rates must be positive finite numbers up to {MAX_RATE:g}", "use request rates above 0")
     return rates
 
 
@@ -59,8 +65,8 @@ def parse_clusters(text: str) -> list[int]:
         sizes = sorted({int(v) for v in text.split(",") if v.strip()})
     except ValueError:
         raise InputError(None, "--clusters", f"cannot read {text!r}", "list GPU counts, e.g. 4,8,16") from None
-    if not sizes or sizes[0] <= 0:
-        raise InputError(None, "--clusters", "cluster sizes must be positive", "list GPU counts, e.g. 4,8,16")
+    if not sizes or sizes[0] <= 0 or sizes[-1] > MAX_CLUSTER_GPUS:
+        raise InputError(None, "--clusters", f"cluster sizes must be in 1..{MAX_CLUSTER_GPUS:,} GPUs", "list GPU counts, e.g. 4,8,16")
     return sizes
 
 

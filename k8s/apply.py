@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from scepsy.models.errors import InputError
-from scepsy.models.files import load_yaml, load_yaml_documents
+from scepsy.models.inputs import load_yaml, load_yaml_documents
 
 FIELD_MANAGER = "scepsy"
 APPLY_ORDER = (

@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 
 from scepsy.models.errors import InputError
-from scepsy.models.files import load_json
+from scepsy.models.inputs import load_json
 from scepsy.models.instance import Instance, load_instance
 
 _TOLERANCE = 1e-6

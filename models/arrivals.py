@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from .errors import InputError
-from .files import read_text
+from .inputs import read_text
 
 FIX = "check the --arrivals path"
 

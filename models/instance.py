@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InputError
-from .files import load_yaml
+from .inputs import load_yaml
 from .profile import LlmProfile, load_profile
 from .programs import Program, ProgramSpec, program_llms
 

@@ -24,7 +24,7 @@ from typing import Mapping
 import numpy as np
 
 from .errors import InputError
-from .files import read_text
+from .inputs import read_text
 
 PROFILE_COLUMNS = (
     "gpu_type",

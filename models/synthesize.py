@@ -57,7 +57,7 @@ import simpy
 from .catalog import GpuCard, ModelCard
 from .engine import DEFAULT_SETTINGS, Engine, EngineSettings
 from .errors import InputError
-from .files import check_input, read_text
+from .inputs import check_input, read_text
 from .profile import PROFILE_COLUMNS, STABLE_THROUGHPUT_RATIO
 from .replica import ReplicaSim, Request
 

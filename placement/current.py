@@ -26,7 +26,7 @@ from pathlib import Path
 
 from scepsy.models.allocation import Allocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.errors import InputError
-from scepsy.models.files import load_json
+from scepsy.models.inputs import load_json
 from scepsy.models.instance import Cluster
 
 _TOLERANCE = 1e-6

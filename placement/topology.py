@@ -40,7 +40,7 @@ from types import SimpleNamespace
 import yaml
 
 from scepsy.models.errors import InputError, ScepsyError
-from scepsy.models.files import load_json
+from scepsy.models.inputs import load_json
 
 MAX_LINKS_FALLBACK = 18  # NVLink 4 (H100) has 18 links per GPU; used if the constant is missing
 MAX_LINKS_REPLAYED = 64  # NVLink links per GPU a replayed file may name (NVLink 5, B200: 18)

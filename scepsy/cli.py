@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 
 from scepsy.models.errors import InputError, ScepsyError
-from scepsy.models.files import check_output, check_output_dir, write_text, writing
+from scepsy.models.output import check_output, check_output_dir, write_text, writing
 
 MAX_OPTION_VALUE = 1e9  # rates, load factors, seconds: beyond it lies no real workload, only overflow
 

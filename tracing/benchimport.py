@@ -30,7 +30,7 @@ from typing import Iterable
 import pandas as pd
 
 from scepsy.models.errors import InputError
-from scepsy.models.files import read_text
+from scepsy.models.inputs import read_text
 from scepsy.models.profile import PROFILE_COLUMNS
 
 _MEAN = ("mean_e2el_ms", "mean_e2e_latency_ms", "mean_request_latency")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from scepsy.models.errors import InputError
-from scepsy.models.files import check_input, check_output, parse_json_text, read_text, writing
+from scepsy.models.inputs import check_input, parse_json_text, read_text
 
 from .records import COLUMNS, CallRecord
 from .store import read_store

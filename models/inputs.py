@@ -1,4 +1,4 @@
-"""Input files and output paths, handled the same way by every command.
+"""Input files, read the same way by every command (output paths: models/output.py).
 
 Inputs are read with a size bound and only when they are regular files: a FIFO would block the
 command forever and `/dev/zero` would never end, so both are refused before they are opened. The
@@ -6,10 +6,6 @@ bound is `SCEPSY_MAX_INPUT_MIB` mebibytes (default 1024), checked on the file's 
 reading (a file that grows under us). YAML is parsed safely with duplicate keys refused (YAML says
 keys are unique; PyYAML keeps the last one silently) and a nesting too deep to follow is an input
 error, not a RecursionError. JSON is parsed with duplicate keys, NaN and Infinity refused.
-
-Outputs are never one of the command's inputs (`traces export X.db --out X.db` would replace the
-trace store) and never a directory where a file is wanted; an OSError while writing is an input
-error naming the path and the option.
 
 Every problem is an `InputError` (exit code 2) naming the file, the field and the fix.
 """
@@ -19,9 +15,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import yaml
 
@@ -189,56 +183,3 @@ def parse_json_text(text: str, source: str, fix: str = "fix the JSON") -> object
 def load_json(path: Path | str, fix: str = "fix the JSON") -> object:
     """Read (bounded) and parse one JSON file."""
     return parse_json_text(read_text(path, fix), str(path), fix)
-
-
-# ---------------------------------------------------------------------------------------------
-# Outputs
-
-
-def same_file(a: Path | str, b: Path | str) -> bool:
-    """Whether two paths name one file (links and relative paths resolved; a missing file: by path)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return Path(a).resolve() == Path(b).resolve()
-
-
-def check_output(out: Path | str, inputs: Iterable[Path | str] = (), option: str = "--out") -> Path:
-    """Refuse an output file that is a directory or one of the inputs (writing would destroy it)."""
-    out = Path(out)
-    if out.is_dir():
-        raise InputError(str(out), option, "is a directory", f"give {option} a file path")
-    for given in inputs:
-        if given is not None and same_file(out, given):
-            raise InputError(str(out), option, f"is also an input ({given}); writing it would destroy that input",
-                             f"give {option} another path")
-    return out
-
-
-def check_output_dir(out: Path | str, inputs: Iterable[Path | str] = (), option: str = "--out") -> Path:
-    """Refuse an output directory that is an existing file or an input."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(str(out), option, "is a file, not a directory", f"give {option} a directory path")
-    for given in inputs:
-        if given is not None and same_file(out, given):
-            raise InputError(str(out), option, f"is also an input ({given})", f"give {option} another path")
-    return out
-
-
-@contextmanager
-def writing(out: Path | str, option: str = "--out") -> Iterator[Path]:
-    """Create the parent directories; turn an OSError while writing into an InputError (exit 2)."""
-    out = Path(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        yield out
-    except OSError as exc:
-        raise InputError(str(out), option, f"cannot write ({exc.strerror or exc})", f"choose a writable {option} path") from None
-
-
-def write_text(out: Path | str, text: str, inputs: Iterable[Path | str] = (), option: str = "--out") -> None:
-    """Write a text output after `check_output`; errors are InputErrors naming the option."""
-    check_output(out, inputs, option)
-    with writing(out, option) as path:
-        path.write_text(text)

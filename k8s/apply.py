@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from scepsy.models.errors import InputError
-from scepsy.models.inputs import load_yaml, load_yaml_documents
+from scepsy.models.inputs import kind_of, load_yaml, load_yaml_documents
 
 FIELD_MANAGER = "scepsy"
 APPLY_ORDER = (
@@ -63,8 +63,8 @@ class Applier(Protocol):
 def load_manifests(directory: Path) -> list[dict]:
     """The objects of the files kustomization.yaml lists, in listed order."""
     fix = "pass a directory written by `scepsy manifests --out`"
-    if not Path(directory).is_dir():
-        raise InputError(str(directory), None, "not a directory" if Path(directory).exists() else "directory not found", fix)
+    if kind_of(directory) != "dir":
+        raise InputError(str(directory), None, "directory not found" if kind_of(directory) == "missing" else "not a directory", fix)
     kustomization = directory / "kustomization.yaml"
     listing = load_yaml(kustomization, fix)
     resources = listing.get("resources") if isinstance(listing, dict) else None
@@ -73,7 +73,7 @@ def load_manifests(directory: Path) -> list[dict]:
     objects = []
     for name in resources:
         path = directory / str(name)
-        if not path.exists():
+        if kind_of(path) == "missing":
             raise InputError(str(kustomization), "resources", f"listed file {name} is missing", "regenerate the directory with `scepsy manifests`")
         docs = load_yaml_documents(path, "regenerate the directory with `scepsy manifests`")
         for doc in docs:

@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 
 from scepsy.models.errors import InputError
-from scepsy.models.inputs import load_json
+from scepsy.models.inputs import kind_of, load_json
 from scepsy.models.instance import Instance, load_instance
 
 _TOLERANCE = 1e-6
@@ -97,7 +97,7 @@ def resolve_instance_path(plan_path: Path, recorded: object, override: Path | No
     """The instance file: `--instance`, else the plan's `instance` relative to the current
     directory, else relative to the plan file's directory."""
     if override is not None:
-        if not override.is_file():
+        if kind_of(override) != "file":
             raise InputError(str(override), None, "instance file not found", "pass an existing file to --instance")
         return override
     if not isinstance(recorded, str) or not recorded:
@@ -106,7 +106,7 @@ def resolve_instance_path(plan_path: Path, recorded: object, override: Path | No
         )
     candidates = [Path(recorded)] if Path(recorded).is_absolute() else [Path(recorded), plan_path.parent / recorded]
     for candidate in candidates:
-        if candidate.is_file():
+        if kind_of(candidate) == "file":
             return candidate
     tried = " and ".join(str(c) for c in candidates)
     raise InputError(

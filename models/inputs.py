@@ -39,6 +39,16 @@ def max_input_bytes() -> int:
     return int(mib * 2**20)
 
 
+def kind_of(path: Path | str) -> str:
+    """"file", "dir", "missing" or "other" (an over-long or unreadable name is "missing": the
+    pathlib tests raise OSError for it instead of answering)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return "missing"
+    return "file" if stat.S_ISREG(mode) else "dir" if stat.S_ISDIR(mode) else "other"
+
+
 def check_input(path: Path | str, fix: str = "check the path") -> int:
     """Refuse a missing, unreadable, non-regular or too large input before opening it; its size in bytes."""
     source = str(path)
@@ -46,8 +56,8 @@ def check_input(path: Path | str, fix: str = "check the path") -> int:
         info = os.stat(path)
     except FileNotFoundError:
         raise InputError(source, None, "file not found", fix) from None
-    except OSError as exc:
-        raise InputError(source, None, f"cannot read the file ({exc.strerror or exc})", fix) from None
+    except (OSError, ValueError) as exc:
+        raise InputError(source, None, f"cannot read the file ({getattr(exc, 'strerror', None) or exc})", fix) from None
     if stat.S_ISDIR(info.st_mode):
         raise InputError(source, None, "is a directory, not a file", fix)
     if not stat.S_ISREG(info.st_mode):

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InputError
-from .inputs import load_yaml
+from .inputs import kind_of, load_yaml
 from .profile import LlmProfile, load_profile
 from .programs import Program, ProgramSpec, program_llms
 
@@ -446,7 +446,7 @@ def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Clus
     else:
         tp_degrees = _default_tp_degrees(cluster)
     profile_path = (base / spec.profile).resolve() if not Path(spec.profile).is_absolute() else Path(spec.profile)
-    if not profile_path.is_file():
+    if kind_of(profile_path) != "file":
         raise InputError(source, f"{where}.profile", f"profile file {spec.profile} not found", "give a path relative to the instance file")
     if profile_path not in profiles:  # LLMs sharing a profile file read it once
         profiles[profile_path] = load_profile(profile_path)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from .errors import InputError
+from .inputs import kind_of
 
 
 def same_file(a: Path | str, b: Path | str) -> bool:
@@ -26,7 +27,7 @@ def same_file(a: Path | str, b: Path | str) -> bool:
 def check_output(out: Path | str, inputs: Iterable[Path | str | None] = (), option: str = "--out") -> Path:
     """Refuse an output file that is a directory or one of the inputs (writing would destroy it)."""
     out = Path(out)
-    if out.is_dir():
+    if kind_of(out) == "dir":
         raise InputError(str(out), option, "is a directory", f"give {option} a file path")
     for given in inputs:
         if given is not None and same_file(out, given):
@@ -38,7 +39,7 @@ def check_output(out: Path | str, inputs: Iterable[Path | str | None] = (), opti
 def check_output_dir(out: Path | str, inputs: Iterable[Path | str | None] = (), option: str = "--out") -> Path:
     """Refuse an output directory that is an existing file or an input."""
     out = Path(out)
-    if out.exists() and not out.is_dir():
+    if kind_of(out) not in ("dir", "missing"):
         raise InputError(str(out), option, "is a file, not a directory", f"give {option} a directory path")
     for given in inputs:
         if given is not None and same_file(out, given):

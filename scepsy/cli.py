@@ -18,6 +18,7 @@ import typer
 from rich.console import Console
 
 from scepsy.models.errors import InputError, ScepsyError
+from scepsy.models.inputs import kind_of
 from scepsy.models.output import check_output, check_output_dir, write_text, writing
 
 MAX_OPTION_VALUE = 1e9  # rates, load factors, seconds: beyond it lies no real workload, only overflow
@@ -349,7 +350,7 @@ def profiles_synthesize(
     from scepsy.models.synthesize import SynthesisSettings, load_request_source, stable_capacity_rps, synthesize
 
     with _errors():
-        check_output(out, [requests] if Path(requests).exists() else [])
+        check_output(out, [requests] if kind_of(requests) != "missing" else [])
         card, gpu_card = catalog.model(model), catalog.gpu(gpu)
         tps = _tp_list(tp)
         fracs = _float_list(fractions, "--fractions")
@@ -363,7 +364,7 @@ def profiles_synthesize(
                                         progress=lambda text: advance(None, text))
         if frame.empty:
             raise InputError(None, "--fractions", "no (tp, fraction) fits the model", "use larger fractions or TP degrees")
-        if merge and out.is_file():
+        if merge and kind_of(out) != "missing":
             old = read_profile_frame(out)
             keep = ~old.set_index(["gpu_type", "tp"]).index.isin(frame.set_index(["gpu_type", "tp"]).index)
             frame = pd.concat([old[keep], frame], ignore_index=True)
@@ -858,7 +859,7 @@ def _write_profile_rows(rows, out: Path) -> None:
     from scepsy.tracing.replay import merge_profile_rows
 
     check_output(out)
-    existing = read_profile_frame(out) if out.exists() else None
+    existing = read_profile_frame(out) if kind_of(out) != "missing" else None
     with writing(out):
         write_profile(merge_profile_rows(existing, rows), out)
 

@@ -64,6 +64,7 @@ def test_export_onto_its_own_input_is_refused_and_the_store_kept(ws, tmp_path):
     (lambda r: r["workflows"][0].update(program={"kind": "rag", "embedder": "gen", "generator": "ver", "passages": 3,
                                                  "context_passages": 5}), "context_passages"),
     (lambda r: r["cluster"]["nodes"][0].update(count=1000, gpus=1024), "GPUs, more than"),
+    (lambda r: r["llms"][0].update(profile="x" * 5000), "profile"),  # a name too long for the file system
 ])
 def test_bad_instance_values_exit_2_naming_the_field(ws, edit, fragment):
     path = _instance(ws, edit)

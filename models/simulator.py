@@ -401,7 +401,7 @@ def _replica_window_time(replica: ReplicaSim, start: float, end: float) -> float
 
 # The simulator keeps every request's calls until it summarises the run; beyond this many expected
 # calls a run would hold gigabytes, and the statistics converge long before it.
-MAX_SIMULATED_CALLS = 2_000_000
+MAX_SIMULATED_CALLS = 500_000
 
 
 def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mapping[str, Sequence[float]] | None = None) -> None:

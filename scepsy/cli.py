@@ -44,7 +44,7 @@ BackendOpt = Annotated[str, typer.Option("--backend", help="Allocation search: c
 ObjectiveOpt = Annotated[Optional[str], typer.Option("--objective", help="Override the instance's objective: min_latency, max_throughput, min_gpus or min_cost.")]
 WelfareOpt = Annotated[Optional[str], typer.Option("--welfare", help="Override how several workflows combine: egalitarian or social.")]
 TimeLimitOpt = Annotated[float, typer.Option("--time-limit-s", min=0.01, help="Stop searching after this many seconds and return the best plan with its gap.")]
-WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Solver threads (results stay deterministic).")]
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=256, help="Solver threads, 1 to 256 (results stay deterministic).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (same seed, same result).")]
 DurationOpt = Annotated[float, typer.Option("--duration-s", min=1.0, help="Simulated seconds of arrivals.")]
 WarmupOpt = Annotated[Optional[float], typer.Option("--warmup-s", min=0.0, help="Requests arriving before this are not measured (default: 10% of the duration).")]
@@ -646,7 +646,7 @@ def whatif(
     objective: ObjectiveOpt = None,
     backend: BackendOpt = "cpsat",
     time_limit_s: TimeLimitOpt = 60.0,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Grid points planned in parallel processes.")] = 1,
+    workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="Grid points planned in parallel processes, 1 to 256.")] = 1,
     out: Annotated[Optional[Path], typer.Option("--out", help="Tidy table, .csv or .parquet (one row per point and LLM).")] = None,
     plots: Annotated[Optional[Path], typer.Option("--plots", help="Directory for the PNG plots.")] = None,
     json_output: JsonOpt = False,

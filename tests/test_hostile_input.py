@@ -88,6 +88,9 @@ def test_duplicate_keys_and_deep_yaml_exit_2(ws):
     (["sweep", BEAM, "--load-factors", "nan"], "--load-factors"),
     (["profiles", "synthesize", "--model", "llama-3.2-1b", "--gpu", "L4", "--fractions", "nan", "--out", "p.csv"], "--fractions"),
     (["profiles", "synthesize", "--model", "llama-3.2-1b", "--gpu", "L4", "--tp", "1.5", "--out", "p.csv"], "--tp"),
+    (["plan", BEAM, "--workers", "100000"], "--workers"),
+    (["whatif", BEAM, "--rates", "1:1e9:1e-9", "--clusters", "4"], "--rates"),
+    (["whatif", BEAM, "--rates", "3", "--clusters", "100000000000"], "--clusters"),
 ])
 def test_non_finite_options_exit_2(ws, monkeypatch, argv, fragment):
     monkeypatch.chdir(ws)

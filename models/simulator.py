@@ -149,11 +149,7 @@ class RequestContext:
         engine = self.cluster.engines[llm]
         self.cluster.calls_made += 1
         if self.cluster.calls_made > MAX_SIMULATED_CALLS:
-            raise InputError(
-                None, "--duration-s", f"the simulation made more than {MAX_SIMULATED_CALLS:,} LLM calls, what it holds in memory "
-                "(the workflows' programs call more often than their stages say)",
-                "shorten --duration-s, lower the rates, or check the program's beams, passages and iterations",
-            )
+            raise CallBudgetExceeded()  # SimPy re-raises it from env.run; simulate() says what to do
         if not engine.model.encoder:
             limit = engine.kv_capacity_tokens
             if prompt_tokens + completion_tokens > limit:  # what max_model_len would cut
@@ -399,6 +395,10 @@ def _replica_window_time(replica: ReplicaSim, start: float, end: float) -> float
     return max(min(alive_to, end) - max(replica.started_s, start), 0.0)
 
 
+class CallBudgetExceeded(Exception):
+    """A run made more than MAX_SIMULATED_CALLS calls (a plain exception: SimPy re-creates it)."""
+
+
 # The simulator keeps every request's calls until it summarises the run; beyond this many expected
 # calls a run would hold gigabytes, and the statistics converge long before it.
 MAX_SIMULATED_CALLS = 500_000
@@ -481,6 +481,20 @@ def simulate(
                 busy_at_warm[id(replica)] = replica.busy_s
 
     env.process(snapshot())
+    try:
+        return _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records, contexts, busy_at_warm)
+    except CallBudgetExceeded:
+        raise InputError(
+            None, "--duration-s", f"the simulation made more than {MAX_SIMULATED_CALLS:,} LLM calls, what it holds in memory "
+            "(the workflows' programs call more often than their stages say)",
+            "shorten --duration-s, lower the rates, or check the program's beams, passages and iterations",
+        ) from None
+
+
+def _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records, contexts,
+         busy_at_warm) -> SimulationResult:
+    """Run the prepared simulation to its end and summarise it."""
+    warm, end = settings.warmup, settings.duration_s
     steps = 100
     for k in range(1, steps + 1):
         env.run(until=end * k / steps)

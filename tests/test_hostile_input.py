@@ -298,3 +298,10 @@ def test_aggregate_table_is_linear_in_the_workflow_name(ws, tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = _expect(["aggregate", path], 0)
     assert "w" * 47 + "\u2026" in result.out and "w" * 100 not in result.out
+
+
+def test_a_program_calling_past_the_bound_stops_with_exit_2(ws, monkeypatch):
+    """The estimate from the stages passes, the program calls more: the run stops at the bound."""
+    monkeypatch.setattr("scepsy.models.simulator.MAX_SIMULATED_CALLS", 50)
+    monkeypatch.setattr("scepsy.models.simulator.check_size", lambda *args: None)
+    _expect(["simulate", ws / BEAM, "--plan", ws / "alloc.yaml", "--duration-s", "20"], 2, "more than 50 LLM calls")

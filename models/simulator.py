@@ -95,13 +95,24 @@ def engine_for(instance: Instance, llm: str, gpu_type: str, tp: int, fraction: f
 # Runtime
 
 
+@dataclass(frozen=True, slots=True)
+class _FinishedCall:
+    """What the summary needs of a finished request's call (a tenth of a Request's memory)."""
+
+    tag: str
+    arrival_s: float
+    finish_s: float | None
+    prompt_tokens: int
+    hit_tokens: int
+
+
 @dataclass
 class _WorkflowRequest:
     workflow: str
     index: int
     arrival_s: float
     finish_s: float | None = None
-    calls: list[Request] = field(default_factory=list)
+    calls: list = field(default_factory=list)  # Requests; _FinishedCalls once the request is done
     links: list[tuple[int | None, int]] = field(default_factory=list)  # (prefix call index, prefix tokens)
     stored: dict = field(default_factory=dict)  # store key -> call index
 
@@ -115,6 +126,7 @@ class SimCluster:
         self.routers = {llm: Router(llm, routing) for llm in self.engines}
         self.counter = 0
         self.calls_made = 0  # bounded by MAX_SIMULATED_CALLS: a workflow program may call without end
+        self.clipped = 0  # calls cut to the KV cache, over the whole run
 
     def add_replica(self, llm: str, engine: Engine | None = None) -> ReplicaSim:
         if engine is not None:
@@ -154,6 +166,7 @@ class RequestContext:
             limit = engine.kv_capacity_tokens
             if prompt_tokens + completion_tokens > limit:  # what max_model_len would cut
                 self.clipped += 1
+                self.cluster.clipped += 1
                 completion_tokens = min(completion_tokens, limit // 2)
                 prompt_tokens = max(limit - completion_tokens, 1)
         uid = (self.record.workflow, self.record.index)
@@ -401,7 +414,7 @@ class CallBudgetExceeded(Exception):
 
 # The simulator keeps every request's calls until it summarises the run; beyond this many expected
 # calls a run would hold gigabytes, and the statistics converge long before it.
-MAX_SIMULATED_CALLS = 500_000
+MAX_SIMULATED_CALLS = 2_000_000
 
 
 def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mapping[str, Sequence[float]] | None = None) -> None:
@@ -446,14 +459,14 @@ def simulate(
         env.process(controller(env, cluster))
 
     records: dict[str, list[_WorkflowRequest]] = {w.name: [] for w in instance.workflows}
-    contexts: list[RequestContext] = []
-
     def run_request(workflow: Workflow, record: _WorkflowRequest):
         rng = random.Random(f"{settings.seed}/{workflow.name}/{record.index}")
         ctx = RequestContext(env, cluster, workflow, record, rng)
-        contexts.append(ctx)
         yield from run_program(ctx, workflow.program or default_program())
         record.finish_s = env.now
+        if not record_calls:  # keep what the summary needs: memory per call drops about tenfold
+            record.calls = [_FinishedCall(c.tag, c.arrival_s, c.finish_s, c.prompt_tokens, c.hit_tokens) for c in record.calls]
+            record.links, record.stored = [], {}
 
     def source(workflow: Workflow, times: Sequence[float]):
         for index, at in enumerate(times):
@@ -482,7 +495,7 @@ def simulate(
 
     env.process(snapshot())
     try:
-        return _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records, contexts, busy_at_warm)
+        return _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records, busy_at_warm)
     except CallBudgetExceeded:
         raise InputError(
             None, "--duration-s", f"the simulation made more than {MAX_SIMULATED_CALLS:,} LLM calls, what it holds in memory "
@@ -491,7 +504,7 @@ def simulate(
         ) from None
 
 
-def _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records, contexts,
+def _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records,
          busy_at_warm) -> SimulationResult:
     """Run the prepared simulation to its end and summarise it."""
     warm, end = settings.warmup, settings.duration_s
@@ -572,6 +585,6 @@ def _run(instance, allocation, settings, arrivals, progress, record_calls, env, 
         workflows=workflows,
         llms=tuple(llm_stats),
         gpus_mean=gpus,
-        clipped_calls=sum(ctx.clipped for ctx in contexts),
+        clipped_calls=cluster.clipped,
         calls=calls_out,
     )

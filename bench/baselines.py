@@ -4,7 +4,7 @@
 
 Rates: fractions LOADS of the capacity of the scepsy plan at the instance's own rate (its
 predicted max_throughput_rps), so that every curve runs from light load to past saturation.
-Each (system, rate) is one simulation (`scepsy sweep` does the same: planner/sweep.py). Writes
+Each (system, rate) is one simulation (`scepsy sweep` does the same: planner/studies/sweep.py). Writes
 <out-dir>/<instance>-sweep.csv and .png and prints the comparison table (markdown).
 """
 
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from scepsy.models.autoscaler import HpaSettings
-from scepsy.models.instance import load_instance
-from scepsy.models.simulator import SimulationSettings
-from scepsy.planner.search import make_plan
-from scepsy.planner.sweep import SweepSettings, compare, load_points, plot_sweep, sweep, write_sweep
+from scepsy.models.simulation.autoscaler import HpaSettings
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.simulation.simulator import SimulationSettings
+from scepsy.planner.allocation.planning import make_plan
+from scepsy.planner.studies.sweep import SweepSettings, compare, load_points, plot_sweep, sweep, write_sweep
 
 LOADS = (0.1, 0.3, 0.5, 0.7, 0.9, 1.1, 1.3, 1.6, 2.0)
 SYSTEMS = ("scepsy", "k8s-hpa", "per-llm", "scepsy-whole-gpus", "scepsy-tp1", "scepsy-whole-gpus-tp1")

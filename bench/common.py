@@ -7,8 +7,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from scepsy.models.instance import Instance, Llm, Stage, Workflow, load_instance
-from scepsy.models.synthetic import synthetic_cluster
+from scepsy.models.instance.instance import Instance, Llm, Stage, Workflow, load_instance
+import paths  # noqa: F401, E402 - examples/ and tests/support/ on the import path
+from support.synthetic import synthetic_cluster
 
 REPO = Path(__file__).resolve().parents[1]
 BEAM = load_instance(REPO / "instances" / "beam-4xa6000.yaml")
@@ -57,8 +58,8 @@ def large_instance(gpus: int, n_llms: int = 10, fractions_per_gpu: int = 10, loa
     """Issue 7's scale benchmark: `gpus` GPUs in nodes of 8, half H100 SXM (one NVSwitch domain per
     node) and half RTX A6000 (NVLink pairs), `n_llms` LLMs (copies of the paper's five) in three
     workflows: beam search, RAG, and an agent calling the copies. Rates scale with the cluster."""
-    from scepsy.models.instance import GpuTypeSpec, Node
-    from scepsy.models.instance import Cluster
+    from scepsy.models.instance.instance import GpuTypeSpec, Node
+    from scepsy.models.instance.instance import Cluster
 
     nodes = []
     for k in range(gpus // 8):

@@ -36,15 +36,17 @@ from pathlib import Path
 
 import yaml
 
-from scepsy.models.instance import load_instance
-from scepsy.models.profile import load_profile, write_profile
-from scepsy.planner.search import PlanSettings, make_plan
-from scepsy.tracing.llamacpp import LlamaServer, one_cpu_each
-from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app
-from scepsy.tracing.replay import Sweep, SweepSettings, probe_service_time, profile_rows, replay_requests
-from scepsy.tracing.stats import aggregate, stats_to_dict
-from scepsy.tracing.store import TraceStore, read_store
-from scepsy.tracing.workflows import BeamSearch, run_closed_loop, run_open_loop
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.instance.profile import load_profile, write_profile
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
+import paths  # noqa: F401, E402 - examples/ and tests/support/ on the import path
+from support.llamacpp import LlamaServer, one_cpu_each
+from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app
+from scepsy.tracing.profiling.replay import Sweep, SweepSettings, probe_service_time, profile_rows, replay_requests
+from scepsy.tracing.statistics.stats import aggregate, stats_to_dict
+from scepsy.tracing.capture.store import TraceStore, read_store
+from examples.workflows import BeamSearch, run_closed_loop, run_open_loop
 
 GPU_TYPE = "cpu"
 FRACTIONS_PER_GPU = 2

@@ -53,15 +53,16 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from scepsy.models import catalog
-from scepsy.models.engine import Engine
-from scepsy.models.profile import STABLE_THROUGHPUT_RATIO, read_profile_frame, write_profile
-from scepsy.tracing.llamacpp import free_port
-from scepsy.tracing.workflows import BeamSearch, Rag, run_closed_loop, run_open_loop
+from scepsy.models.catalog import catalog
+from scepsy.models.performance.engine import Engine
+from scepsy.models.instance.profile import STABLE_THROUGHPUT_RATIO, read_profile_frame, write_profile
+import paths  # noqa: F401, E402 - examples/ and tests/support/ on the import path
+from support.llamacpp import free_port
+from examples.workflows import BeamSearch, Rag, run_closed_loop, run_open_loop
 
 GPU = "A6000"
 FRACTIONS_PER_GPU = 2
-SCEPSY = [sys.executable, "-m", "scepsy.cli"]
+SCEPSY = [sys.executable, "-m", "scepsy"]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
     python bench/engine_validation.py
 
-Prints one markdown row per reference of models/engine_validation.py and the error summary
+Prints one markdown row per reference of tests/support/engine_validation.py and the error summary
 (in-bound references only; see the module doc for what is out of bound and why).
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from scepsy.models.engine_validation import compare
+import paths  # noqa: F401, E402 - examples/ and tests/support/ on the import path
+from support.engine_validation import compare
 
 
 def main() -> None:

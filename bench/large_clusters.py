@@ -22,9 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import large_instance  # noqa: E402
 
-from scepsy.placement.place import PlacementSettings, plan_and_place  # noqa: E402
-from scepsy.planner.placeability import validate_placement  # noqa: E402
-from scepsy.planner.search import PlanSettings  # noqa: E402
+from scepsy.pipeline import plan_and_place  # noqa: E402
+from scepsy.placement.place import PlacementSettings  # noqa: E402
+from scepsy.placement.feasibility.placeability import validate_placement  # noqa: E402
+from scepsy.planner.allocation.search import PlanSettings  # noqa: E402
 
 TIME_LIMIT_S = 60.0
 

@@ -3,7 +3,7 @@
     python bench/placement_scaling.py [--seeds 5] [--sizes 16 128 1024] [--time-limit-s 9.5]
                                       [--workers 1] [--json out.json]
 
-Clusters of nodes with 8 GPUs (placement/synthetic.py), in two families:
+Clusters of nodes with 8 GPUs (tests/support/synthetic_placement.py), in two families:
   nvswitch  every node one NVLink domain of 8 GPUs (HGX-style), nothing reserved
   mixed     nodes drawn from one domain of 8, two of 4 and four pairs; about 5% of the GPUs carry a
             reservation of 0.1..1.0 GPU
@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 from scepsy.placement.place import PlacementSettings, place
-from scepsy.placement.synthetic import LAYOUTS_8, random_case
-from scepsy.planner.placeability import validate_placement
+import paths  # noqa: F401, E402 - examples/ and tests/support/ on the import path
+from support.synthetic_placement import LAYOUTS_8, random_case
+from scepsy.placement.feasibility.placeability import validate_placement
 
 FAMILIES = {"nvswitch": (LAYOUTS_8[:1], 0.0), "mixed": (LAYOUTS_8, 0.05)}
 

@@ -5,7 +5,7 @@
 For every shipped instance: plan it at its own rates (scepsy plan, CP-SAT), keep that allocation,
 and for load fractions 10%..80% of the plan's capacity (the largest load factor its prediction
 allows, min over workflows of max_throughput_rps / arrival_rate) compare the predicted mean
-workflow latency (models/alp.py) with the simulated one (models/simulator.py, seed 0).
+workflow latency (models/performance/alp.py) with the simulated one (models/simulation/simulator.py, seed 0).
 Prints a markdown table per instance and the mean absolute percentage error (MAPE) overall.
 """
 
@@ -18,10 +18,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from scepsy.models.alp import predict
-from scepsy.models.instance import load_instance
-from scepsy.models.simulator import SimulationSettings, simulate
-from scepsy.planner.search import PlanSettings, make_plan
+from scepsy.models.performance.alp import predict
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.simulation.simulator import SimulationSettings, simulate
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANCES = sorted((ROOT / "instances").glob("*.yaml"))

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import paths  # noqa: F401, E402 - examples/ and tests/support/ on the import path
 
 HERE = Path(__file__).resolve()
 SENT = re.compile(rb'"sent_ns":(\d+)')
@@ -112,8 +113,8 @@ def _serve_upstream(port: int, cpus: set[int] | None) -> None:
 
 
 def _serve_proxy(port: int, upstream: str, store_path: str, cpus: set[int] | None) -> None:
-    from scepsy.tracing.proxy import ProxyConfig, serve
-    from scepsy.tracing.store import TraceStore
+    from scepsy.tracing.capture.proxy import ProxyConfig, serve
+    from scepsy.tracing.capture.store import TraceStore
 
     _pin(cpus)
     store = TraceStore(store_path)
@@ -223,7 +224,7 @@ def run(streams_list: list[int], delays_ms: list[float], tokens: int, phase_s: f
     proxy_cpus, other_cpus = _cpu_sets(pin)
     _pin(other_cpus)
     _fast_loop()
-    from scepsy.tracing.llamacpp import free_port
+    from support.llamacpp import free_port
 
     upstream_port, proxy_port = free_port(), free_port()
     upstream_url, proxy_url = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{proxy_port}"

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from scepsy.models.instance import load_instance
-from scepsy.models.simulator import SimulationSettings, simulate
-from scepsy.planner.search import make_plan
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.simulation.simulator import SimulationSettings, simulate
+from scepsy.planner.allocation.planning import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import combined_instance, timed  # noqa: E402
 
-from scepsy.planner.search import PlanSettings, make_plan  # noqa: E402
+from scepsy.planner.allocation.search import PlanSettings  # noqa: E402
+from scepsy.planner.allocation.planning import make_plan  # noqa: E402
 
 PAPER_S = {("llms", 5): 35.0, ("gpus", 128): 70.0, ("fractions", 20): 1.0}
 ENUMERATE_LIMITS = {"llms": 4, "gpus": 32, "fractions": 20}  # beyond: minutes per run

@@ -9,15 +9,15 @@ instances/README.md. The pipeline is the paper's, run on the simulator instead o
 
 1. trace: each workflow program (the `program:` of instances/beam-4xa6000.yaml and
    instances/rag-4xa6000.yaml) runs alone at light load (TRACE_RATE_RPS) on one replica per LLM,
-   a whole RTX A6000 each, for TRACE_REQUESTS requests (models/simulator.py, seed 0); every LLM
+   a whole RTX A6000 each, for TRACE_REQUESTS requests (models/simulation/simulator.py, seed 0); every LLM
    call is recorded with its prompt, completion and prefix-cache hit tokens, and the measured
    n and p per LLM are printed (the stages of the shipped instances carry these numbers);
 2. profile: for every LLM, its traced calls are replayed on one replica as the paper's profiler
    does: traced workflow requests start as a Poisson process and replay their calls of that LLM
-   in order, with their prefix-cache dependencies (models/synthesize.py: saturation throughput,
+   in order, with their prefix-cache dependencies (models/profiles/synthesize.py: saturation throughput,
    then 15 call rates from 5% to 120% of it, about 400 calls each) for every GPU type, TP degree
-   and fraction below, on the engine model of models/engine.py with the numbers of
-   models/catalog.py.
+   and fraction below, on the engine model of models/performance/engine.py with the numbers of
+   models/catalog/catalog.py.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ GPU_CATALOG = {"A6000": "A6000", "H100": "H100-SXM"}
 
 def trace(instance_file: str):
     """Simulate the instance's workflow alone, one whole-A6000 replica per LLM; return the result."""
-    from scepsy.models.allocation import Allocation, LlmAllocation
-    from scepsy.models.instance import load_instance
-    from scepsy.models.simulator import SimulationSettings, simulate
+    from scepsy.models.instance.allocation import Allocation, LlmAllocation
+    from scepsy.models.instance.instance import load_instance
+    from scepsy.models.simulation.simulator import SimulationSettings, simulate
 
     instance = load_instance(HERE / instance_file)
     instance = instance.with_arrival_rates({w.name: TRACE_RATE_RPS for w in instance.workflows})
@@ -66,8 +66,8 @@ def trace(instance_file: str):
 
 def _job(args):
     name, gpu_type, tp, calls, model_name, min_kv_gib = args
-    from scepsy.models import catalog
-    from scepsy.models.synthesize import SynthesisSettings, source_from_calls, synthesize
+    from scepsy.models.catalog import catalog
+    from scepsy.models.profiles.synthesize import SynthesisSettings, source_from_calls, synthesize
 
     source = source_from_calls(calls, f"traced calls of {name}")
     frame, _ = synthesize(
@@ -83,8 +83,8 @@ def main() -> None:
     parser.add_argument("--stats", action="store_true", help="only trace and print n and p")
     options = parser.parse_args()
 
-    from scepsy.models.instance import load_instance
-    from scepsy.models.profile import write_profile
+    from scepsy.models.instance.instance import load_instance
+    from scepsy.models.instance.profile import write_profile
 
     traces = {}
     for instance_file in sorted({spec[0] for spec in PROFILES.values()}):

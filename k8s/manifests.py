@@ -27,13 +27,15 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from scepsy.models.errors import InputError
+from scepsy.models.instance.allocation import ReplicaPlacement
 
 from . import names
-from .plan_input import PlacedPlan, PlacedReplica
+from .plan_input import PlacedPlan
 from .sharing import GpuAccess, realise
 
 ENGINES = ("vllm", "sglang")
@@ -113,7 +115,7 @@ def engine_memory_fraction(settings: ManifestSettings, share: float, access: Gpu
     return round(settings.gpu_memory_utilization * visible, 4)
 
 
-def _check_memory(plan: PlacedPlan, settings: ManifestSettings, replica: PlacedReplica) -> None:
+def _check_memory(plan: PlacedPlan, settings: ManifestSettings, replica: ReplicaPlacement) -> None:
     llm = plan.llm(replica.llm)
     budget = len(replica.shards) * llm.share / plan.fractions_per_gpu * plan.gpu_memory_gib(llm.name) * settings.gpu_memory_utilization
     if llm.memory_need_gib > budget + 1e-9:
@@ -160,7 +162,7 @@ def _node_affinity(node: str) -> dict:
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def _engine_labels(plan: PlacedPlan, settings: ManifestSettings, replica: PlacedReplica) -> dict[str, str]:
+def _engine_labels(plan: PlacedPlan, settings: ManifestSettings, replica: ReplicaPlacement) -> dict[str, str]:
     deployment = names.engine_deployment(replica.llm, replica.replica)
     out = names.labels(settings.engine, deployment, "engine", llm=replica.llm, replica=replica.replica)
     for workflow in plan.workflows_of(replica.llm):
@@ -168,7 +170,7 @@ def _engine_labels(plan: PlacedPlan, settings: ManifestSettings, replica: Placed
     return out
 
 
-def engine_deployment(plan: PlacedPlan, settings: ManifestSettings, replica: PlacedReplica, access: GpuAccess) -> dict:
+def engine_deployment(plan: PlacedPlan, settings: ManifestSettings, replica: ReplicaPlacement, access: GpuAccess) -> dict:
     llm = plan.llm(replica.llm)
     share = llm.share / plan.fractions_per_gpu
     name = names.engine_deployment(llm.name, replica.replica)
@@ -257,8 +259,8 @@ def router_objects(plan: PlacedPlan, settings: ManifestSettings, workflow: str) 
     args = ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--policy", "cache_aware"]
     objects: list[dict] = []
     if settings.router_mode == "discovery":
-        selector = [f"{names.workflow_member_label(workflow)}=true", "app.kubernetes.io/component=engine"]
-        args += ["--service-discovery", "--selector", *selector]
+        members = [f"{names.workflow_member_label(workflow)}=true", "app.kubernetes.io/component=engine"]
+        args += ["--service-discovery", "--selector", *members]
         args += ["--service-discovery-port", str(ENGINE_PORTS[settings.engine]), "--service-discovery-namespace", settings.namespace]
         rule = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
         objects += [
@@ -389,7 +391,10 @@ def file_name(obj: dict) -> str:
 
 # yaml.safe_dump's dumper (libyaml's emitter when PyYAML has it: 30x faster, same text), without
 # anchors/aliases so that every object reads on its own
-_SafeBase = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+if TYPE_CHECKING:
+    _SafeBase = yaml.SafeDumper
+else:
+    _SafeBase = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class _Dumper(_SafeBase):

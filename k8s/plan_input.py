@@ -3,7 +3,10 @@
 Only the plan fields fixed by the plan format are read: `instance`, `fractions_per_gpu`,
 `workflows[].{name, stages[].llm}`, `llms[].{name, model, gpu_type, tp, fraction, replicas}` and
 `placement[].{llm, replica, node, shards[].{gpu, fraction}}`; other fields are carried along
-untouched (they go into the plan ConfigMap). The instance file gives the node names, GPU memory and
+untouched (they go into the plan ConfigMap). The file is read, and each fraction and placement
+record checked, by the plan document's reader (models/plan/document.py); this module adds the checks
+against the instance and the manifest view of each LLM (`PlannedLlm`: its allocation with the
+model name and memory need from the instance). The instance file gives the node names, GPU memory and
 the optional `gpu_uuids`, and the LLMs' memory needs.
 
 Every inconsistency between plan and instance is an `InputError` (exit code 2) naming the field.
@@ -16,32 +19,10 @@ from functools import cached_property
 from pathlib import Path
 
 from scepsy.models.errors import InputError
-from scepsy.models.inputs import kind_of, load_json
-from scepsy.models.instance import Instance, load_instance
-
-_TOLERANCE = 1e-6
-
-
-@dataclass(frozen=True)
-class PlacedShard:
-    gpu: int  # GPU index within its node
-    units: int  # share of that GPU in units of 1/F
-
-    def fraction(self, fractions_per_gpu: int) -> float:
-        return self.units / fractions_per_gpu
-
-
-@dataclass(frozen=True)
-class PlacedReplica:
-    llm: str
-    replica: int
-    node: str
-    shards: tuple[PlacedShard, ...]
-
-    @property
-    def gpus(self) -> tuple[int, ...]:
-        return tuple(s.gpu for s in self.shards)
-
+from scepsy.models.inputs import kind_of
+from scepsy.models.instance.allocation import ReplicaPlacement
+from scepsy.models.instance.instance import Instance, load_instance
+from scepsy.models.plan.document import parse_replica, parse_units, read_json
 
 @dataclass(frozen=True)
 class PlannedLlm:
@@ -70,7 +51,7 @@ class PlacedPlan:
     fractions_per_gpu: int
     llms: tuple[PlannedLlm, ...]
     workflows: tuple[PlannedWorkflow, ...]
-    replicas: tuple[PlacedReplica, ...]  # sorted by (llm, replica)
+    replicas: tuple[ReplicaPlacement, ...]  # sorted by (llm, replica)
 
     @cached_property
     def _llms_by_name(self) -> dict[str, PlannedLlm]:
@@ -118,7 +99,7 @@ def resolve_instance_path(plan_path: Path, recorded: object, override: Path | No
 
 
 def _read_json(path: Path) -> dict:
-    raw = load_json(path, "pass a plan JSON written by `scepsy plan --out`")
+    raw = read_json(path, "pass a plan JSON written by `scepsy plan --out`")
     if not isinstance(raw, dict):
         raise InputError(str(path), None, "not a JSON object", "pass a plan JSON written by `scepsy plan --out`")
     return raw
@@ -130,20 +111,6 @@ def _require_list(source: str, raw: dict, key: str) -> list:
         fix = "make the plan with `scepsy plan INSTANCE --out PLAN.json` (plans always carry a placement)"
         raise InputError(source, key, "missing or empty list", fix)
     return value
-
-
-def _units(source: str, where: str, fraction: object, f: int) -> int:
-    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
-        raise InputError(source, where, f"fraction {fraction!r} is not a number", "write a number in (0, 1]")
-    units = round(fraction * f) if 0 < fraction <= 1 + _TOLERANCE else 0
-    if not 0 < fraction <= 1 + _TOLERANCE or abs(units - fraction * f) > _TOLERANCE:
-        raise InputError(source, where, f"fraction {fraction:g} is not a multiple of 1/{f} in (0, 1]", f"use k/{f}")
-    return units
-
-
-def _name(value: object) -> str | None:
-    """A name field as text; anything else (a list, a number) matches no name."""
-    return value if isinstance(value, str) else None
 
 
 def _int_field(source: str, where: str, record: dict, key: str, minimum: int) -> int:
@@ -160,18 +127,17 @@ def _parse_llms(source: str, raw: dict, instance: Instance, f: int) -> tuple[Pla
         if not isinstance(record, dict):
             raise InputError(source, where, "expected an object", "fix the plan")
         name = record.get("name")
-        try:
-            spec = instance.llm(name)
-        except KeyError:
+        if not isinstance(name, str) or name not in {m.name for m in instance.llms}:
             known = ", ".join(m.name for m in instance.llms)
-            raise InputError(source, f"{where}.name", f"llm {name!r} is not in the instance", f"use a plan of this instance (llms: {known})") from None
-        gpu_type = _name(record.get("gpu_type"))
-        if gpu_type not in instance.cluster.gpu_types:
+            raise InputError(source, f"{where}.name", f"llm {name!r} is not in the instance", f"use a plan of this instance (llms: {known})")
+        spec = instance.llm(name)
+        gpu_type = record.get("gpu_type")
+        if not isinstance(gpu_type, str) or gpu_type not in instance.cluster.gpu_types:
             raise InputError(source, f"{where}.gpu_type", f"unknown gpu type {gpu_type!r}", "use a plan of this instance")
         tp = _int_field(source, where, record, "tp", 1)
         replicas = _int_field(source, where, record, "replicas", 1)
-        share = _units(source, f"{where}.fraction", record.get("fraction"), f)
-        model = record.get("model") if isinstance(record.get("model"), str) else spec.model
+        share = parse_units(source, f"{where}.fraction", record.get("fraction"), f)
+        model = record["model"] if isinstance(record.get("model"), str) else spec.model
         llms.append(PlannedLlm(spec.name, model, gpu_type, tp, share, replicas, spec.memory_need_gib))
     names = [m.name for m in llms]
     if len(set(names)) != len(names):
@@ -190,7 +156,7 @@ def _parse_workflows(source: str, raw: dict, llm_names: set[str]) -> tuple[Plann
             raise InputError(source, f"{where}.stages", "missing or empty list", "fix the plan")
         called = []
         for s, stage in enumerate(stages):
-            llm = _name(stage.get("llm")) if isinstance(stage, dict) else None
+            llm = stage.get("llm") if isinstance(stage, dict) and isinstance(stage.get("llm"), str) else None
             if llm not in llm_names:
                 raise InputError(source, f"{where}.stages[{s}].llm", f"llm {llm!r} has no allocation in the plan", "fix the plan")
             called.append(llm)
@@ -198,38 +164,33 @@ def _parse_workflows(source: str, raw: dict, llm_names: set[str]) -> tuple[Plann
     return tuple(workflows)
 
 
-def _parse_placement(source: str, raw: dict, instance: Instance, llms: tuple[PlannedLlm, ...], f: int) -> tuple[PlacedReplica, ...]:
+def _parse_placement(source: str, raw: dict, instance: Instance, llms: tuple[PlannedLlm, ...], f: int) -> tuple[ReplicaPlacement, ...]:
+    """The placement (models/plan/document.py checks each record's structure), checked against
+    the plan's LLMs and the instance's cluster."""
     by_name = {m.name: m for m in llms}
     nodes = {n.name: n for n in instance.cluster.nodes}
     replicas = []
     for i, record in enumerate(_require_list(source, raw, "placement")):
         where = f"placement[{i}]"
-        if not isinstance(record, dict):
-            raise InputError(source, where, "expected an object", "fix the plan")
-        llm = by_name.get(_name(record.get("llm")))
+        replica = parse_replica(source, i, record, f)
+        llm = by_name.get(replica.llm)
         if llm is None:
-            raise InputError(source, f"{where}.llm", f"llm {record.get('llm')!r} has no allocation in the plan", "fix the plan")
-        replica = _int_field(source, where, record, "replica", 0)
-        node = nodes.get(_name(record.get("node")))
+            raise InputError(source, f"{where}.llm", f"llm {replica.llm!r} has no allocation in the plan", "fix the plan")
+        node = nodes.get(replica.node)
         if node is None:
-            raise InputError(source, f"{where}.node", f"node {record.get('node')!r} is not in the instance's cluster", "use a plan of this instance")
+            raise InputError(source, f"{where}.node", f"node {replica.node!r} is not in the instance's cluster", "use a plan of this instance")
         if node.gpu_type != llm.gpu_type:
             raise InputError(source, f"{where}.node", f"node {node.name} has {node.gpu_type} GPUs, the plan chose {llm.gpu_type} for {llm.name}", "fix the plan")
-        shards_raw = record.get("shards")
-        if not isinstance(shards_raw, list) or len(shards_raw) != llm.tp:
+        if len(replica.shards) != llm.tp:
             raise InputError(source, f"{where}.shards", f"expected {llm.tp} shards (tp of {llm.name})", "fix the plan")
-        shards = []
-        for s, shard in enumerate(shards_raw):
-            gpu = shard.get("gpu") if isinstance(shard, dict) else None
-            if not isinstance(gpu, int) or isinstance(gpu, bool) or not 0 <= gpu < node.gpus:
-                raise InputError(source, f"{where}.shards[{s}].gpu", f"GPU {gpu!r} is not in 0..{node.gpus - 1} on node {node.name}", "fix the plan")
-            units = _units(source, f"{where}.shards[{s}].fraction", shard.get("fraction"), f)
-            if units != llm.share:
-                raise InputError(source, f"{where}.shards[{s}].fraction", f"shard fraction {units / f:g} differs from {llm.name}'s fraction {llm.share / f:g}", "fix the plan")
-            shards.append(PlacedShard(gpu, units))
-        if len({s.gpu for s in shards}) != len(shards):
+        for s, shard in enumerate(replica.shards):
+            if shard.gpu >= node.gpus:
+                raise InputError(source, f"{where}.shards[{s}].gpu", f"GPU {shard.gpu!r} is not in 0..{node.gpus - 1} on node {node.name}", "fix the plan")
+            if shard.units != llm.share:
+                raise InputError(source, f"{where}.shards[{s}].fraction", f"shard fraction {shard.units / f:g} differs from {llm.name}'s fraction {llm.share / f:g}", "fix the plan")
+        if len(set(replica.gpus)) != len(replica.shards):
             raise InputError(source, f"{where}.shards", "two shards of one replica on the same GPU", "fix the plan")
-        replicas.append(PlacedReplica(llm.name, replica, node.name, tuple(shards)))
+        replicas.append(replica)
     replicas.sort(key=lambda r: (r.llm, r.replica))
     for llm in llms:
         numbers = [r.replica for r in replicas if r.llm == llm.name]
@@ -237,11 +198,11 @@ def _parse_placement(source: str, raw: dict, instance: Instance, llms: tuple[Pla
             raise InputError(source, "placement", f"llm {llm.name} has replicas {numbers}, the plan says {llm.replicas}", "place replicas 0..replicas-1 once each")
     load: dict[tuple[str, int], int] = {}
     for r in replicas:
-        for s in r.shards:
-            load[(r.node, s.gpu)] = load.get((r.node, s.gpu), 0) + s.units
-    for (node, gpu), units in sorted(load.items()):
+        for shard in r.shards:
+            load[(r.node, shard.gpu)] = load.get((r.node, shard.gpu), 0) + shard.units
+    for (node_name, gpu), units in sorted(load.items()):
         if units > f:
-            raise InputError(source, "placement", f"node {node} GPU {gpu} holds {units / f:g} GPUs of shards", "fix the plan: at most 1.0 per GPU")
+            raise InputError(source, "placement", f"node {node_name} GPU {gpu} holds {units / f:g} GPUs of shards", "fix the plan: at most 1.0 per GPU")
     return tuple(replicas)
 
 

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 import yaml
 
 from scepsy.models.errors import InputError
+from scepsy.models.instance.allocation import ReplicaPlacement
 
 from . import names
-from .plan_input import PlacedPlan, PlacedReplica
+from .plan_input import PlacedPlan
 
 BACKENDS = ("hami", "dra-mps", "device-plugin-mps", "none")
 HAMI_SCHEDULER = "hami-scheduler"
@@ -79,11 +80,11 @@ def _uuids(plan: PlacedPlan, node: str, gpus: tuple[int, ...]) -> list[str] | No
     return [uuids[g] for g in gpus] if uuids is not None else None
 
 
-def _share(plan: PlacedPlan, replica: PlacedReplica) -> float:
+def _share(plan: PlacedPlan, replica: ReplicaPlacement) -> float:
     return plan.llm(replica.llm).share / plan.fractions_per_gpu
 
 
-def _slice_mib(plan: PlacedPlan, replica: PlacedReplica) -> int:
+def _slice_mib(plan: PlacedPlan, replica: ReplicaPlacement) -> int:
     return math.floor(plan.gpu_memory_gib(replica.llm) * 1024 * _share(plan, replica) + 1e-9)
 
 
@@ -182,7 +183,7 @@ def _device_plugin_mps(plan: PlacedPlan, namespace: str) -> SharingResult:
     return SharingResult(access, [configmap])
 
 
-def _groups(plan: PlacedPlan) -> list[tuple[str, tuple[int, ...], list[PlacedReplica]]]:
+def _groups(plan: PlacedPlan) -> list[tuple[str, tuple[int, ...], list[ReplicaPlacement]]]:
     """Connected components of replicas that share a GPU, per node: (node, gpus, replicas)."""
     parent: dict[tuple[str, int], tuple[str, int]] = {}
 
@@ -196,7 +197,7 @@ def _groups(plan: PlacedPlan) -> list[tuple[str, tuple[int, ...], list[PlacedRep
         first = (r.node, r.gpus[0])
         for g in r.gpus:
             parent[find((r.node, g))] = find(first)
-    members: dict[tuple[str, int], list[PlacedReplica]] = {}
+    members: dict[tuple[str, int], list[ReplicaPlacement]] = {}
     gpus: dict[tuple[str, int], set[int]] = {}
     for r in plan.replicas:
         root = find((r.node, r.gpus[0]))

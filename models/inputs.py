@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from .errors import InputError
+from scepsy.models.errors import InputError
 
 DEFAULT_MAX_INPUT_MIB = 1024
 MAX_INPUT_ENV = "SCEPSY_MAX_INPUT_MIB"

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .errors import InputError
-from .inputs import kind_of
+from scepsy.models.errors import InputError
+from scepsy.models.inputs import kind_of
 
 
 def same_file(a: Path | str, b: Path | str) -> bool:

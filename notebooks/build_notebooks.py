@@ -35,9 +35,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from scepsy.models.instance import load_instance
-from scepsy.planner.search import PlanSettings, make_plan
-from scepsy.planner.whatif import cheapest_clusters, run_grid
+from scepsy.models.instance.instance import load_instance
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
+from scepsy.planner.studies.whatif import cheapest_clusters, run_grid
 
 SHORT = os.environ.get("SCEPSY_NOTEBOOK_SHORT") == "1"
 ROOT = Path.cwd() if (Path.cwd() / "instances").exists() else Path.cwd().parent
@@ -104,7 +105,7 @@ Both workflows at today's rates, each within twice today's latency, priced per G
 (illustrative prices). `min_cost` finds the cheapest plan on each candidate cluster."""),
     ("code", """from dataclasses import replace
 
-from scepsy.models.instance import Instance
+from scepsy.models.instance.instance import Instance
 
 combined = load_instance(INSTANCES / "combined-8xh100.yaml").with_arrival_rates({"beam": 6.0, "rag": 16.0})
 slos = {"beam": 2 * today["beam"].objective_value, "rag": 2 * today["rag"].objective_value}
@@ -143,7 +144,7 @@ def build(cells, path: Path) -> None:
 PAPER_FIGURES = [
     ("md", """# Our versions of the paper's Fig. 3, 6, 10 and 11
 
-Made with scepsy's simulator (`models/simulator.py`: the workflows' real control flow on replicas
+Made with scepsy's simulator (`models/simulation/simulator.py`: the workflows' real control flow on replicas
 timed by the engine model) and its planner, with the paper's reported numbers beside ours where it
 reports them. The simulator is not the paper's 16-GPU testbed: our numbers say what the planner and
 the Aggregate LLM Pipeline achieve within the engine model (docs/evidence.md has the full runs and
@@ -156,11 +157,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scepsy.models.autoscaler import HpaSettings
-from scepsy.models.instance import load_instance
-from scepsy.models.simulator import SimulationSettings, simulate
-from scepsy.planner.search import PlanSettings, make_plan
-from scepsy.planner.sweep import SweepSettings, compare, load_points, plot_sweep, sweep
+from scepsy.models.simulation.autoscaler import HpaSettings
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.simulation.simulator import SimulationSettings, simulate
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
+from scepsy.planner.studies.sweep import SweepSettings, compare, load_points, plot_sweep, sweep
 
 SHORT = os.environ.get("SCEPSY_NOTEBOOK_SHORT") == "1"
 ROOT = Path.cwd() if (Path.cwd() / "instances").exists() else Path.cwd().parent

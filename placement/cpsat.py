@@ -2,7 +2,7 @@
 
 An LLM has exactly one shape (gpu type, tp, share) in an allocation, so counts per (domain, LLM) and
 (GPU, LLM) describe a placement exactly (deal a domain's replicas round robin over its GPUs, each
-GPU listed as often as it holds shards: planner/placeability.py) and are far fewer than one boolean
+GPU listed as often as it holds shards: placement/feasibility/placeability.py) and are far fewer than one boolean
 per shard and GPU. Shards of a whole GPU (s = F) need even less: a GPU holds at most one, so one
 boolean per GPU says whether it carries a whole shard, and any whole-GPU replica of the domain may
 take it. Formulation (units in brackets; docs/placement.md states the same):
@@ -17,7 +17,7 @@ Sets
 Parameters
     F          units per GPU;  c_i  free units of GPU i (F minus reservations)
     ub_im      most shards of m on GPU i: min(d_m, c_i // s_m, most replicas of m in j(i))
-    w, W(c)    bin-packing weights, the most weight that fits c units (planner/cpsat.py)
+    w, W(c)    bin-packing weights, the most weight that fits c units (planner/allocation/cpsat.py)
 Variables
     n[j, m]    replicas of m in domain j                           integer, 0..most that fit j
     c[i, m]    shards of fractional m on GPU i                     integer, 0..ub_im
@@ -60,20 +60,21 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from ortools.sat.python import cp_model
 
-from scepsy.models.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
-from scepsy.models.instance import Cluster, Domain
-from scepsy.planner.cpsat import STATUS_NAMES
-from scepsy.planner.formulation import packing_weights
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
+from scepsy.models.instance.instance import Cluster, Domain
+from scepsy.placement.feasibility.solver import STATUS_NAMES, cpsat_solver
+from scepsy.placement.feasibility.packing import fit_in_domain, packing_weights
 
 from .current import Candidate, keep_candidates, movable_replicas
 from .heuristic import first_fit_placement
 from .objective import Spot, evaluate, number_replicas
 
 Gpu = tuple[str, int]  # (node, gpu index)
-Var = cp_model.IntVar
+Var: TypeAlias = cp_model.IntVar
 
 
 @dataclass(frozen=True)
@@ -116,15 +117,6 @@ class PlacementModel:
             yield from group.values()
 
 
-def _fit_in_domain(slots: list[int], tp: int) -> int:
-    """Most replicas of tp shards on distinct GPUs of a domain whose GPUs hold `slots` shards each
-    (planner/options.py: n fit iff sum_i min(slots_i, n) >= n tp)."""
-    n = sum(slots) // tp
-    while n > 0 and sum(min(s, n) for s in slots) < n * tp:
-        n -= 1
-    return n
-
-
 def _sum(terms: list[tuple[int, Var]]) -> cp_model.LinearExprT:
     return cp_model.LinearExpr.WeightedSum([v for _, v in terms], [k for k, _ in terms]) if terms else 0
 
@@ -164,31 +156,31 @@ def build_placement_model(
         if j % 256 == 0:
             _check_deadline(deadline)
         gpus = [(domain.node, g) for g in domain.gpus]
-        for m in llms:
-            if domain.gpu_type != m.gpu_type or domain.size < m.tp:
+        for choice in llms:
+            if domain.gpu_type != choice.gpu_type or domain.size < choice.tp:
                 continue
-            slots = {i: min(m.replicas, free[i] // m.share) for i in gpus}
-            most = min(m.replicas, _fit_in_domain(list(slots.values()), m.tp))
+            slots = {i: min(choice.replicas, free[i] // choice.share) for i in gpus}
+            most = min(choice.replicas, fit_in_domain(list(slots.values()), choice.tp))
             if most == 0:
                 continue
-            n[(j, m.llm)] = model.NewIntVar(0, most, f"n[{j},{m.llm}]")
+            n[(j, choice.llm)] = model.NewIntVar(0, most, f"n[{j},{choice.llm}]")
             for i, slot in slots.items():
                 if slot == 0:
                     continue
-                if m.llm in whole:
+                if choice.llm in whole:
                     if i not in x:
                         x[i] = model.NewBoolVar(f"x[{i[0]}/{i[1]}]")
                 else:
-                    upper[(i, m.llm)] = min(slot, most)
-                    c[(i, m.llm)] = model.NewIntVar(0, upper[(i, m.llm)], f"c[{i[0]}/{i[1]},{m.llm}]")
+                    upper[(i, choice.llm)] = min(slot, most)
+                    c[(i, choice.llm)] = model.NewIntVar(0, upper[(i, choice.llm)], f"c[{i[0]}/{i[1]},{choice.llm}]")
     # k[q]: candidate q stays (only where its domain is eligible)
     k = {q: model.NewBoolVar(f"k[{q}]") for q, cand in enumerate(candidates) if (cand.domain, cand.llm) in n}
 
     # every replica in one eligible domain (none eligible: infeasible, diagnosed by the caller)
-    for m in llms:
-        eligible = [n[(j, m.llm)] for j in range(len(domains)) if (j, m.llm) in n]
+    for choice in llms:
+        eligible = [n[(j, choice.llm)] for j in range(len(domains)) if (j, choice.llm) in n]
         if eligible:
-            model.Add(sum(eligible) == m.replicas)
+            model.Add(sum(eligible) == choice.replicas)
         else:
             model.AddBoolOr([])  # the empty clause: no placement
 
@@ -387,21 +379,21 @@ def canonical(pm: PlacementModel, placement: Placement) -> Placement:
         content.update({dst: items for dst, items in moved.items() if items})
 
     sizes = {n.name: n.gpus for n in pm.cluster.nodes}
-    for members in pm.classes.nodes:
-        order = sorted(members, key=lambda name: -load([(name, g) for g in range(sizes[name])]))
-        permute({(src, g): (dst, g) for src, dst in zip(order, members) for g in range(sizes[src])})
-    for members in pm.classes.domains:
-        doms = [pm.domains[j] for j in members]
-        order = sorted(doms, key=lambda d: -load([(d.node, g) for g in d.gpus]))
-        mapping = {}
-        for src, dst in zip(order, doms):  # pair GPUs of equal free units
-            a = sorted(src.gpus, key=lambda g: (pm.cluster.free_units(src.node, g), g))
-            b = sorted(dst.gpus, key=lambda g: (pm.cluster.free_units(dst.node, g), g))
-            mapping.update({(src.node, p): (dst.node, q) for p, q in zip(a, b)})
+    for nodes in pm.classes.nodes:
+        by_load = sorted(nodes, key=lambda name: -load([(name, g) for g in range(sizes[name])]))
+        permute({(src, g): (dst, g) for src, dst in zip(by_load, nodes) for g in range(sizes[src])})
+    for domain_indices in pm.classes.domains:
+        doms = [pm.domains[j] for j in domain_indices]
+        doms_by_load = sorted(doms, key=lambda d: -load([(d.node, g) for g in d.gpus]))
+        mapping: dict[Gpu, Gpu] = {}
+        for src_domain, dst_domain in zip(doms_by_load, doms):  # pair GPUs of equal free units
+            a = sorted(src_domain.gpus, key=lambda g: (pm.cluster.free_units(src_domain.node, g), g))
+            b = sorted(dst_domain.gpus, key=lambda g: (pm.cluster.free_units(dst_domain.node, g), g))
+            mapping.update({(src_domain.node, p): (dst_domain.node, q) for p, q in zip(a, b)})
         permute(mapping)
-    for members in pm.classes.gpus:
-        order = sorted(members, key=lambda i: -load([i]))
-        permute(dict(zip(order, members)))
+    for gpus in pm.classes.gpus:
+        gpus_by_load = sorted(gpus, key=lambda i: -load([i]))
+        permute(dict(zip(gpus_by_load, gpus)))
     shards: dict[int, list[Shard]] = defaultdict(list)
     node_of: dict[int, str] = {}
     for (node, gpu), items in content.items():
@@ -533,10 +525,10 @@ def solve_placement(
     if not pool:
         return CpsatOutcome(None, tuple(outcomes), status, time.perf_counter() - start)
     signs = [stage.sign for stage in pm.stages]
-    values, best = min(pool, key=lambda item: tuple(s * v for s, v in zip(signs, item[0])))
+    best_values, best = min(pool, key=lambda item: tuple(s * v for s, v in zip(signs, item[0])))
     # report the values of the placement returned (polishing may have improved the last stage)
     outcomes = [
-        StageOutcome(o.name, o.status, values[k], o.bound) if o.value is not None else o for k, o in enumerate(outcomes)
+        StageOutcome(o.name, o.status, best_values[k], o.bound) if o.value is not None else o for k, o in enumerate(outcomes)
     ]
     return CpsatOutcome(best, tuple(outcomes), status, time.perf_counter() - start)
 
@@ -600,7 +592,7 @@ class Polisher:
         return self.memo[key]
 
     def _solve(self, domain: Domain, replicas, frees, counts):
-        from scepsy.models.instance import Node
+        from scepsy.models.instance.instance import Node
 
         f = self.pm.cluster.fractions_per_gpu
         local = {g: k for k, g in enumerate(domain.gpus)}
@@ -630,17 +622,10 @@ def _solve_once(pm: PlacementModel, stage: Stage, time_limit_s: float, workers: 
     pm.model.ClearHints()
     for var, value in (hint or {}).items():
         pm.model.AddHint(var, value)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(time_limit_s, 0.01)
-    solver.parameters.num_workers = workers
-    solver.parameters.random_seed = 0
     # measured on bench/placement_scaling.py: the full LP (all constraints, added up front) gives the
     # stage bounds; presolve probing costs seconds on large clusters and buys nothing here
-    solver.parameters.linearization_level = 2
-    solver.parameters.add_lp_constraints_lazily = False
-    solver.parameters.cp_model_probing_level = 0
-    if workers > 1:
-        solver.parameters.interleave_search = True  # deterministic whatever the thread timing
+    solver = cpsat_solver(time_limit_s, workers, linearization_level=2, add_lp_constraints_lazily=False,
+                          cp_model_probing_level=0)
     return solver.Solve(pm.model), solver
 
 

@@ -4,10 +4,10 @@ Checked in order, each a necessary condition of placeability, so the first one t
 proof by itself:
 1. an LLM's gpu type is not in the cluster, or its TP degree exceeds every NVLink domain of it;
 2. one LLM alone: more replicas than fit the cluster (per domain, n replicas of t shards fit iff
-   sum_i min(c_i // s, n) >= n t -- planner/options.py);
+   sum_i min(c_i // s, n) >= n t -- placement/feasibility/packing.py);
 3. all replicas on a gpu type need more units than are free on it (reservations deducted);
 4. replicas with TP >= t need more units than the domains of at least t GPUs have free;
-5. bin-packing: the shards too large to share a GPU (dual feasible functions, planner/cpsat.py)
+5. bin-packing: the shards too large to share a GPU (dual feasible functions, planner/allocation/cpsat.py)
    need more GPUs than there are;
 otherwise the exact model proved that the replicas cannot be packed together.
 """
@@ -16,10 +16,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from scepsy.models.allocation import Allocation
-from scepsy.models.instance import Cluster
-from scepsy.planner.formulation import gpu_weight_capacity, packing_weights
-from scepsy.planner.options import max_replicas
+from scepsy.models.instance.allocation import Allocation
+from scepsy.models.instance.instance import Cluster
+from scepsy.placement.feasibility.packing import gpu_weight_capacity, max_replicas, packing_weights
 
 
 def _gpus(units: int, f: int) -> str:

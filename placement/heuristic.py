@@ -43,8 +43,8 @@ import bisect
 from dataclasses import dataclass
 from functools import lru_cache
 
-from scepsy.models.allocation import Allocation, Placement
-from scepsy.models.instance import Cluster
+from scepsy.models.instance.allocation import Allocation, Placement
+from scepsy.models.instance.instance import Cluster
 
 from .current import Candidate, keep_candidates
 from .objective import Spot, number_replicas

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scepsy.models.allocation import Allocation, Placement, ReplicaPlacement, Shard
-from scepsy.models.instance import Cluster
-from scepsy.models.plan import PlacementObjective
+from scepsy.models.instance.allocation import Allocation, Placement, ReplicaPlacement, Shard
+from scepsy.models.instance.instance import Cluster
+from scepsy.models.plan.plan import PlacementObjective
 
 from .current import keep_candidates, movable_replicas
 

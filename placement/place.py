@@ -8,28 +8,24 @@
   lexicographic objective, `time_limit_s` for all stages together; status `optimal` when every
   stage is proven, else `feasible` with the gap of the first stage not proven. The result is never
   worse than the heuristic's (if the solver's best is, the heuristic's placement is returned).
-Every placement returned has passed planner.placeability.validate_placement. An allocation that
+Every placement returned has passed placement.feasibility.placeability.validate_placement. An allocation that
 cannot be placed raises PlacementInfeasibleError (exit code 3) with the binding reason
 (placement/diagnose.py).
 
-`plan_and_place(instance, plan_settings, settings, current)` runs the allocation search with a
-placer in its loop (heuristic, then the exact count model: an allocation that cannot be placed is
-cut off and the allocation model solved again, planner/search.py) and places the chosen allocation
-with `settings`; the plan carries the placement, how it was found and the fragmentation report.
+`feasibility_placer(settings)` is the placer the allocation search gets injected (scepsy/pipeline.py).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from scepsy.models.allocation import Allocation, Placement
+from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.errors import InfeasibleError, TimeLimitError
-from scepsy.models.fragmentation import GpuTypeFragmentation, fragmentation_report
-from scepsy.models.instance import Cluster, Instance
-from scepsy.models.plan import PlacementInfo, Plan
-from scepsy.planner.placeability import PlacementCheck, exact_placement, validate_placement
-from scepsy.planner.search import PlanSettings, Placer, make_plan
+from scepsy.models.plan.fragmentation import GpuTypeFragmentation, fragmentation_report
+from scepsy.models.instance.instance import Cluster
+from scepsy.models.plan.plan import PlacementInfo
+from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, exact_placement, validate_placement
 
 from .cpsat import CpsatOutcome, ModelTooLargeError, build_placement_model, solve_placement
 from .diagnose import explain_unplaceable, necessary_condition_violated
@@ -175,35 +171,3 @@ def feasibility_placer(settings: PlacementSettings = PlacementSettings()) -> Pla
         return exact_placement(cluster, allocation, settings.time_limit_s)
 
     return placer
-
-
-def plan_and_place(
-    instance: Instance,
-    plan_settings: PlanSettings = PlanSettings(),
-    settings: PlacementSettings = PlacementSettings(),
-    current: Placement | None = None,
-) -> Plan:
-    """Plan the allocation (placement in the loop), then place it with `settings` (module docstring).
-
-    GPU objectives (min_gpus, min_cost) count the GPUs of the planner's fewest-GPU placement; a
-    re-placement that would use more (costlier) GPUs is not taken, so the plan keeps its value."""
-    plan = make_plan(instance, plan_settings, feasibility_placer(settings))
-    result = place(instance.cluster, plan.allocation, settings, current, hint=plan.placement)
-    if instance.objective in ("min_gpus", "min_cost") and current is None:
-        if _gpu_cost(instance, result.placement) > _gpu_cost(instance, plan.placement) + 1e-9:
-            info = replace(
-                result.info,
-                objective=evaluate(instance.cluster, plan.allocation, plan.placement, current),
-                notes=result.info.notes + ("kept the planner's placement on the fewest GPUs",),
-            )
-            return replace(plan, placement_info=info, fragmentation=fragmentation_report(instance.cluster, plan.placement))
-    return replace(plan, placement=result.placement, placement_info=result.info, fragmentation=result.fragmentation)
-
-
-def _gpu_cost(instance: Instance, placement: Placement) -> float:
-    """GPUs hosting a shard, weighted by price for min_cost (1 each for min_gpus)."""
-    types = {n.name: n.gpu_type for n in instance.cluster.nodes}
-    busy = {(r.node, s.gpu) for r in placement.replicas for s in r.shards}
-    if instance.objective == "min_cost":
-        return sum(instance.cluster.gpu_types[types[node]].cost_per_hour for node, _ in busy)
-    return float(len(busy))

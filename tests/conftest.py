@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +12,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 INSTANCES = REPO / "instances"
+if str(REPO) not in sys.path:  # examples/ is not part of the package; its tests import it from here
+    sys.path.insert(0, str(REPO))
 
 
 def profile_rows(gpu_type: str = "A6000", tps=(1, 2), fractions=(0.5, 1.0), light_s: float = 1.0, capacity_rps: float = 10.0):

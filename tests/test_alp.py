@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from scepsy.models.allocation import Allocation, LlmAllocation
-from scepsy.models.alp import predict
-from scepsy.models.instance import load_instance
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.performance.alp import predict
+from scepsy.models.instance.instance import load_instance
 
 
 def alloc(*choices):

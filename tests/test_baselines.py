@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from scepsy.cli import app
 from scepsy.models.errors import InfeasibleError, InputError
-from scepsy.models.instance import load_instance
-from scepsy.models.simulator import SimulationSettings
-from scepsy.planner.baselines import deployment, per_llm_allocation, plan_deployment
-from scepsy.planner.placeability import check_placement
-from scepsy.planner.sweep import SWEEP_COLUMNS, SweepSettings, compare, load_points, plot_sweep, sweep
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.simulation.simulator import SimulationSettings
+from scepsy.planner.studies.baselines import deployment, per_llm_allocation, plan_deployment
+from scepsy.placement.feasibility.placeability import check_placement
+from scepsy.planner.studies.sweep import SWEEP_COLUMNS, SweepSettings, compare, load_points, plot_sweep, sweep
 
 INSTANCES = Path(__file__).resolve().parent.parent / "instances"
 

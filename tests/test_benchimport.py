@@ -7,7 +7,7 @@ import json
 import pytest
 
 from scepsy.models.errors import InputError
-from scepsy.tracing.benchimport import import_bench_results
+from scepsy.tracing.profiling.benchimport import import_bench_results
 
 # vllm bench serve (>= 0.5) with --percentile-metrics e2el --metric-percentiles 50,90,99
 VLLM_NEW = {"date": "20250101-000000", "backend": "vllm", "model_id": "m", "num_prompts": 100, "request_rate": 2.0,

@@ -15,7 +15,7 @@ DEFAULT = INSTANCES / "beam-4xa6000.yaml"
 
 
 def scepsy(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "scepsy.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "scepsy", *map(str, args)], capture_output=True, text=True, cwd=cwd)
 
 
 def assert_one_line_error(result, code, *needles):

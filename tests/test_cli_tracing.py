@@ -8,10 +8,10 @@ import yaml
 from typer.testing import CliRunner
 
 from scepsy.cli import app
-from scepsy.models.profile import load_profile
-from scepsy.tracing.proxy import ServerThread
-from scepsy.tracing.scripted import ScriptedEngine
-from scepsy.tracing.store import write_store
+from scepsy.models.instance.profile import load_profile
+from scepsy.tracing.capture.proxy import ServerThread
+from support.scripted import ScriptedEngine
+from scepsy.tracing.capture.store import write_store
 
 from test_benchimport import SGLANG, VLLM_NEW
 from test_replay import beam_trace
@@ -87,11 +87,11 @@ def _start_proxy_process(upstream_url: str, store):
 
     import httpx
 
-    from scepsy.tracing.llamacpp import free_port
+    from support.llamacpp import free_port
 
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "scepsy.cli", "proxy", "--upstream", f"gen={upstream_url}", "--port", str(port), "--store", str(store)],
+        [sys.executable, "-m", "scepsy", "proxy", "--upstream", f"gen={upstream_url}", "--port", str(port), "--store", str(store)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     url = f"http://127.0.0.1:{port}"
@@ -112,7 +112,7 @@ def test_proxy_command_serves_records_and_shuts_down_cleanly(tmp_path):
 
     import httpx
 
-    from scepsy.tracing.store import read_store
+    from scepsy.tracing.capture.store import read_store
 
     engine = ScriptedEngine()
     with ServerThread(engine.app()) as server:
@@ -143,7 +143,7 @@ def test_proxy_terminated_mid_stream_finishes_the_streams_and_keeps_their_record
 
     import httpx
 
-    from scepsy.tracing.store import read_store
+    from scepsy.tracing.capture.store import read_store
 
     engine = ScriptedEngine(token_delay_s=0.001)
     engine.gate = threading.Event()  # every stream holds its tokens after the first until SIGTERM is sent

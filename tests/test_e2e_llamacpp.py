@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scepsy.tracing.llamacpp import EngineUnavailable, llama_cpp_available, smollm2_gguf
+from support.llamacpp import EngineUnavailable, llama_cpp_available, smollm2_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,8 @@ def _engine_missing() -> str | None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
-def test_prediction_matches_a_real_run(tmp_path):
+def test_prediction_matches_a_real_run(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the benchmark imports its neighbour `paths`
     spec = importlib.util.spec_from_file_location("e2e_llamacpp", ROOT / "bench" / "e2e_llamacpp.py")
     e2e = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = e2e  # dataclasses look their module up there

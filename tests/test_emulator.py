@@ -6,7 +6,7 @@ model says (its timer only fires late), so a measured latency is at least the mo
 float rounding). It can be late by (a) the HTTP and JSON work of server and client, 1-5 ms per
 request on this 2-core machine, (b) the lateness of the final iteration's timer, at most a few ms
 (uvloop's timers have millisecond resolution; lateness does not accumulate over iterations, see
-tracing/livereplica.py), and (c) scheduling noise when other jobs share the two cores. The bounds
+tracing/emulation/livereplica.py), and (c) scheduling noise when other jobs share the two cores. The bounds
 below are therefore one-sided: `modelled - 1 ms <= measured <= modelled + 5% + 40 ms`, on the
 median of repeated requests (times measured from a first token on may look early by that token's
 own lateness, up to 15 ms); a wrong iteration count (one token too many or few) already moves a
@@ -28,11 +28,11 @@ import simpy
 from typer.testing import CliRunner
 
 from scepsy.cli import app
-from scepsy.models.engine import IterationWork, causal_attention
-from scepsy.models.replica import ReplicaSim, Request
-from scepsy.tracing.emulator import create_app, emulator_config, encoder_task
-from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app as create_proxy
-from scepsy.tracing.tokenizer import (
+from scepsy.models.performance.engine import IterationWork, causal_attention
+from scepsy.models.performance.replica import ReplicaSim, Request
+from scepsy.tracing.emulation.emulator import create_app, emulator_config, encoder_task
+from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app as create_proxy
+from scepsy.tracing.emulation.tokenizer import (
     VOCABULARY,
     apply_stop,
     chat_units,
@@ -490,9 +490,9 @@ def test_beam_search_on_emulated_replicas_profiles_like_the_engine_model(tmp_pat
     emulator; a few ms of wall time per call) by 10: the replayed calls come out up to ~10% slower
     than the simulation, which has no HTTP. bench/emulator_e2e.py runs the full sweep at 2x.
     """
-    from scepsy.models.profile import read_profile_frame
-    from scepsy.tracing.store import TraceStore
-    from scepsy.tracing.workflows import BeamSearch, run_closed_loop
+    from scepsy.models.instance.profile import read_profile_frame
+    from scepsy.tracing.capture.store import TraceStore
+    from examples.workflows import BeamSearch, run_closed_loop
 
     speedup = 10.0
     gen_config = emulator_config("llama-3.1-8b", "A6000", fraction=0.5, served_model_names=["gen"], speedup=speedup)

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from scepsy.models import catalog
-from scepsy.models.engine import Engine, EngineSettings, IterationWork, causal_attention
-from scepsy.models.engine_validation import REFERENCES, compare
+from scepsy.models.catalog import catalog
+from scepsy.models.performance.engine import Engine, EngineSettings, IterationWork, causal_attention
+from support.engine_validation import REFERENCES, compare
 from scepsy.models.errors import InputError
 
 ERROR_BOUND = 0.15  # every in-bound reference (docs/engine-model.md)

@@ -40,8 +40,8 @@ BEAM = "instances/beam-4xa6000.yaml"
 
 
 def test_export_onto_its_own_input_is_refused_and_the_store_kept(ws, tmp_path):
-    from scepsy.tracing.records import CallRecord
-    from scepsy.tracing.store import read_store, write_store
+    from scepsy.tracing.capture.records import CallRecord
+    from scepsy.tracing.capture.store import read_store, write_store
     from hostile import trace_rows
 
     store = tmp_path / "x.db"
@@ -101,7 +101,7 @@ def test_non_finite_options_exit_2(ws, monkeypatch, argv, fragment):
 
 def test_brute_force_over_its_limit_is_input_error(ws, monkeypatch):
     monkeypatch.chdir(ws)
-    monkeypatch.setattr("scepsy.planner.bruteforce.MAX_COMBINATIONS", 10)
+    monkeypatch.setattr("scepsy.planner.allocation.bruteforce.MAX_COMBINATIONS", 10)
     _expect(["plan", BEAM, "--backend", "bruteforce"], 2, "--backend", "brute-force limit")
 
 
@@ -266,7 +266,7 @@ def test_time_limit_covers_building_the_options(ws):
 
 
 def test_each_profile_file_is_read_once(ws, monkeypatch):
-    import scepsy.models.instance as instance_module
+    import scepsy.models.instance.instance as instance_module
 
     reads = []
     original = instance_module.load_profile
@@ -302,6 +302,6 @@ def test_aggregate_table_is_linear_in_the_workflow_name(ws, tmp_path):
 
 def test_a_program_calling_past_the_bound_stops_with_exit_2(ws, monkeypatch):
     """The estimate from the stages passes, the program calls more: the run stops at the bound."""
-    monkeypatch.setattr("scepsy.models.simulator.MAX_SIMULATED_CALLS", 50)
-    monkeypatch.setattr("scepsy.models.simulator.check_size", lambda *args: None)
+    monkeypatch.setattr("scepsy.models.simulation.simulator.MAX_SIMULATED_CALLS", 50)
+    monkeypatch.setattr("scepsy.models.simulation.simulator.check_size", lambda *args: None)
     _expect(["simulate", ws / BEAM, "--plan", ws / "alloc.yaml", "--duration-s", "20"], 2, "more than 50 LLM calls")

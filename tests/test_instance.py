@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from scepsy.models.errors import InputError
-from scepsy.models.instance import load_instance
+from scepsy.models.instance.instance import load_instance
 
 from conftest import INSTANCES, profile_rows
 

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from scepsy.models.errors import InfeasibleError, InputError
-from scepsy.models.instance import load_instance
-from scepsy.models.synthetic import random_instance
-from scepsy.planner.loadfactor import capacity_bound
-from scepsy.planner.placeability import validate_placement
-from scepsy.planner.search import PlanSettings, make_plan
+from scepsy.models.instance.instance import load_instance
+from support.synthetic import random_instance
+from scepsy.planner.allocation.loadfactor import capacity_bound
+from scepsy.placement.feasibility.placeability import validate_placement
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
 
 from conftest import INSTANCES
 

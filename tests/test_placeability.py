@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from scepsy.models.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
-from scepsy.models.synthetic import synthetic_cluster
-from scepsy.planner.placeability import check_placement, exact_placement, greedy_placement, validate_placement
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
+from support.synthetic import synthetic_cluster
+from scepsy.placement.feasibility.placeability import check_placement, exact_placement, greedy_placement, validate_placement
 
 
 def naive_placeable(cluster, allocation) -> bool:

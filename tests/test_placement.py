@@ -10,18 +10,20 @@ import itertools
 import numpy as np
 import pytest
 
-from scepsy.models.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.errors import InfeasibleError
-from scepsy.models.fragmentation import fragmentation_report
-from scepsy.models.instance import Cluster, GpuTypeSpec, Node, load_instance
-from scepsy.models.synthetic import random_instance
+from scepsy.models.plan.fragmentation import fragmentation_report
+from scepsy.models.instance.instance import Cluster, GpuTypeSpec, Node, load_instance
+from support.synthetic import random_instance
 from scepsy.placement.cpsat import build_placement_model, canonical, solve_placement
 from scepsy.placement.heuristic import first_fit_placement, heuristic_placement, placement_order
 from scepsy.placement.objective import Spot, evaluate, number_replicas
-from scepsy.placement.place import PlacementInfeasibleError, PlacementSettings, feasibility_placer, place, plan_and_place
-from scepsy.placement.synthetic import LAYOUTS_8, random_allocation, random_case, random_cluster
-from scepsy.planner.placeability import validate_placement
-from scepsy.planner.search import PlanSettings, make_plan
+from scepsy.pipeline import plan_and_place
+from scepsy.placement.place import PlacementInfeasibleError, PlacementSettings, feasibility_placer, place
+from support.synthetic_placement import LAYOUTS_8, random_allocation, random_case, random_cluster
+from scepsy.placement.feasibility.placeability import validate_placement
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
 
 from conftest import INSTANCES
 

@@ -10,14 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from scepsy.models.allocation import Allocation, LlmAllocation
-from scepsy.models.alp import predict
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.performance.alp import predict
 from scepsy.models.errors import InfeasibleError
-from scepsy.models.instance import load_instance
-from scepsy.models.synthetic import random_instance
-from scepsy.planner.options import SearchSpace, all_options
-from scepsy.planner.placeability import validate_placement
-from scepsy.planner.search import PlanSettings, make_plan
+from scepsy.models.instance.instance import load_instance
+from support.synthetic import random_instance
+from scepsy.planner.allocation.options import SearchSpace, all_options
+from scepsy.placement.feasibility.placeability import validate_placement
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
 
 from conftest import INSTANCES, profile_rows
 

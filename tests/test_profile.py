@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from scepsy.models.errors import InputError
-from scepsy.models.profile import PROFILE_COLUMNS, build_profile, load_profile, read_profile_frame
+from scepsy.models.instance.profile import PROFILE_COLUMNS, build_profile, load_profile, read_profile_frame
 
 from conftest import profile_rows
 

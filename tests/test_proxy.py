@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app, workflow_request_id
-from scepsy.tracing.store import TraceStore, read_store
+from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app, workflow_request_id
+from scepsy.tracing.capture.store import TraceStore, read_store
 
 from tracing_fixtures import Recorder, engine, proxied, wait_for  # noqa: F401 - fixtures
 

@@ -8,13 +8,13 @@ import json
 import pytest
 
 from scepsy.models.errors import InputError
-from scepsy.models.profile import build_profile, read_profile_frame
-from scepsy.tracing.proxy import ServerThread
-from scepsy.tracing.records import CallRecord
-from scepsy.tracing.replay import (
+from scepsy.models.instance.profile import build_profile, read_profile_frame
+from scepsy.tracing.capture.proxy import ServerThread
+from scepsy.tracing.capture.records import CallRecord
+from scepsy.tracing.profiling.replay import (
     Sweep, SweepSettings, auto_start_rate, merge_profile_rows, probe_service_time, profile_rows, replay_requests,
 )
-from scepsy.tracing.scripted import ScriptedEngine
+from support.scripted import ScriptedEngine
 
 
 def record(i, llm, start, end, rid="r0", tokens=4, body=True):
@@ -89,7 +89,7 @@ def test_sweep_finds_saturation_of_a_serial_engine(tmp_path):
     assert capacity < 40  # a serial engine of 30 ms per call serves at most ~33 calls/s, whatever the load
     rows = profile_rows(points, "cpu", 1, 0.5)
     path = tmp_path / "p.csv"
-    from scepsy.models.profile import write_profile
+    from scepsy.models.instance.profile import write_profile
 
     write_profile(rows, path)
     profile = build_profile(read_profile_frame(path), str(path))
@@ -112,7 +112,7 @@ def test_merge_keeps_other_configurations():
 def test_arrival_processes():
     import random
 
-    from scepsy.tracing.replay import arrival_times
+    from scepsy.tracing.profiling.replay import arrival_times
 
     assert arrival_times(4, 2.0, "uniform", random.Random(0)) == [0.0, 0.5, 1.0, 1.5]
     poisson = arrival_times(2000, 2.0, "poisson", random.Random(0))
@@ -123,7 +123,7 @@ def test_arrival_processes():
 
 
 def test_a_long_request_arriving_last_is_not_lost_throughput():
-    from scepsy.tracing.replay import replay_throughput
+    from scepsy.tracing.profiling.replay import replay_throughput
 
     light = {"short": 1.0, "long": 20.0}
     # 10 requests, one per second; the long one arrives last and ends 20 s later, as on an idle engine

@@ -8,9 +8,9 @@ import pytest
 import simpy
 from hypothesis import given, settings, strategies as st
 
-from scepsy.models import catalog
-from scepsy.models.engine import Engine
-from scepsy.models.replica import ReplicaSim, Request, Router
+from scepsy.models.catalog import catalog
+from scepsy.models.performance.engine import Engine
+from scepsy.models.performance.replica import ReplicaSim, Request, Router
 
 
 def _run(engine, requests, gaps, fast_forward=True):

@@ -12,13 +12,13 @@ import yaml
 from typer.testing import CliRunner
 
 from scepsy.cli import app
-from scepsy.models.allocation import Allocation, LlmAllocation
-from scepsy.models.alp import predict
-from scepsy.models.autoscaler import HpaSettings
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.performance.alp import predict
+from scepsy.models.simulation.autoscaler import HpaSettings
 from scepsy.models.errors import InputError
-from scepsy.models.instance import build_instance, load_instance
-from scepsy.models.programs import BeamSearchProgram, RagProgram, StagesProgram
-from scepsy.models.simulator import SimulationSettings, simulate
+from scepsy.models.instance.instance import build_instance, load_instance
+from scepsy.models.instance.workflow import BeamSearchProgram, RagProgram, StagesProgram
+from scepsy.models.simulation.simulator import SimulationSettings, simulate
 
 INSTANCES = Path(__file__).resolve().parent.parent / "instances"
 SHORT = SimulationSettings(duration_s=120.0, seed=0)
@@ -103,7 +103,7 @@ def test_light_load_throughput_and_utilisation():
 
 def test_prediction_agrees_with_simulation_on_the_planned_allocation():
     """The Aggregate LLM Pipeline against the simulator, on the shipped plan at half its capacity."""
-    from scepsy.planner.search import make_plan
+    from scepsy.planner.allocation.planning import make_plan
 
     instance = load_instance(INSTANCES / "beam-4xa6000.yaml")
     plan = make_plan(instance)
@@ -141,7 +141,7 @@ def test_calls_are_recorded_for_profile_synthesis():
 
 
 def test_autoscaler_scales_up_under_load_within_the_cluster():
-    from scepsy.planner.baselines import hpa_deployment
+    from scepsy.planner.studies.baselines import hpa_deployment
 
     instance = load_instance(INSTANCES / "rag-8xa6000.yaml").with_arrival_rates({"rag": 25.0})
     deployment = hpa_deployment(instance, HpaSettings(startup_s=20, sync_period_s=10))

@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scepsy.tracing.sse import TokenSummary, _carries_text, iter_events, summarize_stream, usage_counts
+from scepsy.tracing.capture.sse import TokenSummary, _carries_text, iter_events, summarize_stream, usage_counts
 
 
 def _sse(*events: object) -> bytes:

@@ -10,9 +10,10 @@ import pytest
 import yaml
 from hypothesis import given, settings, strategies as st
 
-from scepsy.models.instance import InstanceSpec
-from scepsy.tracing.records import CallRecord
-from scepsy.tracing.stats import aggregate, stats_to_dict, union_length
+from scepsy.models.instance.instance import InstanceSpec
+from scepsy.tracing.capture.records import CallRecord
+from scepsy.models.instance.statistic import union_length
+from scepsy.tracing.statistics.stats import aggregate, stats_to_dict
 
 _ids = itertools.count()
 

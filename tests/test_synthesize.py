@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from scepsy.cli import app
-from scepsy.models import catalog
+from scepsy.models.catalog import catalog
 from scepsy.models.errors import InputError
-from scepsy.models.profile import PROFILE_COLUMNS, load_profile, write_profile
-from scepsy.models.synthesize import (
+from scepsy.models.instance.profile import PROFILE_COLUMNS, load_profile, write_profile
+from scepsy.models.profiles.synthesize import (
     RequestShape,
     SynthesisSettings,
     find_azure_trace,
@@ -119,11 +119,11 @@ def test_traced_requests_are_replayed_with_their_dependencies():
     from dataclasses import replace
     from pathlib import Path
 
-    from scepsy.models.allocation import Allocation, LlmAllocation
-    from scepsy.models.instance import load_instance
-    from scepsy.models.simulator import SimulationSettings, simulate
-    from scepsy.models.synthesize import source_from_calls, synthesize_curve
-    from scepsy.models.engine import Engine
+    from scepsy.models.instance.allocation import Allocation, LlmAllocation
+    from scepsy.models.instance.instance import load_instance
+    from scepsy.models.simulation.simulator import SimulationSettings, simulate
+    from scepsy.models.profiles.synthesize import source_from_calls, synthesize_curve
+    from scepsy.models.performance.engine import Engine
 
     instance = load_instance(Path(__file__).resolve().parent.parent / "instances" / "beam-4xa6000.yaml")
     instance = instance.with_arrival_rates({"beam": 0.5})
@@ -144,7 +144,7 @@ def test_traced_requests_are_replayed_with_their_dependencies():
 
 def test_tracing_proxy_exports_are_a_request_source(tmp_path):
     """`scepsy traces export` rows (call_id, workflow_id, token counts that may be missing)."""
-    from scepsy.tracing.records import CallRecord
+    from scepsy.tracing.capture.records import CallRecord
 
     rows = [
         CallRecord("c1", "gen", "/v1/completions", 10.0, 11.0, 200, workflow="beam", workflow_id="r1",

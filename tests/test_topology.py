@@ -12,8 +12,8 @@ import sys
 import pytest
 import yaml
 
-from scepsy.models.instance import NodeSpec, load_instance
-from scepsy.placement.topology import NvmlUnavailableError, RecordedNvml, discover, gpu_type_name, record
+from scepsy.models.instance.instance import NodeSpec, load_instance
+from scepsy.tracing.discovery.topology import NvmlUnavailableError, RecordedNvml, discover, gpu_type_name, record
 
 from conftest import REPO
 
@@ -25,7 +25,7 @@ def answers(name: str) -> dict:
 
 
 def scepsy(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "scepsy.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "scepsy", *map(str, args)], capture_output=True, text=True, cwd=cwd)
 
 
 def test_nvswitch_node_is_one_domain():

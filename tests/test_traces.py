@@ -7,9 +7,9 @@ import json
 import pytest
 
 from scepsy.models.errors import InputError
-from scepsy.tracing.records import CallRecord
-from scepsy.tracing.store import TraceStore, read_store, write_store
-from scepsy.tracing.traces import export_traces, load_traces
+from scepsy.tracing.capture.records import CallRecord
+from scepsy.tracing.capture.store import TraceStore, read_store, write_store
+from scepsy.tracing.capture.traces import export_traces, load_traces
 
 CALLS = [
     CallRecord(call_id=f"c{i}", llm="gen" if i % 2 else "ver", path="/v1/chat/completions", start_s=1.7e9 + i,
@@ -77,7 +77,7 @@ def test_otlp_genai_spans(tmp_path):
     first = calls[0]
     assert (first.llm, first.workflow, first.workflow_id, first.prompt_tokens, first.completion_tokens) == ("gen", "beam", "a" * 32, 12, 7)
     assert first.latency_s == pytest.approx(1.0)
-    from scepsy.tracing.stats import aggregate
+    from scepsy.tracing.statistics.stats import aggregate
 
     (gen,) = aggregate(calls).workflow("beam").llms
     assert gen.invocations == 3 and gen.parallelism == pytest.approx(3 / 1.2)  # 3 s of calls over a 1.2 s union

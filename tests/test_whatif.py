@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from scepsy.models.errors import InputError
-from scepsy.models.instance import load_instance
-from scepsy.planner.search import PlanSettings, make_plan
-from scepsy.planner.whatif import Point, cheapest_clusters, parse_clusters, parse_rates, point_instance, run_grid
+from scepsy.models.instance.instance import load_instance
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
+from scepsy.planner.studies.whatif import Point, cheapest_clusters, parse_clusters, parse_rates, point_instance, run_grid
 
 from conftest import INSTANCES
 
@@ -69,7 +70,7 @@ def test_parallel_grid_equals_serial(tmp_path):
 
 def test_whatif_command_writes_table_and_plots(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "scepsy.cli", "whatif", str(BEAM), "--rates", "2:6:4", "--clusters", "4,8",
+        [sys.executable, "-m", "scepsy", "whatif", str(BEAM), "--rates", "2:6:4", "--clusters", "4,8",
          "--out", str(tmp_path / "grid.parquet"), "--plots", str(tmp_path / "plots")],
         capture_output=True, text=True,
     )
@@ -79,6 +80,6 @@ def test_whatif_command_writes_table_and_plots(tmp_path):
     assert len(table) == 2 * 2 * 2
     for name in ("latency_vs_rate.png", "gpus_per_llm.png", "cheapest_cluster.png"):
         assert (tmp_path / "plots" / name).stat().st_size > 1000
-    bad = subprocess.run([sys.executable, "-m", "scepsy.cli", "whatif", str(BEAM), "--rates", "1:x", "--clusters", "4"],
+    bad = subprocess.run([sys.executable, "-m", "scepsy", "whatif", str(BEAM), "--rates", "1:x", "--clusters", "4"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--rates" in bad.stderr

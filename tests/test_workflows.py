@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from scepsy.tracing.stats import aggregate
-from scepsy.tracing.workflows import BeamSearch, Rag, run_open_loop
+from scepsy.tracing.statistics.stats import aggregate
+from examples.workflows import BeamSearch, Rag, run_open_loop
 
 from tracing_fixtures import Recorder, engine, proxied, wait_for  # noqa: F401 - fixtures
 
@@ -25,7 +25,7 @@ def test_beam_search_structure_through_the_proxy(proxied):
 
 def test_rag_structure_and_open_loop_runner(engine):
 
-    from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app
+    from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app
 
     recorder = Recorder()
     upstreams = {name: engine.url for name in ("emb", "rerank", "gen")}

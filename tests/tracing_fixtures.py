@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from scepsy.tracing.proxy import ProxyConfig, ServerThread, create_app
-from scepsy.tracing.scripted import ScriptedEngine
+from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app
+from support.scripted import ScriptedEngine
 
 
 class Recorder:

@@ -62,9 +62,9 @@ def plan_path(case: Case) -> Path:
 
 def _halves_plan(instance):
     """beam-4xa6000 with every GPU split into two halves: gen x3 and ver x5, tp 1, share 0.5."""
-    from scepsy.models.allocation import Allocation, LlmAllocation
-    from scepsy.models.alp import predict
-    from scepsy.models.plan import Plan, SolverInfo
+    from scepsy.models.instance.allocation import Allocation, LlmAllocation
+    from scepsy.models.performance.alp import predict
+    from scepsy.models.plan.plan import Plan, SolverInfo
     from scepsy.placement.place import place
 
     f = instance.cluster.fractions_per_gpu
@@ -81,10 +81,10 @@ def _halves_plan(instance):
 
 
 def solve(case: Case) -> dict:
-    from scepsy.models.instance import load_instance
-    from scepsy.placement.place import plan_and_place
-    from scepsy.planner.options import SearchSpace
-    from scepsy.planner.search import PlanSettings
+    from scepsy.models.instance.instance import load_instance
+    from scepsy.pipeline import plan_and_place
+    from scepsy.planner.allocation.options import SearchSpace
+    from scepsy.planner.allocation.search import PlanSettings
 
     instance_file = INSTANCES / f"{case.instance}.yaml"
     instance = load_instance(instance_file)

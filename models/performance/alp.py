@@ -1,0 +1,159 @@
+"""The Aggregate LLM Pipeline: workflow latency and throughput of an allocation (paper, section 4).
+
+For LLM m with d_m replicas of (gpu_type, tp, fraction) and workflows w calling it n_wm times per
+request with parallelism p_wm:
+
+    Lambda_m = sum_w lambda_w * n_wm                      LLM-level arrival rate, requests/s
+    r_m      = Lambda_m / d_m                             per-replica rate, requests/s
+    L_w      = sum_m L_m(r_m) * n_wm / p_wm               workflow latency, s
+    T_w      = min_m d_m * T_m / n_wm                     workflow throughput limit, requests/s
+
+where L_m is the replica's latency curve and T_m its capacity (models/instance/profile.py). A per-replica rate
+above max_utilization * T_m is infeasible (the LLM is overloaded).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scepsy.models.instance.instance import Instance, Llm
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.instance.profile import ScaledCurve
+
+
+@dataclass(frozen=True)
+class LlmPrediction:
+    llm: str
+    model: str
+    gpu_type: str
+    tp: int
+    fraction: float
+    replicas: int
+    offered_rate_rps: float
+    per_replica_rate_rps: float
+    capacity_rps: float  # of one replica
+    latency_s: float  # inf when overloaded
+    utilization: float  # offered load / (replicas * capacity)
+    overloaded: bool
+
+    @property
+    def gpus(self) -> float:
+        return self.replicas * self.tp * self.fraction
+
+
+@dataclass(frozen=True)
+class StagePrediction:
+    llm: str
+    invocations: float
+    parallelism: float
+    latency_contribution_s: float
+
+
+@dataclass(frozen=True)
+class WorkflowPrediction:
+    name: str
+    arrival_rate_rps: float
+    latency_s: float
+    max_throughput_rps: float
+    bottleneck: str
+    stages: tuple[StagePrediction, ...]
+    latency_slo_s: float | None
+
+    @property
+    def meets_slo(self) -> bool | None:
+        if self.latency_slo_s is None:
+            return None
+        return self.latency_s <= self.latency_slo_s * (1 + 1e-9)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    llms: tuple[LlmPrediction, ...]
+    workflows: tuple[WorkflowPrediction, ...]
+
+    @property
+    def feasible(self) -> bool:
+        return not any(p.overloaded for p in self.llms)
+
+    def llm(self, name: str) -> LlmPrediction:
+        return next(p for p in self.llms if p.llm == name)
+
+    def workflow(self, name: str) -> WorkflowPrediction:
+        return next(w for w in self.workflows if w.name == name)
+
+
+class AllocationError(ValueError):
+    """The allocation names a configuration the instance cannot run (no profile, no memory)."""
+
+
+def replica_curve(instance: Instance, llm: Llm, gpu_type: str, tp: int, share: int) -> ScaledCurve | None:
+    """Latency curve of one replica with `tp` shards of `share` units, or None if unavailable."""
+    cluster = instance.cluster
+    memory_gib = cluster.gpu_types[gpu_type].memory_gib
+    fraction = share / cluster.fractions_per_gpu
+    if tp * fraction * memory_gib < llm.memory_need_gib - 1e-9:
+        return None
+    curve = llm.profile.curve(gpu_type, tp, fraction, memory_gib, llm.weights_gib)
+    if curve is None or curve.capacity_rps <= 0:
+        return None
+    return curve
+
+
+def predict_llm(instance: Instance, choice: LlmAllocation) -> LlmPrediction:
+    llm = instance.llm(choice.llm)
+    curve = replica_curve(instance, llm, choice.gpu_type, choice.tp, choice.share)
+    if curve is None:
+        raise AllocationError(
+            f"llm {choice.llm}: no usable profile or not enough memory for {choice.gpu_type} tp={choice.tp} "
+            f"fraction={choice.share / instance.cluster.fractions_per_gpu:g}"
+        )
+    offered = instance.offered_rate_rps(choice.llm)
+    rate = offered / choice.replicas
+    capacity = curve.capacity_rps
+    overloaded = rate > instance.max_utilization * capacity * (1 + 1e-9)
+    latency = math.inf if overloaded else float(curve.latency_s(rate, instance.latency_metric))
+    return LlmPrediction(
+        llm=choice.llm,
+        model=llm.model,
+        gpu_type=choice.gpu_type,
+        tp=choice.tp,
+        fraction=choice.share / instance.cluster.fractions_per_gpu,
+        replicas=choice.replicas,
+        offered_rate_rps=offered,
+        per_replica_rate_rps=rate,
+        capacity_rps=capacity,
+        latency_s=latency,
+        utilization=offered / (choice.replicas * capacity),
+        overloaded=overloaded,
+    )
+
+
+def predict(instance: Instance, allocation: Allocation) -> Prediction:
+    """Evaluate the Aggregate LLM Pipeline of every workflow for one allocation."""
+    llms = tuple(predict_llm(instance, allocation.of(m.name)) for m in instance.llms)
+    by_name = {p.llm: p for p in llms}
+    workflows = []
+    for workflow in instance.workflows:
+        stages = tuple(
+            StagePrediction(
+                s.llm, s.invocations, s.parallelism, by_name[s.llm].latency_s * s.invocations / s.parallelism
+            )
+            for s in workflow.stages
+        )
+        limits = {
+            s.llm: by_name[s.llm].replicas * by_name[s.llm].capacity_rps / s.invocations for s in workflow.stages
+        }
+        bottleneck = min(limits, key=lambda name: (limits[name], name))
+        workflows.append(
+            WorkflowPrediction(
+                name=workflow.name,
+                arrival_rate_rps=workflow.arrival_rate,
+                latency_s=sum(s.latency_contribution_s for s in stages),
+                max_throughput_rps=limits[bottleneck],
+                bottleneck=bottleneck,
+                stages=stages,
+                latency_slo_s=workflow.latency_slo_s,
+            )
+        )
+    return Prediction(llms, tuple(workflows))

@@ -1,0 +1,550 @@
+"""Synthesized per-replica profiles: a discrete-event simulation of one replica under Poisson load.
+
+For each (tp, fraction) of one model on one GPU type, `synthesize` finds the replica's saturation
+throughput (a closed loop that keeps the engine full), then sweeps the arrival rate from light
+load (5% of it) to past saturation (120%), simulating `requests_per_point` Poisson arrivals per
+rate on models/performance/replica.py. Every rate point becomes one profile row (models/instance/profile.py format):
+
+    throughput   the rate times completions / arrivals in the window from the end of the warm-up
+                 (the first `warmup_fraction` of the requests) to the last arrival: the replica's
+                 steady-state output rate
+    latency_*    arrival-to-completion latency of the requests after the warm-up: mean, p50, p90, p99
+
+Rows whose throughput falls below 0.95 x rate are written too: they mark saturation, and the
+profile loader drops them. All rate points replay the same requests and the same exponential
+gaps scaled by 1/rate (common random numbers, normalised so that the realised rate is the nominal
+one), so the curve is smooth in the rate and stability is judged against the rate actually offered.
+
+Request lengths come from a `RequestSource`:
+  - `fixed:P,C`                prompt P tokens, completion C tokens (C = 0 for encoders)
+  - `azure:conv`, `azure:code` the Azure LLM inference traces (2023), read from
+                               ../shared/data/azure-llm-inference-2023/ (see `find_azure_trace`)
+  - PATH.csv                   a CSV with ContextTokens,GeneratedTokens columns (Azure format)
+  - PATH.jsonl                 one call per line: {"prompt_tokens", "completion_tokens"} and
+                               optionally "cached_tokens" (prefix-cache hits seen in the trace),
+                               "sequences" (pairs in one reranker call) and "llm" (with `llm=`, only
+                               that LLM's calls are used). `scepsy simulate --calls-out` writes it;
+                               `scepsy traces export` (the tracing proxy) writes a form it reads too
+                               (`workflow_id` and `call_id` give the request structure; calls
+                               without token counts are left out).
+A request longer than the model's context or than the replica's KV cache is clipped to fit.
+
+Traces with request structure (every call has "request", "call", "start_s", "end_s", and
+optionally "workflow", "prefix_call", "prefix_tokens", as `scepsy simulate --calls-out` writes)
+are replayed as the paper's profiler does, maintaining the dependencies within each traced
+request: workflow requests ("sessions") start as a Poisson process, their calls of this LLM run
+in the traced order (calls that started together run in parallel; the traced gap between waves,
+time spent elsewhere, is kept), and a call whose prompt extends an earlier call's is looked up in
+the replica's prefix cache, which is simulated (so a small GPU fraction with little KV cache gets
+fewer hits). The rate axis stays calls per second of this LLM. Other sources' calls arrive
+independently, with their traced "cached_tokens" replayed as hits.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from scepsy.models.catalog.catalog import GpuCard, ModelCard
+from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
+from scepsy.models.errors import InputError
+from scepsy.models.inputs import check_input, read_text
+from scepsy.models.instance.profile import PROFILE_COLUMNS, STABLE_THROUGHPUT_RATIO
+from scepsy.models.performance.replica import ReplicaSim, Request
+
+AZURE_DIR = Path("shared") / "data" / "azure-llm-inference-2023"
+AZURE_FILES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
+RATE_POINTS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.2)
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    sequences: int = 1
+
+
+@dataclass(frozen=True)
+class SessionCall:
+    """One call of a traced workflow request: its shape, its index in the request, and the call
+    whose prompt+output its prompt starts with (prefix-cache dependency), if any."""
+
+    shape: RequestShape
+    call: int
+    prefix_call: int | None = None
+    prefix_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Session:
+    """One traced workflow request's calls of one LLM: waves of parallel calls, in order; each
+    wave starts `gap_s` after the previous one ended (time spent in other LLMs and tools)."""
+
+    waves: tuple[tuple[SessionCall, ...], ...]
+    gaps_s: tuple[float, ...]
+
+    @property
+    def calls(self) -> int:
+        return sum(len(w) for w in self.waves)
+
+
+@dataclass(frozen=True)
+class RequestSource:
+    """A pool of request shapes to sample from (with replacement), and, for a trace with request
+    structure, the sessions to replay with their dependencies."""
+
+    name: str
+    shapes: tuple[RequestShape, ...]
+    sessions: tuple[Session, ...] = ()
+    # a public trace of other models' requests (Azure) is clipped to the model's context; the
+    # user's own lengths (fixed:P,C, a calls JSONL) must fit it (check_context)
+    clip_to_context: bool = False
+
+    def sample(self, rng: random.Random, n: int) -> list[RequestShape]:
+        if len(self.shapes) == 1:
+            return [self.shapes[0]] * n
+        return [self.shapes[rng.randrange(len(self.shapes))] for _ in range(n)]
+
+    @property
+    def mean_prompt_tokens(self) -> float:
+        return float(np.mean([s.prompt_tokens for s in self.shapes]))
+
+    @property
+    def mean_completion_tokens(self) -> float:
+        return float(np.mean([s.completion_tokens for s in self.shapes]))
+
+
+def find_azure_trace(kind: str, start: Path | None = None) -> Path | None:
+    """The Azure trace file of `kind` (conv or code) in `shared/data/...` next to the repository
+    or any folder above it (a git worktree sits deeper than the main checkout); None if absent."""
+    here = (start or Path(__file__)).resolve()
+    for folder in here.parents:
+        candidate = folder / AZURE_DIR / AZURE_FILES[kind]
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _azure_source(path: Path, name: str) -> RequestSource:
+    text = read_text(path, "check the --requests path")
+    try:
+        frame = pd.read_csv(io.StringIO(text), usecols=["ContextTokens", "GeneratedTokens"])
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise InputError(str(path), None, f"not an Azure trace CSV ({exc})", "give a CSV with ContextTokens,GeneratedTokens") from None
+    shapes = tuple(
+        RequestShape(int(max(p, 1)), int(max(c, 1)))
+        for p, c in zip(frame["ContextTokens"].to_numpy(), frame["GeneratedTokens"].to_numpy())
+    )
+    if not shapes:
+        raise InputError(str(path), None, "the trace has no rows", "give a non-empty trace")
+    return RequestSource(name, shapes, clip_to_context=True)
+
+
+def _sessions(records: list[dict]) -> tuple[Session, ...]:
+    """Group a trace's calls by workflow request; calls starting together form a wave."""
+    by_request: dict[tuple, list[dict]] = {}
+    for record in records:
+        by_request.setdefault((str(record.get("workflow")), record["request"]), []).append(record)
+    sessions = []
+    for key in sorted(by_request, key=lambda k: (str(k[0]), str(k[1]))):
+        calls = sorted(by_request[key], key=lambda r: (float(r["start_s"]), int(r["call"])))
+        present = {int(r["call"]) for r in calls}
+        waves: list[list[dict]] = []
+        for record in calls:
+            if waves and abs(float(record["start_s"]) - float(waves[-1][0]["start_s"])) < 1e-6:
+                waves[-1].append(record)
+            else:
+                waves.append([record])
+        gaps, previous_end = [], None
+        for wave in waves:
+            start = float(wave[0]["start_s"])
+            gaps.append(0.0 if previous_end is None else max(start - previous_end, 0.0))
+            previous_end = max(float(r["end_s"]) for r in wave)
+        sessions.append(Session(
+            tuple(
+                tuple(
+                    SessionCall(
+                        _shape(r),
+                        int(r["call"]),
+                        int(r["prefix_call"]) if r.get("prefix_call") is not None and int(r["prefix_call"]) in present else None,
+                        int(r.get("prefix_tokens") or 0),
+                    )
+                    for r in wave
+                )
+                for wave in waves
+            ),
+            tuple(gaps),
+        ))
+    return tuple(sessions)
+
+
+def _shape(record: dict) -> RequestShape:
+    return RequestShape(
+        int(record["prompt_tokens"]),
+        int(record["completion_tokens"]),
+        int(record.get("cached_tokens", 0) or 0),
+        int(record.get("sequences", 1) or 1),
+    )
+
+
+SESSION_FIELDS = ("request", "call", "start_s", "end_s")
+
+
+def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
+    records = []
+    lines = read_text(path, "check the --requests path").splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if llm is not None and record.get("llm") != llm:
+                continue
+            if "prompt_tokens" not in record and "completion_tokens" not in record:
+                raise KeyError("prompt_tokens")
+            for key in ("prompt_tokens", "completion_tokens", "cached_tokens", "sequences"):
+                if record.get(key) is not None:
+                    int(record[key])  # a count given must be a number; missing ones are left out later
+            records.append(record)
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            raise InputError(
+                str(path), f"line {number}", "not a JSON object with integer prompt_tokens and completion_tokens",
+                'write one {"prompt_tokens": P, "completion_tokens": C} per line',
+            ) from None
+    if not records:
+        which = f" of llm {llm!r}" if llm else ""
+        raise InputError(str(path), None, f"no calls{which} in the file", "check --llm and the trace")
+    try:
+        return source_from_calls(records, f"{path.name}" + (f" ({llm})" if llm else ""))
+    except (TypeError, ValueError) as exc:
+        raise InputError(str(path), "request/call", f"cannot use the calls ({exc})",
+                         "give prompt_tokens and completion_tokens, and integer request and call fields") from None
+
+
+def _normalise(records: Sequence[dict]) -> tuple[list[dict], int]:
+    """Records with token counts, with the request structure of a tracing-proxy export
+    (`workflow_id`, `call_id`) mapped to `request` and `call` (the order of the calls within their
+    workflow request). Returns the records and how many lacked token counts."""
+    usable = [r for r in records if r.get("prompt_tokens") is not None and r.get("completion_tokens") is not None]
+    if usable and all(r.get("request") is None for r in usable) and all(r.get("workflow_id") for r in usable):
+        grouped: dict[tuple, list[dict]] = {}
+        for record in usable:
+            grouped.setdefault((str(record.get("workflow")), str(record["workflow_id"])), []).append(record)
+        usable = []
+        for key in sorted(grouped):
+            ordered = sorted(grouped[key], key=lambda r: (float(r["start_s"]), str(r.get("call_id"))))
+            usable += [dict(r, request=key[1], call=i) for i, r in enumerate(ordered)]
+    return usable, len(records) - len(usable)
+
+
+def source_from_calls(records: Sequence[dict], name: str) -> RequestSource:
+    """A source from call records (the JSONL fields as dicts, or a tracing-proxy export), with
+    sessions when every record has the request structure. Calls without token counts (streams
+    whose engine sent no usage) are left out."""
+    usable, dropped = _normalise(records)
+    if not usable:
+        raise ValueError("no call has prompt_tokens and completion_tokens")
+    sessions: tuple[Session, ...] = ()
+    if all(all(record.get(f) is not None for f in SESSION_FIELDS) for record in usable):
+        sessions = _sessions(usable)
+    label = f"{name}, {dropped} calls without token counts left out" if dropped else name
+    return RequestSource(label, tuple(_shape(r) for r in usable), sessions)
+
+
+def load_request_source(spec: str, llm: str | None = None) -> RequestSource:
+    """Parse a --requests value (see the module doc)."""
+    if spec.startswith("fixed:"):
+        try:
+            prompt, completion = (int(x) for x in spec[len("fixed:"):].split(","))
+        except ValueError:
+            raise InputError(None, "--requests", f"bad fixed lengths {spec!r}", "write fixed:PROMPT,COMPLETION, e.g. fixed:512,128") from None
+        if prompt < 1 or completion < 0:
+            raise InputError(None, "--requests", "lengths must be prompt >= 1, completion >= 0", "fix the numbers")
+        return RequestSource(spec, (RequestShape(prompt, completion),))
+    if spec.startswith("azure:"):
+        kind = spec[len("azure:"):]
+        if kind not in AZURE_FILES:
+            raise InputError(None, "--requests", f"unknown Azure trace {kind!r}", "use azure:conv or azure:code")
+        path = find_azure_trace(kind)
+        if path is None:
+            raise InputError(
+                None, "--requests", f"the Azure trace is not in ../{AZURE_DIR}",
+                "pass the CSV path instead, or use fixed:P,C",
+            )
+        return _azure_source(path, spec)
+    path = Path(spec)
+    check_input(path, "give fixed:P,C, azure:conv|code, a .csv or a .jsonl path")
+    if path.suffix == ".csv":
+        return _azure_source(path, path.name)
+    return _jsonl_source(path, llm)
+
+
+@dataclass(frozen=True)
+class SynthesisSettings:
+    requests_per_point: int = 400
+    rate_points: tuple[float, ...] = RATE_POINTS  # fractions of the saturation throughput
+    warmup_fraction: float = 0.25  # long enough for the queue to reach its steady level
+    min_sessions: int = 300  # traced requests replayed per rate point, at least
+    seed: int = 0
+    engine: EngineSettings = DEFAULT_SETTINGS
+
+
+def check_context(source: RequestSource, model: ModelCard) -> None:
+    """Refuse a request of the user's own whose tokens exceed the model's context (it could never
+    run; clipping it silently would profile another workload)."""
+    if source.clip_to_context:
+        return
+    shapes = list(source.shapes) + [c.shape for s in source.sessions for w in s.waves for c in w]
+    for shape in shapes:
+        per_sequence = math.ceil(shape.prompt_tokens / max(shape.sequences, 1))
+        tokens = per_sequence if model.encoder else shape.prompt_tokens + shape.completion_tokens
+        if tokens > model.max_context:
+            what = "prompt tokens per sequence" if model.encoder else "prompt + completion tokens"
+            raise InputError(
+                source.name, "--requests", f"a request of {tokens} {what} exceeds {model.name}'s context of {model.max_context}",
+                "give lengths within the model's context, or pick a model with a longer one",
+            )
+
+
+def fit_shape(shape: RequestShape, engine: Engine) -> RequestShape:
+    """Clip a request to the model's context and to the replica's KV cache (encoders: context)."""
+    limit = engine.model.max_context
+    if not engine.model.encoder:
+        limit = min(limit, engine.kv_capacity_tokens)
+    per_seq = shape.prompt_tokens / max(shape.sequences, 1)
+    if engine.model.encoder:
+        per_seq = min(per_seq, limit)
+        prompt = max(int(per_seq * shape.sequences), 1)
+        return RequestShape(prompt, 0, 0, shape.sequences)
+    completion = max(min(shape.completion_tokens, limit // 2), 1)
+    prompt = max(min(shape.prompt_tokens, limit - completion), 1)
+    return RequestShape(prompt, completion, min(shape.cached_tokens, prompt - 1), 1)
+
+
+def _fit_session(session: Session, engine: Engine) -> Session:
+    waves = tuple(
+        tuple(
+            SessionCall(fit_shape(c.shape, engine), c.call, c.prefix_call, c.prefix_tokens)
+            for c in wave
+        )
+        for wave in session.waves
+    )
+    return Session(waves, session.gaps_s)
+
+
+def _request(shape: RequestShape, replay_cached: bool = True) -> Request:
+    return Request(shape.prompt_tokens, shape.completion_tokens, sequences=shape.sequences,
+                   cached_tokens=shape.cached_tokens if replay_cached else 0)
+
+
+def _session_requests(index: int, wave: tuple[SessionCall, ...]) -> list[Request]:
+    return [
+        Request(
+            c.shape.prompt_tokens, c.shape.completion_tokens, sequences=c.shape.sequences,
+            prefix_key=None if c.prefix_call is None else (index, c.prefix_call),
+            prefix_tokens=c.prefix_tokens, store_key=(index, c.call), tag=index,
+        )
+        for c in wave
+    ]
+
+
+def _middle_rate(finished: list[float]) -> float:
+    finished = sorted(finished)
+    lo, hi = len(finished) // 5, len(finished) - len(finished) // 5
+    if hi - lo < 2 or finished[hi - 1] <= finished[lo]:
+        return len(finished) / max(finished[-1], 1e-9)
+    return (hi - lo - 1) / (finished[hi - 1] - finished[lo])
+
+
+def saturation_rps(engine: Engine, shapes: Sequence[RequestShape]) -> float:
+    """Throughput of the replica kept full: a closed loop of max_num_seqs clients replaying `shapes`."""
+    env = simpy.Environment()
+    replica = ReplicaSim(env, engine)
+    queue = list(shapes)
+    finished: list[float] = []
+
+    def client():
+        while queue:
+            yield replica.submit(_request(queue.pop()))
+            finished.append(env.now)
+
+    for _ in range(min(engine.settings.max_num_seqs, max(len(shapes) // 4, 1))):
+        env.process(client())
+    env.run()
+    return _middle_rate(finished)
+
+
+def session_saturation_rps(engine: Engine, sessions: Sequence[Session]) -> float:
+    """Calls/s of the replica kept busy by concurrent session replays (gaps included)."""
+    env = simpy.Environment()
+    replica = ReplicaSim(env, engine)
+    queue = list(enumerate(sessions))
+    finished: list[float] = []
+    width = max(float(np.mean([len(w) for s in sessions for w in s.waves])), 1.0)
+
+    def client():
+        while queue:
+            index, session = queue.pop()
+            for gap, wave in zip(session.gaps_s, session.waves):
+                if gap > 0:
+                    yield env.timeout(gap)
+                yield env.all_of([replica.submit(r) for r in _session_requests(index, wave)])
+                finished.extend([env.now] * len(wave))
+
+    for _ in range(max(min(int(engine.settings.max_num_seqs / width), len(sessions) // 4), 1)):
+        env.process(client())
+    env.run()
+    return _middle_rate(finished)
+
+
+def _row(rate: float, requests: list[Request], window: tuple[float, float], measured: list[Request]) -> dict:
+    """One profile row. Throughput: the rate times the ratio of completions to arrivals inside the
+    window (output over input flow of the same window, free of edge and sampling effects)."""
+    start, end = window
+    completed = sum(1 for r in requests if r.finish_s is not None and start <= r.finish_s <= end)
+    arrived = sum(1 for r in requests if start <= r.arrival_s <= end)
+    done = [r for r in measured if r.finish_s is not None]
+    latencies = np.array([r.latency_s for r in done]) if done else np.array([math.inf])
+    return {
+        "arrival_rate": rate,
+        "throughput": rate * completed / max(arrived, 1),
+        "latency_mean": float(latencies.mean()),
+        "latency_p50": float(np.percentile(latencies, 50)),
+        "latency_p90": float(np.percentile(latencies, 90)),
+        "latency_p99": float(np.percentile(latencies, 99)),
+    }
+
+
+def measure_point(engine: Engine, shapes: Sequence[RequestShape], gaps: np.ndarray, rate: float,
+                  warmup_fraction: float) -> dict:
+    """Simulate Poisson arrivals at `rate` (unit-mean `gaps` / rate) of `shapes`; one profile row."""
+    env = simpy.Environment()
+    replica = ReplicaSim(env, engine)
+    requests = [_request(s) for s in shapes]
+    arrivals = np.cumsum(np.asarray(gaps) / rate)
+    warm = int(len(requests) * warmup_fraction)
+    window = (float(arrivals[warm]), float(arrivals[-1]))
+
+    def source():
+        for request, at in zip(requests, arrivals):
+            yield env.timeout(at - env.now)
+            replica.submit(request)
+
+    env.process(source())
+    # an overloaded replica drains slowly; its latencies only mark the row unstable
+    env.run(until=window[1] + max(3 * (window[1] - window[0]), 60.0))
+    return _row(rate, requests, window, requests[warm:])
+
+
+def measure_sessions_point(engine: Engine, sessions: Sequence[Session], gaps: np.ndarray, rate: float,
+                           warmup_fraction: float) -> dict:
+    """Replay `sessions` (Poisson session starts) so that calls arrive at `rate` per second on
+    average; calls keep their order and prefix-cache dependencies; one profile row (per call)."""
+    env = simpy.Environment()
+    replica = ReplicaSim(env, engine)
+    per_session = float(np.mean([s.calls for s in sessions]))
+    arrivals = np.cumsum(np.asarray(gaps) * per_session / rate)
+    warm = int(len(sessions) * warmup_fraction)
+    window = (float(arrivals[warm]), float(arrivals[-1]))
+    requests: list[Request] = []
+    measured: list[Request] = []
+
+    def replay(index: int, session: Session, at: float):
+        yield env.timeout(at - env.now)
+        for gap, wave in zip(session.gaps_s, session.waves):
+            if gap > 0:
+                yield env.timeout(gap)
+            batch = _session_requests(index, wave)
+            requests.extend(batch)
+            if index >= warm:
+                measured.extend(batch)
+            yield env.all_of([replica.submit(r) for r in batch])
+
+    for index, (session, at) in enumerate(zip(sessions, arrivals)):
+        env.process(replay(index, session, float(at)))
+    env.run(until=window[1] + max(3 * (window[1] - window[0]), 60.0))
+    return _row(rate, requests, window, measured)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    tp: int
+    fraction: float
+    reason: str
+
+
+def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisSettings) -> list[dict]:
+    """Rows of one (gpu, tp, fraction) curve: the sweep from 5% to 120% of saturation. A source
+    with sessions is replayed session by session (dependencies and prefix cache simulated);
+    otherwise its calls arrive independently (traced cache hits replayed as hits)."""
+    rng = random.Random(settings.seed)
+    n = settings.requests_per_point
+    if source.sessions:
+        sessions: list[Session] = []
+        while sum(s.calls for s in sessions) < n or len(sessions) < settings.min_sessions:
+            sessions.append(_fit_session(source.sessions[rng.randrange(len(source.sessions))], engine))
+        saturation = session_saturation_rps(engine, sessions)
+        gaps = _unit_gaps(rng, len(sessions))
+        return [measure_sessions_point(engine, sessions, gaps, point * saturation, settings.warmup_fraction)
+                for point in settings.rate_points]
+    shapes = [fit_shape(s, engine) for s in source.sample(rng, n)]
+    saturation = saturation_rps(engine, shapes)
+    gaps = _unit_gaps(rng, len(shapes))
+    return [measure_point(engine, shapes, gaps, point * saturation, settings.warmup_fraction) for point in settings.rate_points]
+
+
+def _unit_gaps(rng: random.Random, count: int) -> np.ndarray:
+    """Exponential gaps scaled so that the realised rate over the run is exactly the nominal one."""
+    gaps = np.array([rng.expovariate(1.0) for _ in range(count)])
+    gaps *= (count - 1) / gaps[1:].sum()
+    return gaps
+
+
+def synthesize(
+    model: ModelCard,
+    gpu: GpuCard,
+    tps: Sequence[int],
+    fractions: Sequence[float],
+    source: RequestSource,
+    settings: SynthesisSettings = SynthesisSettings(),
+    gpu_type: str | None = None,
+    min_kv_gib: float = 0.0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[pd.DataFrame, list[Skipped]]:
+    """Profile rows for every (tp, fraction) that fits, labelled `gpu_type` (default gpu.name)."""
+    label = gpu_type or gpu.name
+    check_context(source, model)
+    rows, skipped = [], []
+    for tp in tps:
+        for fraction in fractions:
+            engine = Engine(model, gpu, tp, fraction, settings.engine)
+            if not model.encoder and engine.kv_capacity_gib < max(min_kv_gib, 1e-9):
+                kv = engine.kv_capacity_gib
+                reason = (f"the weights do not fit (KV cache would be {kv:.2f} GiB)" if kv <= 0
+                          else f"KV cache {kv:.2f} GiB < {min_kv_gib:g} GiB (--min-kv-gib)")
+                skipped.append(Skipped(tp, fraction, reason))
+                if progress:
+                    progress(f"skip tp={tp} fraction={fraction:g}")
+                continue
+            for row in synthesize_curve(engine, source, settings):
+                rows.append({"gpu_type": label, "tp": tp, "fraction": fraction, **row})
+            if progress:
+                progress(f"tp={tp} fraction={fraction:g}")
+    frame = pd.DataFrame(rows, columns=list(PROFILE_COLUMNS))
+    return frame, skipped
+
+
+def stable_capacity_rps(rows: pd.DataFrame) -> float:
+    """Largest stable arrival rate of a frame of rows (for reports)."""
+    stable = rows[rows["throughput"] >= STABLE_THROUGHPUT_RATIO * rows["arrival_rate"]]
+    return float(stable["arrival_rate"].max()) if len(stable) else 0.0

@@ -1,0 +1,579 @@
+"""Workflow simulator (SimPy): the instance's workflows running on a deployment, call by call.
+
+Every replica of every LLM runs the engine model (models/performance/replica.py, models/performance/engine.py); a router per
+LLM sends each call to the replica with the fewest outstanding requests (keeping calls that extend
+an earlier call's prompt on that call's replica, as SGLang's cache-aware router does, unless the
+replicas' loads are imbalanced; `routing="least_outstanding"` turns that off); requests arrive
+as a Poisson process at each workflow's rate (or at given timestamps) and run their program
+(models/simulation/programs.py) with its real control flow. Replicas sharing a GPU do not slow each other
+down beyond their fraction (the MPS isolation the planner assumes).
+
+Measurement: requests arriving in [warmup_s, duration_s] are measured. Arrivals stop at
+duration_s; the simulation then runs until the measured requests finish or `drain_s` passes
+(requests still running then are reported as unfinished).
+
+    throughput_rps   workflow requests completed during [warmup_s, duration_s] / its length
+    latency_*_s      arrival-to-completion latency of the measured requests that completed
+    n (per LLM)      mean calls of the LLM per measured request
+    p (per LLM)      request-level parallelism, from overlapping call intervals as in the paper:
+                     sum over requests of the calls' durations / sum over requests of the length of
+                     the union of those calls' intervals (so that n/p * mean call latency is the
+                     time a request spends in the LLM)
+    utilization      busy time (an iteration running) / replica time in the window
+    time share       per request, the union of an LLM's call intervals over the sum of the unions
+                     of all its LLMs (the paper's Fig. 3 "relative" time)
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, replace
+from typing import Callable, Generator, Mapping, Sequence, cast
+
+import numpy as np
+import simpy
+
+from scepsy.models.instance.allocation import Allocation
+from scepsy.models.catalog.catalog import GpuCard, ModelCard, find_gpu, find_model
+from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
+from scepsy.models.errors import InputError
+from scepsy.models.instance.instance import Instance, Workflow
+from scepsy.models.instance.statistic import InvocationStatistic, request_use
+from scepsy.models.instance.workflow import default_program
+from scepsy.models.simulation.programs import run_program
+from scepsy.models.performance.replica import ReplicaSim, Request, Router
+
+
+# ---------------------------------------------------------------------------------------------
+# Hardware and models of an instance
+
+
+def model_card(instance: Instance, llm: str) -> ModelCard:
+    """The catalog model of an instance LLM (by its `model` id, else its name)."""
+    spec = instance.llm(llm)
+    card = find_model(spec.model) or find_model(spec.name)
+    if card is None:
+        index = [m.name for m in instance.llms].index(llm)
+        raise InputError(
+            instance.source, f"llms[{index}] ({llm}).model", f"model {spec.model!r} is not in the engine catalog",
+            "use a model of models/catalog/catalog.py (e.g. meta-llama/Llama-3.1-8B) or add its architecture there",
+        )
+    return card
+
+
+def gpu_card(instance: Instance, gpu_type: str) -> GpuCard:
+    """The catalog GPU of an instance GPU type, with the instance's own numbers where it gives them."""
+    spec = instance.cluster.gpu_types[gpu_type]
+    base = find_gpu(gpu_type)
+    domain = instance.cluster.largest_domain(gpu_type)
+    if base is None:
+        if spec.tflops is None or spec.bandwidth_gbps is None:
+            raise InputError(
+                instance.source, f"cluster.gpu_types.{gpu_type}",
+                "unknown GPU type without tflops and bandwidth_gbps",
+                "give tflops and bandwidth_gbps (and nvlink_gbps) or name it after a catalog GPU (A6000, H100, ...)",
+            )
+        return GpuCard(
+            gpu_type, spec.memory_gib, spec.bandwidth_gbps, spec.tflops, spec.nvlink_gbps, max(domain, 1), 64.0,
+            source=f"instance {instance.source}",
+        )
+    return replace(
+        base,
+        name=gpu_type,
+        memory_gib=spec.memory_gib,
+        hbm_gbps=spec.bandwidth_gbps or base.hbm_gbps,
+        bf16_tflops=spec.tflops or base.bf16_tflops,
+        nvlink_gbps=spec.nvlink_gbps if spec.nvlink_gbps is not None else base.nvlink_gbps,
+    )
+
+
+def replica_engine(instance: Instance, llm: str, gpu_type: str, tp: int, fraction: float,
+               settings: EngineSettings = DEFAULT_SETTINGS) -> Engine:
+    return Engine(model_card(instance, llm), gpu_card(instance, gpu_type), tp, fraction, settings)
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime
+
+
+@dataclass(frozen=True, slots=True)
+class _FinishedCall:
+    """What the summary needs of a finished request's call (a tenth of a Request's memory)."""
+
+    tag: str
+    arrival_s: float
+    finish_s: float | None
+    prompt_tokens: int
+    hit_tokens: int
+
+
+@dataclass
+class _WorkflowRequest:
+    workflow: str
+    index: int
+    arrival_s: float
+    finish_s: float | None = None
+    calls: list = field(default_factory=list)  # Requests; _FinishedCalls once the request is done
+    links: list[tuple[int | None, int]] = field(default_factory=list)  # (prefix call index, prefix tokens)
+    stored: dict = field(default_factory=dict)  # store key -> call index
+
+
+class SimCluster:
+    """The running deployment: a router per LLM and the engines its replicas run."""
+
+    def __init__(self, env: simpy.Environment, engines: Mapping[str, Engine], routing: str = "cache_aware"):
+        self.env = env
+        self.engines = dict(engines)
+        self.routers = {llm: Router(llm, routing) for llm in self.engines}
+        self.counter = 0
+        self.calls_made = 0  # bounded by MAX_SIMULATED_CALLS: a workflow program may call without end
+        self.clipped = 0  # calls cut to the KV cache, over the whole run
+
+    def add_replica(self, llm: str, engine: Engine | None = None) -> ReplicaSim:
+        if engine is not None:
+            self.engines[llm] = engine
+        replica = ReplicaSim(self.env, self.engines[llm], name=f"{llm}-{self.counter}")
+        self.counter += 1
+        self.routers[llm].add(replica)
+        return replica
+
+    def all_replicas(self, llm: str) -> list[ReplicaSim]:
+        router = self.routers[llm]
+        return router.replicas + router.retired
+
+
+class RequestContext:
+    """What a workflow program sees: its RNG, `call` to issue an LLM call, `all_of` to wait."""
+
+    def __init__(self, env: simpy.Environment, cluster: SimCluster, workflow: Workflow, record: _WorkflowRequest,
+                 rng: random.Random):
+        self.env = env
+        self.cluster = cluster
+        self.workflow = workflow
+        self.record = record
+        self.rng = rng
+        self.clipped = 0
+
+    def is_encoder(self, llm: str) -> bool:
+        return self.cluster.engines[llm].model.encoder
+
+    def call(self, llm: str, prompt_tokens: int, completion_tokens: int, *, prefix_key=None, prefix_tokens: int = 0,
+             store_key=None, sequences: int = 1) -> simpy.Event:
+        engine = self.cluster.engines[llm]
+        self.cluster.calls_made += 1
+        if self.cluster.calls_made > MAX_SIMULATED_CALLS:
+            raise CallBudgetExceeded()  # SimPy re-raises it from env.run; simulate() says what to do
+        if not engine.model.encoder:
+            limit = engine.kv_capacity_tokens
+            if prompt_tokens + completion_tokens > limit:  # what max_model_len would cut
+                self.clipped += 1
+                self.cluster.clipped += 1
+                completion_tokens = min(completion_tokens, limit // 2)
+                prompt_tokens = max(limit - completion_tokens, 1)
+        uid = (self.record.workflow, self.record.index)
+        request = Request(
+            prompt_tokens,
+            completion_tokens,
+            sequences=sequences,
+            prefix_key=None if prefix_key is None else (uid, prefix_key),
+            prefix_tokens=prefix_tokens,
+            store_key=None if store_key is None else (uid, store_key),
+            tag=llm,
+        )
+        self.record.links.append((self.record.stored.get(prefix_key) if prefix_key is not None else None, prefix_tokens))
+        if store_key is not None:
+            self.record.stored[store_key] = len(self.record.calls)
+        self.record.calls.append(request)
+        return self.cluster.routers[llm].route(request)
+
+    def all_of(self, events: Sequence[simpy.Event]) -> simpy.Event:
+        return self.env.all_of(list(events))
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings and results
+
+
+@dataclass(frozen=True)
+class SimulationSettings:
+    duration_s: float = 300.0
+    warmup_s: float | None = None  # default: 10% of the duration
+    drain_s: float | None = None  # default: the duration
+    seed: int = 0
+    engine: EngineSettings = DEFAULT_SETTINGS
+    routing: str = "cache_aware"  # or "least_outstanding" (models/performance/replica.py Router)
+
+    @property
+    def warmup(self) -> float:
+        return 0.1 * self.duration_s if self.warmup_s is None else self.warmup_s
+
+    @property
+    def drain(self) -> float:
+        return self.duration_s if self.drain_s is None else self.drain_s
+
+
+@dataclass(frozen=True)
+class StageStats:
+    llm: str
+    invocations: float  # n: mean calls per measured request
+    parallelism: float  # p: summed call durations / union of call intervals
+    mean_call_latency_s: float
+    time_share: float  # mean over requests of union_m / sum of unions
+
+
+@dataclass(frozen=True)
+class WorkflowStats:
+    name: str
+    offered_rate_rps: float
+    arrivals: int  # measured (arrived in the window)
+    completed: int
+    unfinished: int
+    throughput_rps: float
+    latency_mean_s: float
+    latency_p50_s: float
+    latency_p90_s: float
+    latency_p99_s: float
+    stages: tuple[StageStats, ...]
+    per_request_llm_time_s: Mapping[str, tuple[float, ...]] = field(repr=False, default_factory=dict)
+
+    def stage(self, llm: str) -> StageStats:
+        return next(s for s in self.stages if s.llm == llm)
+
+
+@dataclass(frozen=True)
+class LlmStats:
+    name: str
+    gpu_type: str
+    tp: int
+    fraction: float
+    replicas_mean: float
+    utilization: float
+    calls: int
+    mean_batch: float  # sequences per iteration, averaged over busy time
+    prefix_hit_rate: float  # share of prompt tokens served from the prefix cache
+    preemptions: int
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    duration_s: float
+    warmup_s: float
+    seed: int
+    workflows: tuple[WorkflowStats, ...]
+    llms: tuple[LlmStats, ...]
+    gpus_mean: float  # GPUs in use, time-averaged over the window
+    clipped_calls: int
+    calls: tuple[dict, ...] = field(default=(), repr=False)
+
+    def workflow(self, name: str) -> WorkflowStats:
+        return next(w for w in self.workflows if w.name == name)
+
+    def llm(self, name: str) -> LlmStats:
+        return next(m for m in self.llms if m.name == name)
+
+    def to_json(self) -> dict:
+        def num(x):
+            return None if x is None or not math.isfinite(x) else float(f"{x:.6g}")
+
+        return {
+            "duration_s": num(self.duration_s),
+            "warmup_s": num(self.warmup_s),
+            "seed": self.seed,
+            "gpus_mean": num(self.gpus_mean),
+            "clipped_calls": self.clipped_calls,
+            "workflows": [
+                {
+                    "name": w.name,
+                    "offered_rate_rps": num(w.offered_rate_rps),
+                    "arrivals": w.arrivals,
+                    "completed": w.completed,
+                    "unfinished": w.unfinished,
+                    "throughput_rps": num(w.throughput_rps),
+                    "latency_mean_s": num(w.latency_mean_s),
+                    "latency_p50_s": num(w.latency_p50_s),
+                    "latency_p90_s": num(w.latency_p90_s),
+                    "latency_p99_s": num(w.latency_p99_s),
+                    "stages": [
+                        {
+                            "llm": s.llm,
+                            "invocations": num(s.invocations),
+                            "parallelism": num(s.parallelism),
+                            "mean_call_latency_s": num(s.mean_call_latency_s),
+                            "time_share": num(s.time_share),
+                        }
+                        for s in w.stages
+                    ],
+                }
+                for w in self.workflows
+            ],
+            "llms": [
+                {
+                    "name": m.name,
+                    "gpu_type": m.gpu_type,
+                    "tp": m.tp,
+                    "fraction": num(m.fraction),
+                    "replicas_mean": num(m.replicas_mean),
+                    "utilization": num(m.utilization),
+                    "calls": m.calls,
+                    "mean_batch": num(m.mean_batch),
+                    "prefix_hit_rate": num(m.prefix_hit_rate),
+                    "preemptions": m.preemptions,
+                }
+                for m in self.llms
+            ],
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulation
+
+
+Controller = Callable[[simpy.Environment, SimCluster], Generator[simpy.Event, object, object]]  # a SimPy process
+
+
+def poisson_arrivals(rate: float, duration_s: float, rng: random.Random) -> list[float]:
+    times: list[float] = []
+    now = 0.0
+    if rate <= 0:
+        return times
+    while True:
+        now += rng.expovariate(rate)
+        if now >= duration_s:
+            return times
+        times.append(now)
+
+
+def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], window: tuple[float, float],
+                        offered: float) -> WorkflowStats:
+    start, end = window
+    measured = [r for r in records if start <= r.arrival_s <= end]
+    done = [r for r in measured if r.finish_s is not None]
+    completed_in_window = sum(1 for r in records if r.finish_s is not None and start <= r.finish_s <= end)
+    latencies = np.array([cast(float, r.finish_s) - r.arrival_s for r in done]) if done else np.array([math.nan])
+    llms = [s.llm for s in workflow.stages]
+    statistic = {m: InvocationStatistic() for m in llms}
+    shares: dict[str, list[float]] = {m: [] for m in llms}
+    per_request: dict[str, list[float]] = {m: [] for m in llms}
+    for record in done:
+        spans: dict[str, list[tuple[float, float]]] = {m: [] for m in llms}
+        for call in record.calls:
+            spans.setdefault(cast(str, call.tag), []).append((call.arrival_s, cast(float, call.finish_s)))  # done: finished
+        own = {m: request_use(spans[m]) for m in llms}
+        total = sum(use.busy_s for use in own.values())
+        for m in llms:
+            statistic[m].add(own[m])
+            per_request[m].append(own[m].busy_s)
+            if total > 0:
+                shares[m].append(own[m].busy_s / total)
+    stages = tuple(
+        StageStats(
+            llm=m,
+            invocations=statistic[m].invocations,
+            parallelism=statistic[m].parallelism(),
+            mean_call_latency_s=statistic[m].call_time_s / statistic[m].calls if statistic[m].calls else math.nan,
+            time_share=float(np.mean(shares[m])) if shares[m] else math.nan,
+        )
+        for m in llms
+    )
+    return WorkflowStats(
+        name=workflow.name,
+        offered_rate_rps=offered,
+        arrivals=len(measured),
+        completed=len(done),
+        unfinished=len(measured) - len(done),
+        throughput_rps=completed_in_window / (end - start),
+        latency_mean_s=float(latencies.mean()),
+        latency_p50_s=float(np.percentile(latencies, 50)),
+        latency_p90_s=float(np.percentile(latencies, 90)),
+        latency_p99_s=float(np.percentile(latencies, 99)),
+        stages=stages,
+        per_request_llm_time_s={m: tuple(v) for m, v in per_request.items()},
+    )
+
+
+def _replica_window_time(replica: ReplicaSim, start: float, end: float) -> float:
+    alive_to = replica.retired_s if replica.retired_s is not None else end
+    return max(min(alive_to, end) - max(replica.started_s, start), 0.0)
+
+
+class CallBudgetExceeded(Exception):
+    """A run made more than MAX_SIMULATED_CALLS calls (a plain exception: SimPy re-creates it)."""
+
+
+# The simulator keeps every request's calls until it summarises the run; beyond this many expected
+# calls a run would hold gigabytes, and the statistics converge long before it.
+MAX_SIMULATED_CALLS = 2_000_000
+
+
+def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mapping[str, Sequence[float]] | None = None) -> None:
+    """Refuse a run whose expected number of LLM calls exceeds MAX_SIMULATED_CALLS (InputError)."""
+    expected = 0.0
+    for workflow in instance.workflows:
+        if arrivals is not None and workflow.name in arrivals:
+            requests = float(sum(1 for t in arrivals[workflow.name] if t < settings.duration_s))
+        else:
+            requests = workflow.arrival_rate * settings.duration_s
+        expected += requests * sum(s.invocations for s in workflow.stages)
+    if not expected <= MAX_SIMULATED_CALLS:
+        raise InputError(
+            None, "--duration-s", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to simulate, "
+            f"more than the {MAX_SIMULATED_CALLS:,} the simulator holds in memory",
+            "shorten --duration-s or lower the rates (the statistics settle within minutes of simulated time)",
+        )
+
+
+def simulate(
+    instance: Instance,
+    allocation: Allocation,
+    settings: SimulationSettings = SimulationSettings(),
+    arrivals: Mapping[str, Sequence[float]] | None = None,
+    controller: Controller | None = None,
+    progress: Callable[[float], None] | None = None,
+    record_calls: bool = False,
+) -> SimulationResult:
+    """Simulate the instance's workflows (at their arrival rates, or at the given arrival
+    timestamps per workflow) on `allocation`; `controller` may change replicas while it runs."""
+    check_size(instance, settings, arrivals)
+    env = simpy.Environment()
+    engines = {}
+    for choice in allocation.llms:
+        fraction = choice.share / allocation.fractions_per_gpu
+        engines[choice.llm] = replica_engine(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine)
+    cluster = SimCluster(env, engines, settings.routing)
+    for choice in allocation.llms:
+        for _ in range(choice.replicas):
+            cluster.add_replica(choice.llm)
+    if controller is not None:
+        env.process(controller(env, cluster))
+
+    records: dict[str, list[_WorkflowRequest]] = {w.name: [] for w in instance.workflows}
+    def run_request(workflow: Workflow, record: _WorkflowRequest):
+        rng = random.Random(f"{settings.seed}/{workflow.name}/{record.index}")
+        ctx = RequestContext(env, cluster, workflow, record, rng)
+        yield from run_program(ctx, workflow.program or default_program())
+        record.finish_s = env.now
+        if not record_calls:  # keep what the summary needs: memory per call drops about tenfold
+            record.calls = [_FinishedCall(c.tag, c.arrival_s, c.finish_s, c.prompt_tokens, c.hit_tokens) for c in record.calls]
+            record.links, record.stored = [], {}
+
+    def source(workflow: Workflow, times: Sequence[float]):
+        for index, at in enumerate(times):
+            if at > env.now:
+                yield env.timeout(at - env.now)
+            record = _WorkflowRequest(workflow.name, index, env.now)
+            records[workflow.name].append(record)
+            env.process(run_request(workflow, record))
+
+    for w_index, workflow in enumerate(instance.workflows):
+        if arrivals is not None and workflow.name in arrivals:
+            times = [t for t in sorted(arrivals[workflow.name]) if t < settings.duration_s]
+        else:
+            rng = random.Random(f"{settings.seed}/arrivals/{workflow.name}")
+            times = poisson_arrivals(workflow.arrival_rate, settings.duration_s, rng)
+        env.process(source(workflow, times))
+
+    warm, end = settings.warmup, settings.duration_s
+    busy_at_warm: dict[int, float] = {}
+
+    def snapshot():
+        yield env.timeout(warm)
+        for llm in cluster.routers:
+            for replica in cluster.all_replicas(llm):
+                busy_at_warm[id(replica)] = replica.busy_s
+
+    env.process(snapshot())
+    try:
+        return _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records, busy_at_warm)
+    except CallBudgetExceeded:
+        raise InputError(
+            None, "--duration-s", f"the simulation made more than {MAX_SIMULATED_CALLS:,} LLM calls, what it holds in memory "
+            "(the workflows' programs call more often than their stages say)",
+            "shorten --duration-s, lower the rates, or check the program's beams, passages and iterations",
+        ) from None
+
+
+def _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records,
+         busy_at_warm) -> SimulationResult:
+    """Run the prepared simulation to its end and summarise it."""
+    warm, end = settings.warmup, settings.duration_s
+    steps = 100
+    for k in range(1, steps + 1):
+        env.run(until=end * k / steps)
+        if progress:
+            progress(min(env.now / end, 1.0))
+    busy_at_end = {id(r): r.busy_s for llm in cluster.routers for r in cluster.all_replicas(llm)}
+    time_at_end = {
+        id(r): _replica_window_time(r, warm, end) for llm in cluster.routers for r in cluster.all_replicas(llm)
+    }
+    limit = end + settings.drain
+    pending = lambda: any(  # noqa: E731
+        r.finish_s is None for rs in records.values() for r in rs if warm <= r.arrival_s <= end
+    )
+    while pending() and env.now < limit:
+        env.run(until=min(env.now + max(settings.duration_s / 20, 1.0), limit))
+
+    workflows = tuple(
+        _summarise_workflow(w, records[w.name], (warm, end), w.arrival_rate if arrivals is None or w.name not in arrivals
+                            else sum(1 for t in arrivals[w.name] if t < end) / end)
+        for w in instance.workflows
+    )
+    llm_stats = []
+    gpus = 0.0
+    for choice in allocation.llms:
+        replicas = cluster.all_replicas(choice.llm)
+        engine = cluster.engines[choice.llm]
+        alive = sum(time_at_end.get(id(r), 0.0) for r in replicas)
+        busy = sum(busy_at_end.get(id(r), r.busy_s) - busy_at_warm.get(id(r), 0.0) for r in replicas)
+        calls = [c for rs in records.values() for r in rs for c in r.calls if c.tag == choice.llm]
+        prompt = sum(c.prompt_tokens for c in calls)
+        hits = sum(c.hit_tokens for c in calls)
+        busy_total = sum(r.busy_s for r in replicas)
+        batch = sum(r.batch_token_s for r in replicas) / busy_total if busy_total > 0 else 0.0
+        replicas_mean = alive / (end - warm)
+        gpus += replicas_mean * engine.tp * engine.fraction
+        llm_stats.append(
+            LlmStats(
+                name=choice.llm,
+                gpu_type=engine.gpu.name,
+                tp=engine.tp,
+                fraction=engine.fraction,
+                replicas_mean=replicas_mean,
+                utilization=min(busy / alive, 1.0) if alive > 0 else 0.0,  # +-1 iteration at the edges
+                calls=len(calls),
+                mean_batch=batch,
+                prefix_hit_rate=hits / prompt if prompt else 0.0,
+                preemptions=sum(r.preemptions for r in replicas),
+            )
+        )
+    calls_out: tuple[dict, ...] = ()
+    if record_calls:
+        calls_out = tuple(
+            {
+                "workflow": r.workflow,
+                "request": r.index,
+                "llm": c.tag,
+                "start_s": round(c.arrival_s, 6),
+                "end_s": None if c.finish_s is None else round(c.finish_s, 6),
+                "prompt_tokens": c.prompt_tokens,
+                "completion_tokens": c.completion_tokens,
+                "cached_tokens": c.hit_tokens,
+                "sequences": c.sequences,
+                "call": index,
+                "prefix_call": link[0],
+                "prefix_tokens": link[1],
+            }
+            for w in instance.workflows
+            for r in records[w.name]
+            for index, (c, link) in enumerate(zip(r.calls, r.links))
+        )
+    return SimulationResult(
+        duration_s=end,
+        warmup_s=warm,
+        seed=settings.seed,
+        workflows=workflows,
+        llms=tuple(llm_stats),
+        gpus_mean=gpus,
+        clipped_calls=cluster.clipped,
+        calls=calls_out,
+    )

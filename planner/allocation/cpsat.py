@@ -1,0 +1,299 @@
+"""Exact allocation model (OR-Tools CP-SAT).
+
+Formulation (units in brackets; docs/model.md, "Allocation model", states the same):
+
+Sets
+    M             LLMs
+    O_m           options of LLM m: (gpu type g, tp t, share s, replicas d), feasible for memory,
+                  profile and throughput, dominance-pruned (planner/allocation/options.py)
+    K             replica shapes k = (g, t, s);  J  NVLink domains;  I_j  GPUs of domain j
+    W             workflows
+Parameters
+    F             share units per GPU;  c_i  free units of GPU i
+    L_o           latency of one call of m under option o [s] (profile curve at Lambda_m / d)
+    c_wm          n_wm / p_wm, latency weight of LLM m in workflow w [-]
+    ref_w         reference latency of workflow w [s] (several workflows only)
+    pi_w          lambda_w / sum lambda, request weight of workflow w [-]
+    I_g^t         GPUs of type g in NVLink domains of size >= t
+    w(s), W(c)    bin-packing weights: w(s) = [s >= b] + (floor(F/b) - 1)[s >= a] for a + b > F,
+                  a >= b;  W(c) = the most weight of shards that fit c units (knapsack)
+Variables
+    x[m, o]       1 if LLM m runs option o                                        {0, 1}
+    n[j, k]       replicas of shape k in domain j       (placement counts, small clusters)
+    c[j, i, k]    shards of shape k on GPU i of domain j (placement counts, small clusters)
+    z             egalitarian latency ratio (several workflows)                   integer, scaled
+Constraints
+    sum_o x[m, o] = 1                                             one configuration per LLM
+    sum_{m,o: g_o = g, t_o >= t} t s d x[m, o] <= sum_{i in I_g^t} c_i
+                                              share units of TP >= t replicas fit domains >= t
+    sum_{m,o: g_o = g, t_o >= t} t d w(s_o) x[m, o] <= sum_{i in I_g^t} W(c_i)
+                                              shards that cannot share a GPU need their own
+    placement counts (clusters with at most 1000 (GPU, shape) pairs; exact):
+        sum_j n[j, k] = R_k := sum_{m,o: shape k} d_o x[m, o]     every replica in a domain
+        sum_{i in I_j} c[j, i, k] = t_k n[j, k],  c[j, i, k] <= n[j, k]   tp distinct GPUs
+        sum_k s_k c[j, i, k] <= c_i                               GPU capacity
+    placement cuts (lazy, larger clusters): for an allocation found unplaceable with cumulative
+        shape counts R*_{g,t,s} = #replicas of type g, tp t and share >= s, forbid every allocation
+        with R_{g,t,s} >= R*_{g,t,s} for all (g, t, s) in its support (it is at least as hard)
+Objective (lexicographic stages, each solved with the previous ones fixed at their optimum)
+    one workflow:   min sum_{m,o} c_m L_o x[m, o]                              [s]
+    several:        min z,  z >= sum_{m,o} c_wm L_o / ref_w x[m, o]  for all w  [-]
+                    then min sum_w pi_w sum_{m,o} c_wm L_o x[m, o]             [s]
+    finally:        min sum_{m,o} t s d x[m, o]                                [units]
+Integer scaling: each stage's coefficients are rounded to a grid of 1e-5 of the sum of the per-LLM
+minima over |M|, so rounding moves a stage's optimum by at most 1e-5 of its value (<< 0.1%).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from scepsy.models.instance.allocation import Allocation
+from scepsy.models.instance.instance import Cluster
+from scepsy.placement.feasibility.packing import count_model
+from scepsy.placement.feasibility.solver import STATUS_NAMES, cpsat_solver
+
+from scepsy.planner.allocation.formulation import Row, capacity_rows, counts_model_size, cut_rows, grid, items, most_replicas_by_shape
+from scepsy.planner.allocation.objective import GpuCount, LatencySum, MaxLatencySum, Objective
+from scepsy.planner.allocation.options import Option, options_allocation
+
+__all__ = ["build_allocation_model", "solve_stage", "fix_stage", "add_placement_cut", "counts_model_size"]
+
+
+@dataclass
+class StageExpr:
+    name: str
+    expr: cp_model.LinearExpr
+    unit: float  # value of one integer step in the stage's own unit (s, ratio, GPUs or units)
+
+
+@dataclass
+class AllocationModel:
+    model: cp_model.CpModel
+    options: dict[str, list[Option]]
+    x: dict[tuple[str, int], cp_model.IntVar]
+    stages: list[StageExpr]
+    fractions_per_gpu: int
+    exact_gpus: bool = False  # GPU stages exact (placement counts) rather than a lower bound
+    cuts: int = 0
+    fixed: list[str] = field(default_factory=list)
+
+    def decode(self, solver: cp_model.CpSolver) -> Allocation:
+        chosen = [
+            next(o for i, o in enumerate(opts) if solver.BooleanValue(self.x[(m, i)])) for m, opts in self.options.items()
+        ]
+        return options_allocation(self.fractions_per_gpu, chosen)
+
+
+def _weighted(terms) -> cp_model.LinearExpr:
+    return cp_model.LinearExpr.WeightedSum([v for _, v in terms], [k for k, _ in terms])
+
+
+def _row(x, row: Row) -> cp_model.LinearExpr:
+    return _weighted([(k, x[key]) for k, key in row.terms])
+
+
+def build_allocation_model(
+    cluster: Cluster, options: dict[str, list[Option]], objective: Objective, placement_counts: bool = False
+) -> AllocationModel:
+    model = cp_model.CpModel()
+
+    # x[m, o]: LLM m runs option o
+    x = {(m, i): model.NewBoolVar(f"x[{m},{o.gpu_type},{o.tp},{o.share},{o.replicas}]") for m, i, o in items(options)}
+
+    # one configuration per LLM
+    for m, opts in options.items():
+        model.AddExactlyOne(x[(m, i)] for i in range(len(opts)))
+
+    # share units of TP >= t replicas fit the domains of size >= t; bin-packing inequalities
+    for row in capacity_rows(cluster, options):
+        model.Add(_row(x, row) <= row.rhs)
+
+    # placement counts (exact) where the cluster is small enough, with the GPUs they use
+    used = add_placement_counts(model, cluster, options, x) if placement_counts else None
+    gpus = _gpus_by_type(model, cluster, options, x, used)
+
+    # latency limits (SLOs): coefficients rounded up, so a kept plan truly meets them
+    for workflow, limit in sorted(objective.latency_limits.items()):
+        weights = objective.coefficients[workflow]
+        step = _stage_grid(options, lambda m: weights.get(m, 0.0))
+        terms = [(math.ceil(weights[m] * o.latency_s / step), x[(m, i)]) for m, i, o in items(options) if weights.get(m, 0.0) > 0]
+        model.Add(_weighted(terms) <= math.floor(limit / step))
+
+    stages = [_stage_expr(model, options, x, gpus, stage) for stage in objective.stages]
+    return AllocationModel(model, options, x, stages, cluster.fractions_per_gpu, exact_gpus=used is not None)
+
+
+def _gpus_by_type(model, cluster: Cluster, options, x, used) -> dict[str, cp_model.LinearExpr]:
+    """GPUs hosting a shard, per type: exact from the placement counts, else the lower bound
+    N_g >= units_g / F (the placement then realises it, or the gap is reported)."""
+    gpus = {}
+    for gpu_type in cluster.used_gpu_types():
+        if used is not None:
+            gpus[gpu_type] = sum(v for (node, _), v in sorted(used.items()) if cluster.node(node).gpu_type == gpu_type)
+            continue
+        count = model.NewIntVar(0, cluster.gpu_count(gpu_type), f"gpus[{gpu_type}]")
+        units = [(o.units, x[(m, i)]) for m, i, o in items(options) if o.gpu_type == gpu_type]
+        if units:
+            model.Add(cluster.fractions_per_gpu * count >= _weighted(units))
+        gpus[gpu_type] = count
+    return gpus
+
+
+def add_placement_counts(
+    model: cp_model.CpModel, cluster: Cluster, options: dict[str, list[Option]], x: dict
+) -> dict[tuple[str, int], cp_model.IntVar]:
+    """Exact placeability inside the allocation model (the count model of placement/feasibility/placeability.py,
+    with the replica counts R_k as linear expressions of x). Used where the cluster is small enough;
+    larger clusters rely on the valid inequalities and lazy cuts. Returns used[node, gpu], true
+    when the GPU hosts a shard."""
+    items = [(m, i, o) for m, opts in options.items() for i, o in enumerate(opts)]
+    shapes = sorted({o.shape for _, _, o in items})
+    most = most_replicas_by_shape(options)
+    counts = count_model(cluster, shapes)
+    domains = counts.domains
+    n, c = {}, {}
+    for k in shapes:
+        # n[j, k]: replicas of shape k in domain j;  c[j, g, k]: their shards on GPU g
+        for j in counts.eligible[k]:
+            n[(j, k)] = model.NewIntVar(0, most[k], f"n[{j},{k}]")
+            for g in counts.gpus[(j, k)]:
+                c[(j, g, k)] = model.NewIntVar(0, most[k], f"c[{j},{g},{k}]")
+        # every replica of shape k is in some domain
+        replicas = _weighted([(o.replicas, x[(m, i)]) for m, i, o in items if o.shape == k])
+        model.Add(sum(n[(j, k)] for j in counts.eligible[k]) == replicas)
+        # a domain holds tp shards per replica, at most one per GPU per replica
+        for j in counts.eligible[k]:
+            shards = [c[(j, g, k)] for g in counts.gpus[(j, k)]]
+            model.Add(sum(shards) == k[1] * n[(j, k)])
+            for v in shards:
+                model.Add(v <= n[(j, k)])
+    # GPU capacity; used[i] when GPU i hosts a shard (its load is positive)
+    used = {}
+    for j, domain in enumerate(domains):
+        loads = []
+        for g in domain.gpus:
+            free = cluster.free_units(domain.node, g)
+            terms = [(k[2], c[(j, g, k)]) for k in shapes if (j, g, k) in c]
+            used[(domain.node, g)] = flag = model.NewBoolVar(f"used[{domain.node},{g}]")
+            load = _weighted(terms) if terms else 0
+            if terms:
+                model.Add(load <= free * flag)
+                model.Add(load >= flag)
+            else:
+                model.Add(flag == 0)
+            loads.append((free, load, flag))
+        # GPUs of a domain with equal free units are interchangeable: order their loads
+        for (free_a, load_a, used_a), (free_b, load_b, used_b) in zip(loads, loads[1:]):
+            if free_a == free_b and not (isinstance(load_a, int) and isinstance(load_b, int)):
+                model.Add(load_a >= load_b)
+    return used
+
+
+def _scaled(options, x, weight_of, step: float) -> tuple[cp_model.LinearExpr, int]:
+    """sum_{m,o} round(weight_m * L_o / step) x[m, o], and the largest value it can take."""
+    terms = [
+        (int(round(weight_of(m) * o.latency_s / step)), x[(m, i)])
+        for m, opts in options.items()
+        for i, o in enumerate(opts)
+        if weight_of(m) > 0
+    ]
+    upper = sum(
+        max(int(round(weight_of(m) * o.latency_s / step)) for o in opts)
+        for m, opts in options.items()
+        if weight_of(m) > 0 and opts
+    )
+    return _weighted(terms), upper
+
+
+def _stage_grid(options, weight_of) -> float:
+    return grid([min(weight_of(m) * o.latency_s for o in opts) for m, opts in options.items() if opts])
+
+
+def _stage_expr(model, options, x, gpus, stage) -> StageExpr:
+    """One objective stage as an integer expression, with the value of one integer step."""
+    if isinstance(stage, LatencySum):
+        weight = lambda m: stage.weights.get(m, 0.0)  # noqa: E731
+        step = _stage_grid(options, weight)
+        expr, _ = _scaled(options, x, weight, step)
+        return StageExpr(stage.name, expr, step)
+    if isinstance(stage, MaxLatencySum):
+        # z >= each row's latency sum, all rows on the finest of their grids
+        rows = [lambda m, row=row: row.get(m, 0.0) for row in stage.weights.values()]
+        step = min(_stage_grid(options, row) for row in rows)
+        scaled = [_scaled(options, x, row, step) for row in rows]
+        z = model.NewIntVar(0, max(upper for _, upper in scaled), "z")
+        for expr, _ in scaled:
+            model.Add(z >= expr)
+        return StageExpr(stage.name, z, step)
+    if isinstance(stage, GpuCount):
+        # prices on a grid of 1e-6 of the cheapest positive one (exact for min_gpus: all 1)
+        step = min((c for c in stage.cost.values() if c > 0), default=1.0) * 1e-6
+        terms = [(int(round(stage.cost[g] / step)), n) for g, n in sorted(gpus.items()) if stage.cost.get(g, 0) > 0]
+        return StageExpr(stage.name, sum(k * n for k, n in terms), step)
+    units = _weighted([(o.units, x[(m, i)]) for m, opts in options.items() for i, o in enumerate(opts)])
+    return StageExpr(stage.name, units, 1.0)
+
+
+def add_placement_cut(am: AllocationModel, allocation: Allocation) -> None:
+    """Forbid `allocation` and every allocation at least as hard to place (formulation.cut_rows)."""
+    below = []
+    for row in cut_rows(am.options, allocation):
+        fewer = am.model.NewBoolVar(f"cut{am.cuts}:{row.name}")
+        # fewer => R_{g,t,s} < R*_{g,t,s}; at least one shape must need fewer replicas
+        am.model.Add(_row(am.x, row) <= row.rhs).OnlyEnforceIf(fewer)
+        below.append(fewer)
+    am.model.AddBoolOr(below)
+    am.cuts += 1
+
+
+@dataclass(frozen=True)
+class StageResult:
+    status: str
+    value: int | None
+    bound: float
+    wall_time_s: float
+
+
+def solve_stage(
+    am: AllocationModel, stage: StageExpr, time_limit_s: float, workers: int, hint: Allocation | None = None
+) -> tuple[StageResult, Allocation | None]:
+    """Minimise one stage; the decoded allocation, or None without a solution."""
+    am.model.ClearObjective()
+    am.model.Minimize(stage.expr)
+    am.model.ClearHints()
+    if hint is not None:
+        for key, value in sorted(hint_for(am, hint).items()):
+            am.model.AddHint(am.x[key], value)
+    # presolve and probing cost more than they save on these models (bench/solver_scaling.py):
+    # probing alone added seconds and millions of binary clauses at 128 GPUs
+    solver = cpsat_solver(time_limit_s, workers, cp_model_presolve=False, cp_model_probing_level=0)
+    status = solver.Solve(am.model)
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    result = StageResult(
+        STATUS_NAMES.get(status, "unknown"),
+        int(round(solver.ObjectiveValue())) if found else None,
+        solver.BestObjectiveBound() if found else math.nan,
+        solver.WallTime(),
+    )
+    return result, (am.decode(solver) if found else None)
+
+
+def fix_stage(am: AllocationModel, stage: StageExpr, value: int) -> None:
+    """Keep a solved stage at (or below) its optimum while the next stage is optimised."""
+    am.model.Add(stage.expr <= value)
+    am.fixed.append(stage.name)
+
+
+def hint_for(am: AllocationModel, allocation: Allocation) -> dict[tuple[str, int], int]:
+    hint = {}
+    for m, opts in am.options.items():
+        choice = allocation.of(m)
+        for i, o in enumerate(opts):
+            hint[(m, i)] = int(
+                (o.gpu_type, o.tp, o.share, o.replicas) == (choice.gpu_type, choice.tp, choice.share, choice.replicas)
+            )
+    return hint

@@ -1,0 +1,111 @@
+"""Backend-neutral data of the allocation model (planner/allocation/cpsat.py states the formulation; the MILP
+backend, planner/allocation/milp.py, builds the same model): the capacity rows, the bin-packing rows, the
+replica shapes for the placement counts and the rows of a placement cut.
+
+Rows are lists of (coefficient, (llm, option index)) terms with a right-hand side, so each backend
+only translates them into its own linear expressions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.instance.instance import Cluster
+from scepsy.placement.feasibility.packing import free_in_domains, gpu_weight_capacity, packing_weights
+
+from scepsy.planner.allocation.options import Option
+
+Term = tuple[int, tuple[str, int]]  # (coefficient, (llm, option index))
+
+
+@dataclass(frozen=True)
+class Row:
+    """sum of terms <= rhs."""
+
+    name: str
+    terms: tuple[Term, ...]
+    rhs: int
+
+
+def items(options: dict[str, list[Option]]) -> list[tuple[str, int, Option]]:
+    return [(m, i, o) for m, opts in options.items() for i, o in enumerate(opts)]
+
+
+FULL_PACKING_MAX_OPTIONS = 20_000
+
+
+def capacity_rows(cluster: Cluster, options: dict[str, list[Option]]) -> list[Row]:
+    """Share units of replicas with tp >= t fit the domains of size >= t, and the bin-packing
+    inequalities over the same GPUs (per gpu type and TP degree in use). Beyond
+    FULL_PACKING_MAX_OPTIONS options only the rows of shards above half a GPU are kept (each row
+    spans every option, and large clusters have the slack that makes the others rarely bind)."""
+    rows: list[Row] = []
+    all_items = items(options)
+    f = cluster.fractions_per_gpu
+    weights = packing_weights(f)
+    if len(all_items) > FULL_PACKING_MAX_OPTIONS:
+        weights = [w for w in weights if max(w) == 1 and w.index(1) * 2 > f]
+    for gpu_type in sorted({o.gpu_type for _, _, o in all_items}):
+        for t in sorted({o.tp for _, _, o in all_items if o.gpu_type == gpu_type}):
+            free = free_in_domains(cluster, gpu_type, t)
+            inside = [(m, i, o) for m, i, o in all_items if o.gpu_type == gpu_type and o.tp >= t]
+            rows.append(Row(f"units[{gpu_type},tp>={t}]", tuple((o.units, (m, i)) for m, i, o in inside), sum(free)))
+            gpus_by_free = Counter(free)
+            for k, weight in enumerate(weights):
+                terms = tuple((o.tp * o.replicas * weight[o.share], (m, i)) for m, i, o in inside if weight[o.share])
+                if terms:
+                    limit = sum(n * gpu_weight_capacity(weight, c) for c, n in gpus_by_free.items())
+                    rows.append(Row(f"packing{k}[{gpu_type},tp>={t}]", terms, limit))
+    return rows
+
+
+def most_replicas_by_shape(options: dict[str, list[Option]]) -> dict[tuple[str, int, int], int]:
+    """The most replicas of each shape an allocation can have: several LLMs may share a shape, so
+    their largest replica counts add up."""
+    most: dict[tuple[str, int, int], int] = {}
+    for opts in options.values():
+        per_llm: dict[tuple[str, int, int], int] = {}
+        for o in opts:
+            per_llm[o.shape] = max(per_llm.get(o.shape, 0), o.replicas)
+        for shape, count in per_llm.items():
+            most[shape] = most.get(shape, 0) + count
+    return most
+
+
+def counts_model_size(cluster: Cluster, options: dict[str, list[Option]]) -> int:
+    """(GPU, shape) pairs of the placement counts: their size grows with it."""
+    shapes = {o.shape for opts in options.values() for o in opts}
+    return sum(n.gpus for n in cluster.nodes for k in shapes if k[0] == n.gpu_type)
+
+
+def cut_rows(options: dict[str, list[Option]], allocation: Allocation) -> list[Row]:
+    """Rows R_{g,t,s} <= R*_{g,t,s} - 1 of a placement cut: at least one must hold.
+
+    R*_{g,t,s} is the allocation's number of replicas of type g, tp t and share >= s; any allocation
+    with at least as many of each needs at least as much room and is unplaceable too."""
+    groups: dict[tuple[str, int], list[LlmAllocation]] = {}
+    for choice in allocation.llms:
+        groups.setdefault((choice.gpu_type, choice.tp), []).append(choice)
+    rows = []
+    for (g, t), choices in sorted(groups.items()):
+        for s in sorted({c.share for c in choices}):
+            required = sum(c.replicas for c in choices if c.share >= s)
+            terms = tuple(
+                (o.replicas, (m, i))
+                for m, opts in options.items()
+                for i, o in enumerate(opts)
+                if o.gpu_type == g and o.tp == t and o.share >= s
+            )
+            rows.append(Row(f"R[{g},{t},{s}]", terms, required - 1))
+    return rows
+
+
+def grid(values: list[float], resolution: float = 1e-5) -> float:
+    """Integer grid from per-LLM minima: rounding |M| terms moves a sum by < resolution of its
+    lower bound (planner/allocation/cpsat.py, integer scaling)."""
+    positive = [v for v in values if v > 0]
+    if not positive:
+        return 1.0
+    return resolution * sum(positive) / len(positive)

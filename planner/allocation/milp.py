@@ -1,0 +1,228 @@
+"""The allocation model as a MILP through PuLP (HiGHS, CBC as fallback): backend `milp`.
+
+Same sets, parameters, variables, constraints and lexicographic objective stages as the CP-SAT
+model (planner/allocation/cpsat.py; rows shared through planner/allocation/formulation.py), with two differences:
+latency coefficients are continuous (no integer scaling), and a placement cut is linearised with
+one binary per row: sum_r fewer_r >= 1, R_r <= R*_r - 1 + M_r (1 - fewer_r), M_r = the largest
+value R_r can take. Stages are fixed at their optimum with a relative tolerance of 1e-9.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pulp
+
+from scepsy.models.instance.allocation import Allocation
+from scepsy.models.instance.instance import Cluster
+from scepsy.placement.feasibility.packing import count_model
+
+from scepsy.planner.allocation.formulation import Row, capacity_rows, cut_rows, items, most_replicas_by_shape
+from scepsy.planner.allocation.objective import GpuCount, LatencySum, MaxLatencySum, Objective
+from scepsy.planner.allocation.options import Option, options_allocation
+
+FIX_TOLERANCE = 1e-9
+
+
+@dataclass
+class MilpStage:
+    name: str
+    expr: pulp.LpAffineExpression
+    unit: float = 1.0
+
+
+@dataclass
+class MilpModel:
+    problem: pulp.LpProblem
+    options: dict[str, list[Option]]
+    x: dict[tuple[str, int], pulp.LpVariable]
+    stages: list[MilpStage]
+    fractions_per_gpu: int
+    exact_gpus: bool = False
+    cuts: int = 0
+
+    def decode(self) -> Allocation:
+        chosen = [
+            next(o for i, o in enumerate(opts) if (self.x[(m, i)].varValue or 0) > 0.5) for m, opts in self.options.items()
+        ]
+        return options_allocation(self.fractions_per_gpu, chosen)
+
+
+def _row(x, row: Row) -> pulp.LpAffineExpression:
+    return pulp.lpSum(k * x[key] for k, key in row.terms)
+
+
+def build_allocation_model(
+    cluster: Cluster, options: dict[str, list[Option]], objective: Objective, placement_counts: bool = False
+) -> MilpModel:
+    problem = pulp.LpProblem("allocation", pulp.LpMinimize)
+
+    # x[m, o]: LLM m runs option o
+    x = {(m, i): problem.add_variable(f"x_{m}_{i}", cat="Binary") for m, i, _ in items(options)}
+
+    # one configuration per LLM
+    for m, opts in options.items():
+        problem += pulp.lpSum(x[(m, i)] for i in range(len(opts))) == 1, f"one_{m}"
+
+    # share units of TP >= t replicas fit the domains of size >= t; bin-packing inequalities
+    for k, row in enumerate(capacity_rows(cluster, options)):
+        problem += _row(x, row) <= row.rhs, f"cap{k}"
+
+    # placement counts (exact) where the cluster is small enough, with the GPUs they use
+    used = _placement_counts(problem, cluster, options, x) if placement_counts else None
+    gpus = _gpus_by_type(problem, cluster, options, x, used)
+
+    # latency limits (SLOs)
+    for workflow, limit in sorted(objective.latency_limits.items()):
+        weights = objective.coefficients[workflow]
+        problem += (
+            pulp.lpSum(weights[m] * o.latency_s * x[(m, i)] for m, i, o in items(options) if weights.get(m, 0.0) > 0) <= limit,
+            f"slo_{workflow}",
+        )
+
+    stages = [_stage_expr(problem, options, x, gpus, stage) for stage in objective.stages]
+    return MilpModel(problem, options, x, stages, cluster.fractions_per_gpu, exact_gpus=used is not None)
+
+
+def _placement_counts(problem, cluster: Cluster, options, x) -> dict[tuple[str, int], pulp.LpVariable]:
+    """The count model of placement/feasibility/placeability.py; used[node, gpu] when the GPU hosts a shard."""
+    all_items = items(options)
+    shapes = sorted({o.shape for _, _, o in all_items})
+    most = most_replicas_by_shape(options)
+    counts = count_model(cluster, shapes)
+    domains = counts.domains
+    n, c = {}, {}
+    for s_index, k in enumerate(shapes):
+        # n[j, k]: replicas of shape k in domain j;  c[j, g, k]: their shards on GPU g
+        for j in counts.eligible[k]:
+            n[(j, k)] = problem.add_variable(f"n_{j}_{s_index}", 0, most[k], cat="Integer")
+            for g in counts.gpus[(j, k)]:
+                c[(j, g, k)] = problem.add_variable(f"c_{j}_{g}_{s_index}", 0, most[k], cat="Integer")
+        # every replica of shape k is in some domain
+        replicas = pulp.lpSum(o.replicas * x[(m, i)] for m, i, o in all_items if o.shape == k)
+        problem += pulp.lpSum(n[(j, k)] for j in counts.eligible[k]) == replicas
+        # a domain holds tp shards per replica, at most one per GPU per replica
+        for j in counts.eligible[k]:
+            shards = [c[(j, g, k)] for g in counts.gpus[(j, k)]]
+            problem += pulp.lpSum(shards) == k[1] * n[(j, k)]
+            for v in shards:
+                problem += v <= n[(j, k)]
+    # GPU capacity; used[i] when GPU i hosts a shard
+    used = {}
+    for j, domain in enumerate(domains):
+        for g in domain.gpus:
+            free = cluster.free_units(domain.node, g)
+            flag = used[(domain.node, g)] = problem.add_variable(f"used_{j}_{g}", cat="Binary")
+            load = pulp.lpSum(k[2] * c[(j, g, k)] for k in shapes if (j, g, k) in c)
+            problem += load <= free * flag
+            problem += load >= flag
+    return used
+
+
+def _gpus_by_type(problem, cluster: Cluster, options, x, used) -> dict[str, pulp.LpAffineExpression]:
+    gpus = {}
+    for gpu_type in cluster.used_gpu_types():
+        if used is not None:
+            gpus[gpu_type] = pulp.lpSum(v for (node, _), v in sorted(used.items()) if cluster.node(node).gpu_type == gpu_type)
+            continue
+        count = problem.add_variable(f"gpus_{gpu_type}", 0, cluster.gpu_count(gpu_type), cat="Integer")
+        problem += cluster.fractions_per_gpu * count >= pulp.lpSum(
+            o.units * x[(m, i)] for m, i, o in items(options) if o.gpu_type == gpu_type
+        )
+        gpus[gpu_type] = pulp.lpSum([count])
+    return gpus
+
+
+def _latency(options, x, weights) -> pulp.LpAffineExpression:
+    return pulp.lpSum(weights[m] * o.latency_s * x[(m, i)] for m, i, o in items(options) if weights.get(m, 0.0) > 0)
+
+
+def _stage_expr(problem, options, x, gpus, stage) -> MilpStage:
+    if isinstance(stage, LatencySum):
+        return MilpStage(stage.name, _latency(options, x, stage.weights))
+    if isinstance(stage, MaxLatencySum):
+        # z >= each row's latency sum
+        z = problem.add_variable("z", 0)
+        for r, row in enumerate(stage.weights.values()):
+            problem += z >= _latency(options, x, row), f"ratio{r}"
+        return MilpStage(stage.name, pulp.lpSum([z]))
+    if isinstance(stage, GpuCount):
+        return MilpStage(stage.name, pulp.lpSum(stage.cost[g] * n for g, n in sorted(gpus.items()) if stage.cost.get(g, 0) > 0))
+    return MilpStage(stage.name, pulp.lpSum(o.units * x[(m, i)] for m, i, o in items(options)))
+
+
+def add_placement_cut(mm: MilpModel, allocation: Allocation) -> None:
+    """Forbid `allocation` and every allocation at least as hard to place (formulation.cut_rows)."""
+    fewer = []
+    for r, row in enumerate(cut_rows(mm.options, allocation)):
+        flag = mm.problem.add_variable(f"cut{mm.cuts}_{r}", cat="Binary")
+        big = sum(k for k, _ in row.terms)
+        mm.problem += _row(mm.x, row) <= row.rhs + big * (1 - flag), f"cut{mm.cuts}_{r}"
+        fewer.append(flag)
+    mm.problem += pulp.lpSum(fewer) >= 1, f"cut{mm.cuts}"
+    mm.cuts += 1
+
+
+@dataclass(frozen=True)
+class StageResult:
+    status: str
+    value: float | None
+    bound: float
+    wall_time_s: float
+
+
+def _solver(time_limit_s: float, workers: int):
+    highs = pulp.HiGHS(msg=False, timeLimit=max(time_limit_s, 0.01), threads=workers, random_seed=0)
+    if highs.available():
+        return highs
+    return pulp.PULP_CBC_CMD(msg=False, timeLimit=max(time_limit_s, 0.01), threads=workers)
+
+
+@contextmanager
+def _quiet_stdout():
+    """HiGHS prints its banner from C++ on file descriptor 1 even with msg=False; keep JSON clean."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def solve_stage(mm: MilpModel, stage: MilpStage, time_limit_s: float, workers: int, hint=None):
+    """Minimise one stage; (result, decoded allocation or None). `hint` is not used by HiGHS."""
+    mm.problem.setObjective(stage.expr)
+    solver = _solver(time_limit_s, workers)
+    with _quiet_stdout():
+        mm.problem.solve(solver)
+    status = mm.problem.status
+    found = mm.problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    if status == pulp.LpStatusInfeasible or mm.problem.sol_status == pulp.LpSolutionInfeasible:
+        return StageResult("infeasible", None, math.nan, 0.0), None
+    if not found:
+        return StageResult("unknown", None, math.nan, 0.0), None
+    value = pulp.value(stage.expr)
+    optimal = mm.problem.sol_status == pulp.LpSolutionOptimal
+    bound = value if optimal else _dual_bound(mm, value)
+    return StageResult("optimal" if optimal else "feasible", value, bound, 0.0), mm.decode()
+
+
+def _dual_bound(mm: MilpModel, value: float) -> float:
+    model = getattr(mm.problem, "solverModel", None)
+    if model is None:
+        return math.nan
+    try:
+        return float(model.getInfo().mip_dual_bound)
+    except AttributeError:
+        return math.nan
+
+
+def fix_stage(mm: MilpModel, stage: MilpStage, value: float) -> None:
+    mm.problem += stage.expr <= value + FIX_TOLERANCE * max(1.0, abs(value)), f"fix_{stage.name}"

@@ -1,0 +1,349 @@
+"""Plan an instance: pick a backend, solve, attach a placement and the prediction.
+
+`make_plan` is the entry point. The allocation is searched by one backend (`cpsat`, `milp`,
+`enumerate`, `bruteforce`); whichever it is, a plan is returned only with a placement that the
+placeability check (or the placer passed in) produced. For the CP-SAT and MILP backends,
+allocations that cannot be placed are cut off and the model is solved again.
+
+Objectives (planner/allocation/objective.py): `min_latency`, `min_gpus` and `min_cost` are solved at the
+instance's arrival rates; `max_throughput` bisects the load factor s (planner/allocation/loadfactor.py) and
+returns the latency-optimal plan at the largest feasible s.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from scepsy.models.instance.allocation import Allocation
+from scepsy.models.performance.alp import predict
+from scepsy.models.errors import InfeasibleError, InputError, TimeLimitError
+from scepsy.models.instance.instance import Cluster, Instance
+from scepsy.models.plan.plan import Plan, SolverInfo
+
+from scepsy.planner.allocation import cpsat, milp
+from scepsy.planner.allocation.bruteforce import solve_bruteforce
+from scepsy.planner.allocation.diagnose import explain_infeasible
+from scepsy.planner.allocation.enumerate import solve_enumerate
+from scepsy.planner.allocation.objective import GpuCount, Objective, Usage, build_objective, needs_references
+from scepsy.planner.allocation.options import Option, SearchSpace, all_options, options_allocation
+from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, fewest_gpus_placement, gpus_by_type
+
+BACKENDS = ("cpsat", "milp", "enumerate", "bruteforce")
+EXACT_BACKENDS = ("cpsat", "milp", "bruteforce")
+DEFAULT_TIME_LIMIT_S = 60.0
+WARM_START_MAX_UNITS = 400  # enumerate as a CP-SAT hint only where it is quick
+# Large instances (many thousands of options, e.g. 1024 GPUs): options whose latency is within
+# AUTO_EPSILON of a cheaper kept option are dropped (the bound is lowered to match), and a coarse
+# model (COARSE_EPSILON) is solved first to hint the full one.
+AUTO_EPSILON_OPTIONS = 20_000
+AUTO_EPSILON = 1e-3
+COARSE_OPTIONS = 30_000
+COARSE_EPSILON = 1e-2
+COARSE_TIME_SHARE = 0.4
+REFERENCE_THREADS = 2
+
+
+
+class SolveTimeoutError(TimeLimitError):
+    """The time limit passed before any placeable plan was found (exit code 3)."""
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    backend: str = "cpsat"
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    workers: int = 1
+    space: SearchSpace = field(default_factory=SearchSpace)
+    warm_start: bool = False  # enumerate as the first hint (the cheapest placeable plan always is)
+    # exact placement counts inside the allocation model up to this many (GPU, shape) pairs;
+    # beyond it, valid inequalities and lazy placement cuts
+    placement_counts_limit: int = 1000
+    load_tolerance: float = 1e-3  # max_throughput: relative width of the final bisection bracket
+    # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
+    # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
+    epsilon: float | None = None
+    # perf_counter() when the command started: the time limit counts from there, so that loading
+    # the instance and building the options are inside it (None: from the call of make_plan)
+    started_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a backend found at one load: the allocation, its placement and its stage values."""
+
+    allocation: Allocation
+    placement_check: PlacementCheck
+    status: str
+    values: tuple[float, ...]
+    bound: float  # of the first stage, in its own unit (nan if unknown)
+    iterations: int = 1
+    cuts: int = 0
+    notes: tuple[str, ...] = ()
+
+
+def check_backend(instance: Instance, settings: PlanSettings) -> None:
+    if settings.backend not in BACKENDS:
+        raise InputError(None, "--backend", f"unknown backend {settings.backend!r}", f"use one of: {', '.join(BACKENDS)}")
+    if settings.backend == "enumerate" and instance.objective in ("min_gpus", "min_cost"):
+        raise InputError(
+            instance.source, "objective", f"the enumerate backend does not handle {instance.objective}",
+            "use --backend cpsat (or milp, bruteforce)",
+        )
+
+
+def references(instance: Instance, settings: PlanSettings, placer: Placer) -> dict[str, float] | None:
+    """ref_w for the egalitarian stage: latency_slo_s, else the workflow's own optimum alone on
+    the cluster (its LLMs only, at its own rate), always from an exact backend so that every
+    backend optimises the same objective. The solo problems are independent: they are solved side
+    by side (CP-SAT releases the interpreter while it searches)."""
+    if not needs_references(instance, instance.objective):
+        return None
+    backend = settings.backend if settings.backend in EXACT_BACKENDS else "cpsat"
+    # each solo solve gets a share of the time limit, leaving the largest share to the joint solve
+    exact = replace(settings, backend=backend, time_limit_s=settings.time_limit_s / (len(instance.workflows) + 1))
+    alone = [w.name for w in instance.workflows if w.latency_slo_s is None]
+    with ThreadPoolExecutor(max_workers=REFERENCE_THREADS) as pool:
+        latencies = pool.map(lambda name: _solo_latency(instance, name, exact, placer), alone)
+        return dict(zip(alone, latencies))
+
+
+def _solo_latency(instance: Instance, workflow: str, settings: PlanSettings, placer: Placer) -> float:
+    """The optimal latency of one workflow alone on the cluster (the latency stage only)."""
+    alone = replace(instance.only_workflow(workflow), objective="min_latency")
+    objective = build_objective(alone)
+    objective = replace(objective, stages=objective.stages[:1])
+    deadline = time.perf_counter() + settings.time_limit_s
+    return solve_at_load(alone, objective, settings, placer, deadline).values[0]
+
+
+def _placer_for(objective: Objective, placer: Placer) -> Placer:
+    """GPU-count objectives need the placement of fewest (cheapest) GPUs to be exact."""
+    stage = next((s for s in objective.stages if isinstance(s, GpuCount)), None)
+    if stage is None:
+        return placer
+    return lambda cluster, allocation: fewest_gpus_placement(cluster, allocation, stage.cost)
+
+
+def _usage(cluster: Cluster, allocation: Allocation, placement) -> Usage:
+    return Usage(allocation.units, gpus_by_type(cluster, placement))
+
+
+def _values(objective: Objective, options, cluster: Cluster, allocation: Allocation, placement) -> tuple[float, ...]:
+    latencies = {m: _latency_of(options, allocation, m) for m in options}
+    return objective.values(latencies, _usage(cluster, allocation, placement))
+
+
+def _latency_of(options: dict[str, list[Option]], allocation: Allocation, llm: str) -> float:
+    c = allocation.of(llm)
+    return next(
+        o.latency_s for o in options[llm] if (o.gpu_type, o.tp, o.share, o.replicas) == (c.gpu_type, c.tp, c.share, c.replicas)
+    )
+
+
+@dataclass
+class _CutLoop:
+    """Solves one stage, cutting off unplaceable allocations until one places or time runs out."""
+
+    model: object  # cpsat.AllocationModel or milp.MilpModel: solve_stage / decode / add_placement_cut
+    solve_stage: Callable
+    add_cut: Callable
+    cluster: Cluster
+    placer: Placer
+    deadline: float
+    solves: int = 0
+    unproven: bool = False
+
+    def run(self, stage, hint):
+        while True:
+            self.solves += 1
+            result, allocation = self.solve_stage(self.model, stage, self.deadline - time.perf_counter(), hint)
+            if allocation is None:
+                return result, None, None
+            check = self.placer(self.cluster, allocation)
+            if check.placeable:
+                return result, allocation, check
+            self.unproven |= not check.proven
+            self.add_cut(self.model, allocation)
+            if time.perf_counter() >= self.deadline:
+                return result, None, None
+
+
+def cheapest_placeable(instance: Instance, options: dict[str, list[Option]], placer: Placer):
+    """Each LLM's option with the fewest GPU units (then least latency), if that places: a plan to
+    fall back on and a first hint for the solver."""
+    cheapest = {m: min(opts, key=lambda o: (o.units, o.latency_s)) for m, opts in options.items()}
+    allocation = options_allocation(instance.cluster.fractions_per_gpu, cheapest.values())
+    check = placer(instance.cluster, allocation)
+    return (allocation, check) if check.placeable else None
+
+
+def _small(instance: Instance) -> bool:
+    total = sum(instance.cluster.free_units(n.name, g) for n in instance.cluster.nodes for g in range(n.gpus))
+    return total <= WARM_START_MAX_UNITS and len(instance.cluster.used_gpu_types()) == 1
+
+
+def _in_options(options, allocation: Allocation) -> bool:
+    """A warm start is usable only if each LLM's configuration survived dominance pruning."""
+    return all(
+        any((o.gpu_type, o.tp, o.share, o.replicas) == (c.gpu_type, c.tp, c.share, c.replicas) for o in options[c.llm])
+        for c in allocation.llms
+    )
+
+
+def _warm_start(instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float):
+    """A placeable plan to hint the solver and fall back on: from a coarse model on large
+    instances, the paper's enumeration if asked for, else the cheapest placeable plan."""
+    if sum(map(len, options.values())) > COARSE_OPTIONS:
+        coarse = all_options(instance, settings.space, epsilon=COARSE_EPSILON, deadline=deadline)
+        budget = time.perf_counter() + COARSE_TIME_SHARE * max(deadline - time.perf_counter(), 0.0)
+        try:
+            found = _solve_model(instance, coarse, objective, settings, placer, budget, epsilon=COARSE_EPSILON, coarse=False)
+        except (InfeasibleError, SolveTimeoutError):
+            found = None
+        if found is not None and _in_options(options, found.allocation):
+            return found.allocation, found.placement_check
+    if settings.warm_start and _small(instance) and objective.latency_only:
+        enumerated = solve_enumerate(instance, objective, settings.space, placer)
+        if enumerated is not None and _in_options(options, enumerated.allocation):
+            return enumerated.allocation, PlacementCheck(enumerated.placement, True)
+    cheapest = {m: min(opts, key=lambda o: (o.units, o.latency_s)).latency_s for m, opts in options.items()}
+    return cheapest_placeable(instance, options, placer) if objective.within_limits(cheapest) else None
+
+
+def _solve_model(
+    instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float,
+    epsilon: float = 0.0, coarse: bool = True,
+):
+    """CP-SAT or MILP: lexicographic stages with the lazy cut loop, from a warm start."""
+    backend = cpsat if settings.backend == "cpsat" else milp
+    counts = cpsat.counts_model_size(instance.cluster, options) <= settings.placement_counts_limit
+    warm = (
+        _warm_start(instance, options, objective, settings, placer, deadline)
+        if coarse
+        else cheapest_placeable(instance, options, placer)
+    )
+    model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
+    hint = warm[0] if warm is not None else None
+    solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h)  # noqa: E731
+    loop = _CutLoop(model, solve, backend.add_placement_cut, instance.cluster, placer, deadline)
+    best = first = None
+    for index, stage in enumerate(model.stages):
+        result, allocation, check = loop.run(stage, hint)
+        if allocation is None:
+            if index == 0 and result.status == "infeasible":
+                return None
+            break  # time limit: keep the best plan of the earlier stages
+        best = (allocation, check)
+        first = first or result
+        if result.status != "optimal":
+            break
+        backend.fix_stage(model, stage, result.value)
+        hint = allocation
+    notes: tuple[str, ...] = ()
+    if best is None and warm is not None:  # time limit before the solver's first plan: the warm start
+        notes = ("time limit reached before the solver's first plan; returning the warm start",)
+        values = _values(objective, options, instance.cluster, warm[0], warm[1].placement)
+        return Outcome(warm[0], warm[1], "feasible", values, math.nan, loop.solves, model.cuts, notes)
+    if best is None:
+        raise SolveTimeoutError(
+            f"no placeable plan found within the time limit of {settings.time_limit_s:g} s; raise --time-limit-s"
+        )
+    assert first is not None  # set together with best
+    if loop.unproven:
+        notes = ("a placement check hit its time limit and was treated as unplaceable",)
+    values = _values(objective, options, instance.cluster, best[0], best[1].placement)
+    status = "optimal" if first.status == "optimal" and not loop.unproven and epsilon == 0 else "feasible"
+    bound = first.bound * model.stages[0].unit
+    if epsilon > 0:  # kept options are within 1/(1 - epsilon) of the dropped ones
+        bound *= 1 - epsilon
+        notes += (f"options pruned within a latency factor 1/(1 - {epsilon:g}); the bound accounts for it",)
+    if isinstance(objective.stages[0], GpuCount) and not model.exact_gpus and values[0] > bound + 1e-9:
+        status = "feasible"  # the model's GPU count was a lower bound the placement could not reach
+        notes += ("GPU count bounded by share units on this cluster size; the placement needs more",)
+    elif status == "optimal":
+        bound = values[0]  # within the integer scaling tolerance (planner/allocation/cpsat.py)
+    bound = min(bound, values[0])
+    return Outcome(best[0], best[1], status, values, bound, loop.solves, model.cuts, notes)
+
+
+def _options(
+    instance: Instance, settings: PlanSettings, objective: Objective, deadline: float | None = None
+) -> tuple[dict[str, list[Option]], float]:
+    """The options and the pruning epsilon used (bruteforce: every option, unpruned). Latency
+    limits (SLOs) or GPU stages turn the automatic epsilon off: a slightly slower kept option
+    could miss an SLO that a dropped one meets."""
+    if settings.backend == "bruteforce":
+        return all_options(instance, settings.space, prune=False, deadline=deadline), 0.0
+    if settings.epsilon is not None:
+        return all_options(instance, settings.space, epsilon=settings.epsilon, deadline=deadline), settings.epsilon
+    options = all_options(instance, settings.space, deadline=deadline)
+    if sum(map(len, options.values())) > AUTO_EPSILON_OPTIONS and objective.latency_only and not objective.latency_limits:
+        return all_options(instance, settings.space, epsilon=AUTO_EPSILON, deadline=deadline), AUTO_EPSILON
+    return options, 0.0
+
+
+def solve_at_load(instance: Instance, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float) -> Outcome:
+    """Search the allocation of `instance` (at its own rates) for `objective`."""
+    placer = _placer_for(objective, placer)
+    options, epsilon = _options(instance, settings, objective, deadline)
+    outcome = None
+    if all(options.values()):
+        if settings.backend in ("cpsat", "milp"):
+            outcome = _solve_model(instance, options, objective, settings, placer, deadline, epsilon)
+        elif settings.backend == "enumerate":
+            found = solve_enumerate(instance, objective, settings.space, placer)
+            if found is not None:
+                notes = (f"{found.mappings} fraction mappings enumerated",)
+                check = PlacementCheck(found.placement, True)
+                outcome = Outcome(found.allocation, check, "feasible", found.values, math.nan, notes=notes)
+        else:
+            exhaustive = solve_bruteforce(instance, options, objective, placer)
+            if exhaustive is not None:
+                notes = (f"{exhaustive.combinations} combinations, {exhaustive.placement_checks} placement checks",)
+                check = PlacementCheck(exhaustive.placement, True)
+                outcome = Outcome(exhaustive.allocation, check, "optimal", exhaustive.values, exhaustive.values[0], notes=notes)
+    if outcome is None:
+        raise InfeasibleError(explain_infeasible(instance, options, settings.space, objective))
+    return outcome
+
+
+def assemble_plan(
+    instance: Instance, objective: Objective, outcome: Outcome, settings: PlanSettings, start: float,
+    value: float | None = None, bound: float | None = None, extras: tuple = (), status: str | None = None,
+) -> Plan:
+    """A Plan from an outcome: the prediction, stage values as extras, bound and gap."""
+    value = outcome.values[0] if value is None else value
+    bound = outcome.bound if bound is None else bound
+    maximise = instance.objective == "max_throughput"
+    gap = math.nan
+    if math.isfinite(bound) and bound > 0:
+        gap = max((bound - value) / bound if maximise else (value - bound) / value if value > 0 else 0.0, 0.0)
+    placement = outcome.placement_check.placement
+    assert placement is not None  # an outcome is always placed
+    named = dict(zip(objective.stage_names, outcome.values))
+    extras = tuple(extras) + tuple(
+        (key, named[key]) for key in ("mean_latency_s", "gpus", "cost_per_hour") if key in named
+    )
+    return Plan(
+        status=status or outcome.status,
+        objective=instance.objective,
+        objective_value=value,
+        bound=bound,
+        gap=gap,
+        solver=SolverInfo(
+            backend=settings.backend,
+            wall_time_s=time.perf_counter() - start,
+            iterations=outcome.iterations,
+            cuts=outcome.cuts,
+            notes=outcome.notes,
+        ),
+        allocation=outcome.allocation,
+        prediction=predict(instance, outcome.allocation),
+        placement=placement,
+        extras=extras,
+        instance=instance.source,
+    )

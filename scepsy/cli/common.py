@@ -1,0 +1,173 @@
+"""What every command shares: option types, the error boundary (one line and an exit code, never a
+traceback), the spinner and progress bar, list parsing and JSON output through the one writer."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Callable, Iterator, Optional
+
+import typer
+from rich.console import Console
+
+from scepsy.models.errors import InputError, ScepsyError
+from scepsy.models.output import write_text
+
+# Wide enough for the tables when piped; a terminal keeps its own width. User-given text (names,
+# paths) is printed as it is: no markup, emoji codes or highlighting; stderr lines never wrap.
+stdout = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False, highlight=False)
+stderr = Console(stderr=True, soft_wrap=True, markup=False, emoji=False, highlight=False)
+MAX_OPTION_VALUE = 1e9  # rates, load factors, seconds: beyond it lies no real workload, only overflow
+
+# Shared options, defined once
+InstanceArg = Annotated[Path, typer.Argument(help="Instance YAML (cluster, llms, workflows).", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", help="Also write the JSON result to this file.")]
+BackendOpt = Annotated[str, typer.Option("--backend", help="Allocation search: cpsat, milp, enumerate or bruteforce.")]
+ObjectiveOpt = Annotated[Optional[str], typer.Option("--objective", help="Override the instance's objective: min_latency, max_throughput, min_gpus or min_cost.")]
+WelfareOpt = Annotated[Optional[str], typer.Option("--welfare", help="Override how several workflows combine: egalitarian or social.")]
+TimeLimitOpt = Annotated[float, typer.Option("--time-limit-s", min=0.01, help="Stop searching after this many seconds and return the best plan with its gap.")]
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=256, help="Solver threads, 1 to 256 (results stay deterministic).")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (same seed, same result).")]
+DurationOpt = Annotated[float, typer.Option("--duration-s", min=1.0, help="Simulated seconds of arrivals.")]
+WarmupOpt = Annotated[Optional[float], typer.Option("--warmup-s", min=0.0, help="Requests arriving before this are not measured (default: 10% of the duration).")]
+AllocationOpt = Annotated[Path, typer.Option("--allocation", help="Allocation YAML (or a plan JSON): llms: [{name, gpu_type, tp, fraction, replicas}].")]
+KubeconfigOpt = Annotated[Optional[Path], typer.Option("--kubeconfig", help="Kubeconfig file (default: $KUBECONFIG or ~/.kube/config).")]
+ContextOpt = Annotated[Optional[str], typer.Option("--context", help="Kubeconfig context (default: the current one).")]
+NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the deployment.")]
+PlacementOpt = Annotated[str, typer.Option("--placement", help="Placement: cpsat (exact, least fragmented, the heuristic as hint) or heuristic (the paper's).")]
+PlacementTimeLimitOpt = Annotated[float, typer.Option("--placement-time-limit-s", min=0.01, help="Stop the placement search after this many seconds and keep the best placement with its gap.")]
+CurrentOpt = Annotated[Optional[Path], typer.Option("--current", help="Re-plan: the running placement (a previous plan JSON or its placement list); replicas that can stay where they are, stay.")]
+TracesArg = Annotated[list[Path], typer.Argument(help="Trace files: proxy stores (.db), .jsonl/.parquet exports, OTLP JSON (.json).", show_default=False)]
+GpuTypeOpt = Annotated[str, typer.Option("--gpu-type", help="GPU type the profile rows are for (a name of the instance's cluster.gpu_types).")]
+TpOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree of the replica (profiled or emulated).")]
+FractionOpt = Annotated[float, typer.Option("--fraction", min=0.0, max=1.0, help="GPU fraction per shard of the replica (profiled or emulated), in (0, 1].")]
+CatalogModelOpt = Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id), see models/catalog/catalog.py.")]
+CatalogGpuOpt = Annotated[str, typer.Option("--gpu", help="Catalog GPU (A6000, A100-80G, H100, H200, L40S, L4, ...).")]
+HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")]
+PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")]
+
+
+# optional dependencies (pyproject.toml extras): the module, and the extra that installs it
+EXTRAS = {
+    "aiohttp": "tracing", "pyarrow": "tracing", "pynvml": "tracing",
+    "kubernetes": "k8s", "kubernetes_validate": "k8s",
+    "langgraph": "examples", "openai": "examples",
+    "llama_cpp": "engine",
+}
+
+
+def say(line: str) -> None:
+    """One plain line on stderr (no console layout at all: nothing to interpret or wrap)."""
+    sys.stderr.write(" ".join(line.splitlines()) + "\n")
+
+
+def fail(error: ScepsyError) -> None:
+    say(f"error: {error}")
+    raise typer.Exit(error.exit_code)
+
+
+@contextmanager
+def errors() -> Iterator[None]:
+    """Map scepsy's typed errors to one line and an exit code; never show a traceback."""
+    try:
+        yield
+    except ScepsyError as error:
+        fail(error)
+    except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        raise
+    except Exception as error:  # noqa: BLE001 - last line of defence for the no-traceback promise
+        missing = (error.name or "").split(".")[0] if isinstance(error, ModuleNotFoundError) else ""
+        if missing in EXTRAS:
+            fail(InputError(None, None, f"this command needs {missing}, an optional dependency",
+                            f"pip install 'scepsy[{EXTRAS[missing]}]'"))
+        if os.environ.get("SCEPSY_DEBUG"):
+            raise
+        say(f"internal error: {type(error).__name__}: {error} (set SCEPSY_DEBUG=1 for details)")
+        raise typer.Exit(1)
+
+
+@contextmanager
+def working(message: str) -> Iterator[None]:
+    """A spinner on stderr for work that may take over a second (only on a terminal)."""
+    if stderr.is_terminal:
+        with stderr.status(message):
+            yield
+    else:
+        yield
+
+
+Advance = Callable[..., None]
+
+
+@contextmanager
+def progress(description: str, total: float) -> Iterator[Advance]:
+    """The progress bar on stderr (only on a terminal); yields advance(completed=None, text=None,
+    total=None): one step, or to `completed`; `text` after the description; `total` restarts it."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"), TimeElapsedColumn(),
+        console=stderr, transient=True, disable=not stderr.is_terminal,
+    ) as bar:
+        task = bar.add_task(description, total=total)
+
+        def advance(completed: float | None = None, text: str | None = None, total: float | None = None) -> None:
+            if total is not None:
+                bar.reset(task, total=total)
+            if completed is None and total is None:
+                bar.advance(task)
+            elif completed is not None:
+                bar.update(task, completed=completed)
+            if text:
+                bar.update(task, description=f"{description}: {text}")
+
+        yield advance
+
+
+def split_list(value: str) -> list[str]:
+    """The items of a comma-separated option value."""
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def number_list(value: str, option: str, example: str = "1,2,4") -> list[float]:
+    """A comma-separated list of positive numbers."""
+    try:
+        values = [float(x) for x in split_list(value)]
+    except ValueError:
+        raise InputError(None, option, f"{value!r} is not a comma-separated list of numbers", f"write e.g. {example}") from None
+    if not values or not all(0 < v <= MAX_OPTION_VALUE for v in values):
+        raise InputError(None, option, f"values must be positive finite numbers up to {MAX_OPTION_VALUE:g}", f"write e.g. {example}")
+    return values
+
+
+def finite(value: float | None, option: str) -> None:
+    """Refuse nan, inf and numbers too large to compute with for a numeric option."""
+    if value is not None and not -MAX_OPTION_VALUE <= value <= MAX_OPTION_VALUE:
+        raise InputError(None, option, f"{value!r} is not a finite number up to {MAX_OPTION_VALUE:g}", "give a finite value")
+
+
+def tp_list(value: str) -> list[int]:
+    """Tensor-parallel degrees: whole numbers up to 64."""
+    degrees = number_list(value, "--tp")
+    for degree in degrees:
+        if degree != int(degree) or degree > 64:
+            raise InputError(None, "--tp", f"{degree:g} is not a tensor-parallel degree", "write whole numbers up to 64, e.g. 1,2,4")
+    return [int(d) for d in degrees]
+
+
+def emit_json(data: object, out: Optional[Path], to_stdout: bool, option: str = "--out") -> None:
+    text = json.dumps(data, indent=2) + "\n"
+    if out is not None:
+        write_text(out, text, option)
+    if to_stdout:
+        sys.stdout.write(text)
+
+
+def num(value: float | None) -> float | None:
+    """A number for JSON: 6 significant digits, None for missing or infinite values."""
+    return None if value is None or not math.isfinite(value) else float(f"{value:.6g}")

@@ -1,0 +1,215 @@
+"""Profiles: `scepsy profiles synthesize`, `profiles import` and `profile` (replay against an engine)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from scepsy.cli.app import app, profiles_app
+from scepsy.cli.common import (
+    FractionOpt,
+    GpuTypeOpt,
+    JsonOpt,
+    SeedOpt,
+    TpOpt,
+    emit_json,
+    errors,
+    finite,
+    number_list,
+    progress,
+    stderr,
+    stdout,
+    tp_list,
+)
+from scepsy.models.errors import InputError
+from scepsy.models.inputs import kind_of
+from scepsy.models.output import check_output, writing
+
+
+@profiles_app.command("synthesize")
+def profiles_synthesize(
+    model: Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id), see models/catalog/catalog.py.")],
+    gpu: Annotated[str, typer.Option("--gpu", help="Catalog GPU (A6000, A100-80G, H100, H200, L40S, L4, ...); also the profile's gpu_type unless --gpu-type-name.")],
+    out: Annotated[Path, typer.Option("--out", help="Profile CSV to write.")],
+    tp: Annotated[str, typer.Option("--tp", help="Tensor-parallel degrees, comma-separated.")] = "1",
+    fractions: Annotated[str, typer.Option("--fractions", help="GPU fractions per shard, comma-separated.")] = "0.2,0.5,1.0",
+    requests: Annotated[str, typer.Option("--requests", help="Request lengths: fixed:P,C | azure:conv | azure:code | trace.csv | calls.jsonl.")] = "azure:conv",
+    llm: Annotated[Optional[str], typer.Option("--llm", help="With a calls JSONL: use only this LLM's calls.")] = None,
+    gpu_type_name: Annotated[Optional[str], typer.Option("--gpu-type-name", help="gpu_type label in the CSV (default: --gpu as given).")] = None,
+    min_kv_gib: Annotated[float, typer.Option("--min-kv-gib", min=0.0, help="Skip fractions whose KV cache is smaller.")] = 0.0,
+    requests_per_point: Annotated[int, typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point.")] = 400,
+    merge: Annotated[bool, typer.Option("--merge", help="Keep the rows of other (gpu_type, tp) pairs already in --out.")] = False,
+    seed: SeedOpt = 0,
+    json_output: JsonOpt = False,
+) -> None:
+    """Synthesize a profile: simulate one replica under Poisson load from light load to saturation."""
+    import pandas as pd
+
+    from scepsy.models.catalog import catalog
+    from scepsy.models.instance.profile import read_profile_frame, write_profile
+    from scepsy.models.profiles.synthesize import (
+        SynthesisSettings,
+        load_request_source,
+        stable_capacity_rps,
+        synthesize,
+    )
+
+    with errors():
+        check_output(out, [requests] if kind_of(requests) != "missing" else [])
+        card, gpu_card = catalog.model(model), catalog.gpu(gpu)
+        tps = tp_list(tp)
+        fracs = number_list(fractions, "--fractions", "0.2,0.5,1.0")
+        if any(f > 1 for f in fracs):
+            raise InputError(None, "--fractions", "fractions must lie in (0, 1]", "write e.g. 0.2,0.5,1.0")
+        source = load_request_source(requests, llm)
+        label = gpu_type_name or gpu
+        settings = SynthesisSettings(requests_per_point=requests_per_point, seed=seed)
+        with progress(f"synthesizing {card.name} on {label}", len(tps) * len(fracs)) as advance:
+            frame, skipped = synthesize(card, gpu_card, tps, fracs, source, settings, label, min_kv_gib,
+                                        progress=lambda text: advance(None, text))
+        if frame.empty:
+            raise InputError(None, "--fractions", "no (tp, fraction) fits the model", "use larger fractions or TP degrees")
+        if merge and kind_of(out) != "missing":
+            old = read_profile_frame(out)
+            keep = ~old.set_index(["gpu_type", "tp"]).index.isin(frame.set_index(["gpu_type", "tp"]).index)
+            frame = pd.concat([old[keep], frame], ignore_index=True)
+        with writing(out):
+            write_profile(frame, out)
+        capacities = {
+            f"tp{t}/f{fr:g}": round(stable_capacity_rps(g), 6)
+            for (gt, t, fr), g in frame.groupby(["gpu_type", "tp", "fraction"]) if gt == label
+        }
+        summary = {
+            "out": str(out),
+            "model": card.name,
+            "gpu": gpu_card.name,
+            "gpu_type": label,
+            "requests": source.name,
+            "mean_prompt_tokens": round(source.mean_prompt_tokens, 1),
+            "mean_completion_tokens": round(source.mean_completion_tokens, 1),
+            "rows": int(len(frame)),
+            "capacity_rps": capacities,
+            "skipped": [{"tp": s.tp, "fraction": s.fraction, "reason": s.reason} for s in skipped],
+        }
+        emit_json(summary, None, json_output)
+        if not json_output:
+            stdout.print(f"wrote {out}: {len(frame)} rows ({card.name} on {label}, requests {source.name})")
+            for key, capacity in capacities.items():
+                stdout.print(f"  {key}: capacity_rps {capacity:.4g}")
+            for s in skipped:
+                stdout.print(f"  skipped tp{s.tp}/f{s.fraction:g}: {s.reason}")
+
+
+def _parse_rates(value: str) -> tuple[float, ...] | None:
+    """`auto` (None) or a list of positive rates."""
+    if value.strip() == "auto":
+        return None
+    return tuple(number_list(value, "--rates", "auto or 0.5,1,2,4"))
+
+
+def _write_profile_rows(rows, out: Path) -> None:
+    from scepsy.models.instance.profile import read_profile_frame, write_profile
+    from scepsy.tracing.profiling.replay import merge_profile_rows
+
+    check_output(out)
+    existing = read_profile_frame(out) if kind_of(out) != "missing" else None
+    with writing(out):
+        write_profile(merge_profile_rows(existing, rows), out)
+
+
+@app.command()
+def profile(
+    traces: Annotated[list[Path], typer.Option("--traces", help="Trace files with request bodies (repeat for several).")],
+    llm: Annotated[str, typer.Option("--llm", help="The LLM whose calls are replayed.")],
+    endpoint: Annotated[str, typer.Option("--endpoint", help="Base URL of the engine to profile, e.g. http://127.0.0.1:8001.")],
+    gpu_type: GpuTypeOpt,
+    out: Annotated[Path, typer.Option("--out", help="Profile CSV; rows of other (gpu_type, tp, fraction) already in it are kept.")],
+    tp: TpOpt = 1,
+    fraction: FractionOpt = 1.0,
+    rates: Annotated[str, typer.Option("--rates", help="auto (light load, doubling to saturation, then bisecting) or a list of calls/s, e.g. 0.5,1,2.")] = "auto",
+    duration_s: Annotated[float, typer.Option("--duration-s", min=0.1, help="Nominal length of each rate point.")] = 60.0,
+    min_requests: Annotated[int, typer.Option("--min-requests", min=1, help="At least this many workflow requests per rate point.")] = 5,
+    model: Annotated[Optional[str], typer.Option("--model", help="Replace the `model` field of replayed requests (the engine's served name).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the arrival process and request order.")] = 0,
+    arrivals: Annotated[str, typer.Option("--arrivals", help="Workflow request arrivals: poisson, or uniform (1 / rate apart).")] = "poisson",
+    timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Per-call timeout.")] = 600.0,
+    json_output: JsonOpt = False,
+) -> None:
+    """Replay an LLM's traced calls at a sweep of arrival rates and write its profile rows."""
+    import asyncio
+
+    from scepsy.tracing.capture.traces import load_traces
+    from scepsy.tracing.profiling.replay import (
+        Sweep,
+        SweepSettings,
+        auto_start_rate,
+        probe_service_time,
+        profile_rows,
+        replay_requests,
+    )
+
+    with errors():
+        if not 0 < fraction <= 1:
+            raise InputError(None, "--fraction", f"{fraction} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
+        if arrivals not in ("poisson", "uniform"):
+            raise InputError(None, "--arrivals", f"unknown arrival process {arrivals!r}", "use poisson or uniform")
+        finite(duration_s, "--duration-s")
+        finite(timeout_s, "--timeout-s")
+        check_output(out, traces)
+        settings = SweepSettings(rates_rps=_parse_rates(rates), duration_s=duration_s, min_requests=min_requests,
+                                 seed=seed, timeout_s=timeout_s, model=model, arrivals=arrivals)
+        calls = load_traces(traces)
+        requests = replay_requests(calls, llm, model)
+        start_rate = 1.0
+        if settings.rates_rps is None:
+            start_rate = auto_start_rate(asyncio.run(probe_service_time(requests, endpoint, timeout_s=timeout_s)))
+        sweep = Sweep(requests, endpoint, settings, start_rate)
+        with progress(f"replaying {llm}", 1) as advance:
+
+            def on_point(rate: float, expected: int) -> None:
+                advance(0, f"{rate:.3g} calls/s", total=expected)
+
+            points = asyncio.run(sweep.run(on_point, advance))
+        rows = profile_rows(points, gpu_type, tp, fraction)
+        _write_profile_rows(rows, out)
+        data = [{"target_rate_rps": p.target_rate_rps, "arrival_rate_rps": p.arrival_rate_rps, "throughput_rps": p.throughput_rps,
+                 "calls": p.calls, "failed": p.failed, "latency_mean_s": p.latency_s["mean"], "latency_p99_s": p.latency_s["p99"],
+                 "saturated": p.saturated} for p in points]
+        if json_output:
+            sys.stdout.write(json.dumps({"llm": llm, "out": str(out), "points": data}, indent=2) + "\n")
+        else:
+            from rich.table import Table
+
+            table = Table(title=f"Replay profile of {llm} ({gpu_type}, tp={tp}, fraction={fraction:g}) -> {out}")
+            for column in ("arrival_rate_rps", "throughput_rps", "calls", "failed", "latency_mean_s", "latency_p99_s", "saturated"):
+                table.add_column(column, justify="right")
+            for p in sorted(data, key=lambda p: p["arrival_rate_rps"]):
+                table.add_row(f"{p['arrival_rate_rps']:.3f}", f"{p['throughput_rps']:.3f}", str(p["calls"]), str(p["failed"]),
+                              f"{p['latency_mean_s']:.3f}", f"{p['latency_p99_s']:.3f}", "yes" if p["saturated"] else "no")
+            stdout.print(table)
+
+
+@profiles_app.command("import")
+def profiles_import(
+    files: Annotated[list[Path], typer.Argument(help="vllm bench serve result JSON files and/or sglang.bench_serving JSONL files.", show_default=False)],
+    gpu_type: GpuTypeOpt,
+    out: Annotated[Path, typer.Option("--out", help="Profile CSV; rows of other (gpu_type, tp, fraction) already in it are kept.")],
+    tp: TpOpt = 1,
+    fraction: FractionOpt = 1.0,
+) -> None:
+    """Import benchmark results (one row per run) into the profile CSV format."""
+    from scepsy.tracing.profiling.benchimport import import_bench_results
+
+    with errors():
+        if not 0 < fraction <= 1:
+            raise InputError(None, "--fraction", f"{fraction} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
+        check_output(out, files)
+        result = import_bench_results(files, gpu_type, tp, fraction)
+        _write_profile_rows(result.rows, out)
+        for line in result.notes + [f"skipped {s}" for s in result.skipped]:
+            stderr.print(f"note: {line}", markup=False, highlight=False)
+        stderr.print(f"wrote {len(result.rows)} rows for {gpu_type} tp={tp} fraction={fraction:g} to {out}", markup=False)

@@ -1,0 +1,100 @@
+"""The public Python API (`from scepsy import plan, place, predict, simulate`), the one output
+writer (every output path of the CLI: exit 2 with one line when it cannot be written), `python -m
+scepsy`, and the optional dependencies that the core install leaves out."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+
+import pytest
+from typer.testing import CliRunner
+
+import scepsy
+from scepsy import place, plan, predict, simulate
+from scepsy.cli import app
+from scepsy.models.simulation.simulator import SimulationSettings
+from scepsy.tracing.capture.store import write_store
+
+from conftest import INSTANCES, REPO
+from test_replay import beam_trace
+
+DEFAULT = INSTANCES / "beam-4xa6000.yaml"
+runner = CliRunner()
+
+
+def test_the_api_answers_what_the_commands_answer(tmp_path):
+    planned = plan(DEFAULT)
+    out = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(DEFAULT), "--out", str(out)]).exit_code == 0
+    written = json.loads(out.read_text())
+    assert written["llms"] == planned.to_json()["llms"] and written["placement"] == planned.to_json()["placement"]
+
+    placed = place(DEFAULT, out)  # a plan JSON is an allocation too
+    assert placed.placement == planned.placement
+    predicted = predict(DEFAULT, planned.allocation)
+    assert predicted.workflow("beam").latency_s == pytest.approx(planned.prediction.workflow("beam").latency_s)
+    simulated = simulate(DEFAULT, planned.allocation, rate_rps=1.0, settings=SimulationSettings(duration_s=20.0))
+    assert [w.name for w in simulated.workflows] == ["beam"] and simulated.workflows[0].completed > 0
+
+
+def test_python_dash_m_scepsy_is_the_command():
+    result = subprocess.run([sys.executable, "-m", "scepsy", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "plan" in result.stdout and "manifests" in result.stdout
+
+
+@pytest.fixture
+def blocked(tmp_path):
+    """An output path that cannot be created: its parent is a regular file (also for root)."""
+    wall = tmp_path / "a-file"
+    wall.write_text("")
+    return wall / "out"
+
+
+def _one_line_exit_2(result, path) -> None:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(path) in lines[0] and "cannot write" in lines[0], result.output
+
+
+@pytest.mark.parametrize("command", [
+    ["plan", str(DEFAULT), "--out", "{out}.json"],
+    ["predict", str(DEFAULT), "--allocation", "{allocation}", "--out", "{out}.json"],
+    ["aggregate", "{traces}", "--out", "{out}.yaml"],
+    ["traces", "export", "{traces}", "--format", "jsonl", "--out", "{out}.jsonl"],
+])
+def test_every_output_path_goes_through_the_writer(tmp_path, blocked, command):
+    traces = tmp_path / "t.db"
+    write_store(traces, beam_trace(2))
+    args = [part.format(out=blocked, traces=traces, allocation="") for part in command]
+    if command[0] == "predict":  # an allocation of the default instance
+        allocation = tmp_path / "alloc.yaml"
+        allocation.write_text("llms:\n  - {name: gen, gpu_type: A6000, tp: 1, fraction: 0.5, replicas: 2}\n"
+                              "  - {name: ver, gpu_type: A6000, tp: 2, fraction: 1.0, replicas: 1}\n")
+        args[args.index("--allocation") + 1] = str(allocation)
+    result = runner.invoke(app, args)
+    _one_line_exit_2(result, blocked)
+
+
+def test_a_missing_extra_is_one_line_naming_the_extra():
+    code = "import sys; sys.modules['kubernetes'] = None; from scepsy.cli import main; sys.argv = ['scepsy', 'status']; main()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "pip install 'scepsy[k8s]'" in result.stderr
+
+
+def test_the_core_install_leaves_the_optional_dependencies_out():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"]).lower()
+    for optional in ("langgraph", "openai", "kubernetes", "llama-cpp-python"):
+        assert optional not in core
+    extras = project["optional-dependencies"]
+    assert {"tracing", "k8s", "examples", "engine", "test"} <= set(extras)
+    assert "scepsy[tracing,k8s,examples]" in extras["test"]  # the README's test command sets up everything
+
+
+def test_the_api_is_typed_for_static_tools():
+    assert (REPO / "scepsy" / "py.typed").is_file()
+    assert scepsy.__all__ == ["plan", "place", "predict", "simulate"]

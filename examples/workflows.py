@@ -1,6 +1,6 @@
 """Example agentic workflows as real programs: LangGraph graphs calling LLMs with the `openai` client.
 
-Both take the proxy's URL and call each LLM through its path prefix (`<proxy>/<llm>/v1`). Every
+All take the proxy's URL and call each LLM through its path prefix (`<proxy>/<llm>/v1`). Every
 workflow request gets a fresh id, sent as `X-Workflow-Id` with the workflow's name as
 `X-Workflow-Name` on each of its calls, which is how the proxy groups calls into requests.
 
@@ -8,6 +8,10 @@ Beam search (the paper's Fig. 1). The generator proposes `expansions` next steps
 `beam_width` active beams, all at once (a LangGraph `Send` fan-out); the verifier scores every
 proposed step, all at once; the best `beam_width` candidates survive. A beam ends when its step
 mentions "answer" (data dependent, so requests differ in length) or after `max_steps` steps.
+
+Judge ensemble (a fan-out across different LLMs). Every judge answers the question at the same time
+(a `Send` per judge); the aggregator then reads all answers and gives a verdict. The judges run
+side by side, so `scepsy aggregate` reports a critical-path share below 1 for them.
 
 RAG. The embedder embeds the question, the closest `retrieve_k` documents of a small in-memory
 corpus (embedded once per runner, under the id `<runner>-index`) are reranked by the reranker
@@ -331,6 +335,87 @@ class Rag:
         start = time.perf_counter()
         state = self._graph.invoke({"workflow_id": workflow_id, "question": question, "calls": 0})
         return RequestResult(workflow_id, time.perf_counter() - start, state["answer"], state["calls"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Judge ensemble (a fan-out across LLMs)
+
+
+class EnsembleState(TypedDict, total=False):
+    workflow_id: str
+    question: str
+    seed: int
+    judge: str
+    answers: Annotated[list[tuple[str, str]], operator.add]  # (judge, answer)
+    verdict: str
+    calls: Annotated[int, operator.add]
+
+
+@dataclass
+class JudgeEnsemble:
+    """Several different LLMs answer the question side by side (a LangGraph `Send` to each judge,
+    which run concurrently), then the aggregator reads every answer and gives the verdict; the
+    program `ensemble` of models/programs.py. `run(question)` is one workflow request."""
+
+    proxy_url: str
+    judges: tuple[str, ...] = ("judge-a", "judge-b", "judge-c")
+    aggregator: str = "aggregator"
+    answer_max_tokens: int = 24
+    verdict_max_tokens: int = 16
+    temperature: float = 0.7
+    api_key: str = "scepsy-example"
+    timeout_s: float = 300.0
+    name: str = "ensemble"
+    _graph: object = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.clients = {j: _client(self.proxy_url, j, self.api_key, self.timeout_s) for j in self.judges}
+        self.agg = _client(self.proxy_url, self.aggregator, self.api_key, self.timeout_s)
+        self._graph = self._build()
+
+    def _fan_out(self, state: EnsembleState) -> list[Send]:
+        return [Send("judge", {**state, "judge": j, "seed": state["seed"] * 10 + k}) for k, j in enumerate(self.judges)]
+
+    def _judge(self, state: EnsembleState) -> EnsembleState:
+        judge = state["judge"]
+        response = self.clients[judge].chat.completions.create(
+            model=judge,
+            messages=[{"role": "user", "content": f"Answer briefly: {state['question']}"}],
+            max_tokens=self.answer_max_tokens,
+            temperature=self.temperature,
+            seed=state["seed"],
+            extra_headers=_headers(self.name, state["workflow_id"]),
+        )
+        return {"answers": [(judge, (response.choices[0].message.content or "").strip())], "calls": 1}
+
+    def _aggregate(self, state: EnsembleState) -> EnsembleState:
+        answers = "\n".join(f"{judge}: {answer}" for judge, answer in sorted(state["answers"]))
+        response = self.agg.chat.completions.create(
+            model=self.aggregator,
+            messages=[{"role": "user", "content": f"Q: {state['question']}\nAnswers:\n{answers}\nWhich answer is right?"}],
+            max_tokens=self.verdict_max_tokens,
+            temperature=0.0,
+            extra_headers=_headers(self.name, state["workflow_id"]),
+        )
+        return {"verdict": response.choices[0].message.content or "", "calls": 1}
+
+    def _build(self):
+        graph = StateGraph(EnsembleState)
+        graph.add_node("judge", self._judge)
+        graph.add_node("aggregate", self._aggregate)
+        graph.add_conditional_edges(START, self._fan_out, ["judge"])
+        graph.add_edge("judge", "aggregate")
+        graph.add_edge("aggregate", END)
+        return graph.compile()
+
+    def run(self, question: str, seed: int = 0, workflow_id: str | None = None) -> RequestResult:
+        workflow_id = workflow_id or uuid.uuid4().hex
+        start = time.perf_counter()
+        state = self._graph.invoke(
+            {"workflow_id": workflow_id, "question": question, "seed": seed, "answers": [], "calls": 0},
+            {"max_concurrency": len(self.judges)},
+        )
+        return RequestResult(workflow_id, time.perf_counter() - start, state["verdict"], state["calls"])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
     python instances/generate_profiles.py            # rewrites instances/profiles/*.csv
     python instances/generate_profiles.py --jobs 2   # the same files, on two processes
-    python instances/generate_profiles.py --stats    # only print the traced statistics (n, p)
+    python instances/generate_profiles.py --stats    # only print the traced statistics (n, p, f)
+    python instances/generate_profiles.py --only ensemble   # only the judge ensemble's profiles
 
 Deterministic (fixed seeds; the output does not depend on --jobs). Documented in
 instances/README.md. The pipeline is the paper's, run on the simulator instead of a GPU cluster:
@@ -46,6 +47,14 @@ PROFILES = {
     "e5-base-v2": ("rag-4xa6000.yaml", "embed", "e5-base-v2", ENCODER_TPS),
     "bge-reranker-base": ("rag-4xa6000.yaml", "rerank", "bge-reranker-base", ENCODER_TPS),
 }
+# the judge ensemble (a fan-out across LLMs): A6000 and tp 1 only, as its instance
+ENSEMBLE_TPS = {"A6000": (1,)}
+PROFILES.update({
+    "ensemble-llama-3.2-1b": ("ensemble-4xa6000.yaml", "judge-small", "llama-3.2-1b", ENSEMBLE_TPS),
+    "ensemble-mistral-7b": ("ensemble-4xa6000.yaml", "judge-mistral", "mistral-7b", ENSEMBLE_TPS),
+    "ensemble-qwen2.5-7b": ("ensemble-4xa6000.yaml", "judge-qwen", "qwen2.5-7b", ENSEMBLE_TPS),
+    "ensemble-llama-3.1-8b": ("ensemble-4xa6000.yaml", "aggregator", "llama-3.1-8b", ENSEMBLE_TPS),
+})
 GPU_CATALOG = {"A6000": "A6000", "H100": "H100-SXM"}
 
 
@@ -81,7 +90,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--stats", action="store_true", help="only trace and print n and p")
+    parser.add_argument("--only", default=None, help="only the profiles whose name starts with this")
     options = parser.parse_args()
+    if options.only:
+        for name in [n for n in PROFILES if not n.startswith(options.only)]:
+            del PROFILES[name]
 
     from scepsy.models.instance.instance import load_instance
     from scepsy.models.instance.profile import write_profile
@@ -93,7 +106,8 @@ def main() -> None:
         for workflow in result.workflows:
             for stage in workflow.stages:
                 print(f"{instance_file} {workflow.name} {stage.llm}: n = {stage.invocations:.2f}, "
-                      f"p = {stage.parallelism:.2f}, mean call latency {stage.mean_call_latency_s:.4f} s")
+                      f"p = {stage.parallelism:.2f}, f = {stage.critical_path:.3f}, "
+                      f"mean call latency {stage.mean_call_latency_s:.4f} s")
     if options.stats:
         return
     jobs = []

@@ -24,6 +24,7 @@ from scepsy.models.inputs import kind_of, load_yaml, load_yaml_documents
 FIELD_MANAGER = "scepsy"
 APPLY_ORDER = (
     "Namespace",
+    "PriorityClass",
     "ServiceAccount",
     "Role",
     "ClusterRole",
@@ -35,6 +36,8 @@ APPLY_ORDER = (
     "ResourceClaim",
     "Service",
     "Deployment",
+    "PodDisruptionBudget",
+    "PodMonitor",
 )
 DRY_RUN_MODES = ("none", "server")
 # metadata the API server writes; never part of "did the object change"
@@ -231,6 +234,12 @@ def pod_statuses(api_client, namespace: str) -> list[ReplicaStatus]:
     return summarize([d.to_dict() for d in deployments.items], [p.to_dict() for p in pods.items])
 
 
+def _workflows(labels: dict[str, str]) -> str | None:
+    """The workflows a Deployment serves: its membership labels `workflow.scepsy.io/<name>`."""
+    members = sorted(key.split("/", 1)[1] for key in labels if key.startswith("workflow.scepsy.io/"))
+    return ",".join(members) or labels.get("scepsy.io/workflow")
+
+
 def summarize(deployments: list[dict], pods: list[dict]) -> list[ReplicaStatus]:
     """One row per scepsy Deployment: its pod's phase and readiness (the newest pod if several)."""
     rows = []
@@ -240,7 +249,7 @@ def summarize(deployments: list[dict], pods: list[dict]) -> list[ReplicaStatus]:
         matching = [p for p in pods if selector.items() <= (p["metadata"].get("labels") or {}).items()]
         matching.sort(key=lambda p: str(p["metadata"].get("creation_timestamp") or p["metadata"].get("creationTimestamp") or ""))
         name = deployment["metadata"]["name"]
-        llm, replica, workflow = labels.get("scepsy.io/llm"), labels.get("scepsy.io/replica"), labels.get("scepsy.io/workflow")
+        llm, replica, workflow = labels.get("scepsy.io/llm"), labels.get("scepsy.io/replica"), _workflows(labels)
         if not matching:
             rows.append(ReplicaStatus(name, llm, replica, workflow, None, "NoPod", False, 0))
             continue

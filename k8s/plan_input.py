@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from scepsy.models.catalog.catalog import reported_memory_mib
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import kind_of
 from scepsy.models.instance.allocation import ReplicaPlacement
@@ -33,6 +34,7 @@ class PlannedLlm:
     share: int  # units of 1/F per shard
     replicas: int
     memory_need_gib: float  # weights_gib + min_kv_gib, from the instance
+    weights_gib: float  # from the instance (sizes the pod's host memory)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ class PlacedPlan:
 
     def gpu_memory_gib(self, llm: str) -> float:
         return float(self.instance.cluster.gpu_types[self.llm(llm).gpu_type].memory_gib)
+
+    def gpu_reported_mib(self, llm: str) -> int:
+        """The memory NVML reports for the LLM's GPU type (what sharing stacks divide), MiB."""
+        return reported_memory_mib(self.llm(llm).gpu_type, self.gpu_memory_gib(llm))
 
     def workflows_of(self, llm: str) -> tuple[str, ...]:
         return tuple(w.name for w in self.workflows if llm in w.llms)
@@ -138,7 +144,7 @@ def _parse_llms(source: str, raw: dict, instance: Instance, f: int) -> tuple[Pla
         replicas = _int_field(source, where, record, "replicas", 1)
         share = parse_units(source, f"{where}.fraction", record.get("fraction"), f)
         model = record["model"] if isinstance(record.get("model"), str) else spec.model
-        llms.append(PlannedLlm(spec.name, model, gpu_type, tp, share, replicas, spec.memory_need_gib))
+        llms.append(PlannedLlm(spec.name, model, gpu_type, tp, share, replicas, spec.memory_need_gib, spec.weights_gib))
     names = [m.name for m in llms]
     if len(set(names)) != len(names):
         raise InputError(source, "llms", "an llm is listed twice", "list each llm once")

@@ -1,29 +1,44 @@
 """GPU sharing backends: how a replica's placed GPU shares become pod fields and cluster objects.
 
-For a replica with `tp` shards of share s = units/F on GPUs G of node n (GPU memory M GiB):
+For a replica with `tp` shards of share s = units/F on GPUs G of node n, whose GPU model reports
+R MiB through NVML (`catalog.reported_memory_mib`; what the sharing stacks register and divide):
 
 - `hami` (HAMi vGPU): `nvidia.com/gpu: tp`, `nvidia.com/gpucores: round(100 s)` and
-  `nvidia.com/gpumem: floor(1024 M s)` MiB per GPU (`nvidia.com/gpumem-percentage: 100` for a whole
-  GPU, since the nominal memory_gib can exceed what the device reports), the pod annotation
-  `nvidia.com/use-gpuuuid` with the UUIDs of G when the cluster file lists them, and
-  `schedulerName: hami-scheduler`. HAMi's in-container hook reports the slice as the device's total
-  memory, so the engine sees its slice as a whole GPU.
+  `nvidia.com/gpumem-percentage: floor(100 s)` per GPU. HAMi turns the percentage into
+  `Totalmem * p / 100` of the memory the device registered (pkg/device/nvidia/device.go, Fit), so
+  shares whose percentages sum to at most 100 always fit on one GPU, whatever the nominal capacity
+  (an absolute `nvidia.com/gpumem` from the nominal 80 GiB of an H100 would exceed the 81559 MiB it
+  registers). With `gpu_uuids` in the cluster file the pod annotation `nvidia.com/use-gpuuuid` pins
+  the shards to the planned GPUs; `schedulerName: hami-scheduler`. HAMi's in-container hook
+  reports the slice as the device's total memory, so the engine sees its slice as a whole GPU.
 - `dra-mps` (NVIDIA DRA driver, MPS): the NVIDIA DRA driver realises MPS sharing by letting several
   pods reference one ResourceClaim (one MPS control daemon per claim); it does not allow MPS on
   claims that share a device through consumable capacity, and one process cannot talk to two MPS
   daemons. So the replicas are grouped by the GPUs they share (connected components of "shares a
   GPU with", per node) and each group gets one ResourceClaim over exactly its GPUs (selected by UUID
-  through CEL when known), with `sharing.strategy: MPS` whose `defaultActiveThreadPercentage` and
-  `defaultPinnedDeviceMemoryLimit` are the largest share in the group (a ceiling); each replica then
-  narrows itself to its own share with the MPS client variables CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
-  and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and to its own GPUs with CUDA_VISIBLE_DEVICES. Under MPS the
-  engine still sees the whole device's memory.
+  through CEL when known). Only a group whose GPUs are shared turns MPS on (`sharing.strategy:
+  MPS`, an alpha driver feature that needs the GPUs in EXCLUSIVE_PROCESS mode), with
+  `defaultActiveThreadPercentage` and `defaultPinnedDeviceMemoryLimit` at the largest share in the
+  group (a ceiling, from the reported memory R); each replica then narrows itself to its own share
+  with the MPS client variables CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+  and to its own GPUs with CUDA_VISIBLE_DEVICES (ordinals of the claim's GPUs in PCI bus order,
+  never UUIDs: vLLM parses every entry with int()). A replica on whole GPUs gets a plain claim (no
+  MPS, no variables: the pod sees exactly its GPUs). Under MPS the engine still sees the whole
+  device's memory.
 - `device-plugin-mps` (NVIDIA k8s-device-plugin, MPS): every GPU of a node is split into N equal
   replicas (1/N of memory and compute each); accepted only if every shard on a node has the same
   share s and N = 1/s is an integer; a TP > 1 replica needs whole GPUs (the plugin hands out one
-  replica per request and cannot promise distinct GPUs). The node's plugin config is emitted as a
-  key of one ConfigMap for the plugin's namespace.
+  replica per request and cannot promise distinct GPUs). One ConfigMap for the plugin's namespace
+  holds one key per distinct config (`whole`, `mps-N`) plus `default`, the config most nodes use
+  (the plugin's config manager falls back to `default` for nodes without a
+  `nvidia.com/device-plugin.config` label); the nodes that need another key are listed in the
+  ConfigMap's annotation and in `node_labels`.
 - `none`: the plain device plugin, whole GPUs only (`nvidia.com/gpu: tp`).
+
+Pinning: only `hami` and `dra-mps` can place shards on chosen GPUs, and only by UUID (HAMi's
+annotation; the DRA driver publishes no GPU index attribute). Every engine pod carries the
+annotation `scepsy.io/gpu-pinning` (`uuid`, or why not), and `unpinned` lists the replicas a
+hami/dra-mps deployment cannot pin because their node lists no `gpu_uuids`.
 """
 
 from __future__ import annotations
@@ -46,6 +61,12 @@ DRA_DEVICE_CLASS = "gpu.nvidia.com"
 DRA_CLAIM_REQUEST = "gpus"
 MIN_DRA_KUBERNETES = (1, 32)  # the NVIDIA DRA driver needs structured parameters (resource.k8s.io/v1beta1+)
 DEVICE_PLUGIN_CONFIGMAP = "scepsy-device-plugin-config"
+DEVICE_PLUGIN_NODE_LABEL = "nvidia.com/device-plugin.config"
+PINNING_BACKENDS = ("hami", "dra-mps")
+
+
+PINNING_ANNOTATION = "scepsy.io/gpu-pinning"
+PINNED = "uuid"
 
 
 @dataclass
@@ -56,8 +77,9 @@ class GpuAccess:
     annotations: dict[str, str] = field(default_factory=dict)
     env: list[dict] = field(default_factory=list)
     scheduler_name: str | None = None
-    claim: str | None = None  # the shared ResourceClaim (dra-mps)
+    claim: str | None = None  # the ResourceClaim (dra-mps)
     engine_sees_slice: bool = False  # the engine's view of "total GPU memory" is its slice
+    slice_mib: int = 0  # GPU memory the replica really gets on each of its GPUs
 
 
 @dataclass
@@ -84,31 +106,57 @@ def _share(plan: PlacedPlan, replica: ReplicaPlacement) -> float:
     return plan.llm(replica.llm).share / plan.fractions_per_gpu
 
 
+def _whole(plan: PlacedPlan, replica: ReplicaPlacement) -> bool:
+    return plan.llm(replica.llm).share == plan.fractions_per_gpu
+
+
 def _slice_mib(plan: PlacedPlan, replica: ReplicaPlacement) -> int:
-    return math.floor(plan.gpu_memory_gib(replica.llm) * 1024 * _share(plan, replica) + 1e-9)
+    """The replica's share of the memory its GPU model reports (MPS pinned limits)."""
+    return math.floor(plan.gpu_reported_mib(replica.llm) * _share(plan, replica) + 1e-9)
 
 
 def _percent(share: float) -> int:
     return max(1, round(100 * share))
 
 
+def hami_memory_percent(share: float) -> int:
+    """`nvidia.com/gpumem-percentage` of a share: rounded down, so that shares summing to at most
+    one GPU sum to at most 100 %."""
+    return max(1, math.floor(100 * share + 1e-9))
+
+
+def _pinning(plan: PlacedPlan, replica: ReplicaPlacement, backend: str) -> str:
+    if backend not in PINNING_BACKENDS:
+        return f"none: {backend} cannot choose GPUs; the device plugin picks them on the pinned node"
+    if plan.gpu_uuids(replica.node) is None:
+        return f"none: node {replica.node} lists no gpu_uuids; run scepsy topology on it"
+    return PINNED
+
+
+def unpinned(plan: PlacedPlan, backend: str) -> list[ReplicaPlacement]:
+    """Replicas that a backend able to pin GPUs (hami, dra-mps) cannot pin: their node lists no
+    gpu_uuids in the cluster file."""
+    if backend not in PINNING_BACKENDS:
+        return []
+    return [r for r in plan.replicas if plan.gpu_uuids(r.node) is None]
+
+
 def _hami(plan: PlacedPlan) -> SharingResult:
     access = {}
     for r in plan.replicas:
         share = _share(plan, r)
-        limits = {"nvidia.com/gpu": len(r.shards), "nvidia.com/gpucores": _percent(share)}
-        if plan.llm(r.llm).share == plan.fractions_per_gpu:
-            limits["nvidia.com/gpumem-percentage"] = 100
-        else:
-            limits["nvidia.com/gpumem"] = _slice_mib(plan, r)
+        percent = hami_memory_percent(share)
+        limits = {"nvidia.com/gpu": len(r.shards), "nvidia.com/gpucores": _percent(share), "nvidia.com/gpumem-percentage": percent}
         uuids = _uuids(plan, r.node, r.gpus)
         annotations = {"nvidia.com/use-gpuuuid": ",".join(uuids)} if uuids else {}
-        access[(r.llm, r.replica)] = GpuAccess(limits, annotations, [], HAMI_SCHEDULER, None, True)
+        annotations[PINNING_ANNOTATION] = _pinning(plan, r, "hami")
+        slice_mib = plan.gpu_reported_mib(r.llm) * percent // 100  # HAMi: Totalmem * p / 100
+        access[(r.llm, r.replica)] = GpuAccess(limits, annotations, [], HAMI_SCHEDULER, None, True, slice_mib)
     return SharingResult(access, [])
 
 
 def _none(plan: PlacedPlan) -> SharingResult:
-    fractional = [r for r in plan.replicas if plan.llm(r.llm).share != plan.fractions_per_gpu]
+    fractional = [r for r in plan.replicas if not _whole(plan, r)]
     if fractional:
         r = fractional[0]
         raise InputError(
@@ -117,7 +165,11 @@ def _none(plan: PlacedPlan) -> SharingResult:
             f"--gpu-sharing none gives whole GPUs only, but {r.llm} gets {_share(plan, r):g} of a GPU",
             "use --gpu-sharing hami (default) or dra-mps, or plan with whole GPUs only",
         )
-    access = {(r.llm, r.replica): GpuAccess({"nvidia.com/gpu": len(r.shards)}) for r in plan.replicas}
+    access = {
+        (r.llm, r.replica): GpuAccess({"nvidia.com/gpu": len(r.shards)}, {PINNING_ANNOTATION: _pinning(plan, r, "none")},
+                                      slice_mib=plan.gpu_reported_mib(r.llm))
+        for r in plan.replicas
+    }
     return SharingResult(access, [])
 
 
@@ -129,7 +181,12 @@ def _device_plugin_config(replicas_per_gpu: int) -> str:
     return yaml.safe_dump(config, sort_keys=True, default_flow_style=False)
 
 
-def _device_plugin_mps(plan: PlacedPlan, namespace: str) -> SharingResult:
+def _config_key(replicas_per_gpu: int) -> str:
+    return "whole" if replicas_per_gpu == 1 else f"mps-{replicas_per_gpu}"
+
+
+def _replicas_per_gpu(plan: PlacedPlan) -> dict[str, int]:
+    """N per node: every shard on the node has share 1/N (else InputError)."""
     f = plan.fractions_per_gpu
     per_node: dict[str, set[int]] = {}
     for r in plan.replicas:
@@ -153,6 +210,27 @@ def _device_plugin_mps(plan: PlacedPlan, namespace: str) -> SharingResult:
                 "use --gpu-sharing hami or dra-mps, or plan with shares of 1/N",
             )
         replicas_per_gpu[node] = f // share
+    return replicas_per_gpu
+
+
+def device_plugin_node_labels(plan: PlacedPlan) -> dict[str, str]:
+    """Node -> value of `nvidia.com/device-plugin.config` for the nodes that do not use the
+    `default` key (most nodes need no label)."""
+    per_node = _replicas_per_gpu(plan)
+    default = _default_replicas(per_node)
+    return {node: _config_key(n) for node, n in sorted(per_node.items()) if n != default}
+
+
+def _default_replicas(per_node: dict[str, int]) -> int:
+    """The N most nodes use (ties: the smaller N); it becomes the `default` key."""
+    counts: dict[int, int] = {}
+    for n in per_node.values():
+        counts[n] = counts.get(n, 0) + 1
+    return min(counts, key=lambda n: (-counts[n], n))
+
+
+def _device_plugin_mps(plan: PlacedPlan, namespace: str) -> SharingResult:
+    replicas_per_gpu = _replicas_per_gpu(plan)
     access = {}
     for r in plan.replicas:
         n = replicas_per_gpu[r.node]
@@ -163,8 +241,19 @@ def _device_plugin_mps(plan: PlacedPlan, namespace: str) -> SharingResult:
                 f"{r.llm} has tp {len(r.shards)} on shared GPUs; device-plugin MPS hands one GPU replica per request and cannot place shards on distinct GPUs",
                 "use --gpu-sharing hami or dra-mps",
             )
-        access[(r.llm, r.replica)] = GpuAccess({"nvidia.com/gpu": len(r.shards)})
-    data = {node: _device_plugin_config(n) for node, n in sorted(replicas_per_gpu.items())}
+        # the plugin's MPS daemon limits each client to 1/N of the device's memory
+        access[(r.llm, r.replica)] = GpuAccess({"nvidia.com/gpu": len(r.shards)}, {PINNING_ANNOTATION: _pinning(plan, r, "device-plugin-mps")},
+                                               slice_mib=plan.gpu_reported_mib(r.llm) // n)
+    default = _default_replicas(replicas_per_gpu)
+    data = {"default": _device_plugin_config(default)}
+    data.update({_config_key(n): _device_plugin_config(n) for n in sorted(set(replicas_per_gpu.values())) if n != default})
+    labels = device_plugin_node_labels(plan)
+    usage = (
+        f"helm upgrade -i nvdp nvdp/nvidia-device-plugin --namespace {namespace} --set config.name={DEVICE_PLUGIN_CONFIGMAP} "
+        "--set config.default=default --set gfd.enabled=true"
+    )
+    if labels:
+        usage += "; then label: " + "; ".join(f"kubectl label node {node} {DEVICE_PLUGIN_NODE_LABEL}={key}" for node, key in labels.items())
     configmap = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -172,11 +261,7 @@ def _device_plugin_mps(plan: PlacedPlan, namespace: str) -> SharingResult:
             "name": DEVICE_PLUGIN_CONFIGMAP,
             "namespace": namespace,
             "labels": names.labels("nvidia-device-plugin", DEVICE_PLUGIN_CONFIGMAP, "gpu-sharing"),
-            "annotations": {
-                "scepsy.io/usage": "install the NVIDIA device plugin with config.name="
-                + DEVICE_PLUGIN_CONFIGMAP
-                + " and label every node: nvidia.com/device-plugin.config=<node name>",
-            },
+            "annotations": {"scepsy.io/usage": usage},
         },
         "data": data,
     }
@@ -218,6 +303,30 @@ def _claim_request(api_version: str, count: int, uuids: list[str] | None) -> dic
     return {"name": DRA_CLAIM_REQUEST, "exactly": device}
 
 
+def _mps_config(plan: PlacedPlan, members: list[ReplicaPlacement]) -> list[dict]:
+    """The claim's opaque GpuConfig turning MPS on, with the group's largest share as ceiling."""
+    ceiling = max(members, key=lambda r: plan.llm(r.llm).share)
+    mps = {
+        "defaultActiveThreadPercentage": _percent(_share(plan, ceiling)),
+        "defaultPinnedDeviceMemoryLimit": f"{_slice_mib(plan, ceiling)}Mi",
+    }
+    parameters = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": mps}}
+    return [{"requests": [DRA_CLAIM_REQUEST], "opaque": {"driver": DRA_DRIVER, "parameters": parameters}}]
+
+
+def _mps_client_env(plan: PlacedPlan, replica: ReplicaPlacement, claim_gpus: tuple[int, ...]) -> list[dict]:
+    """A replica narrowed to its own GPUs (ordinals among the claim's GPUs, PCI bus order) and share."""
+    position = {g: i for i, g in enumerate(claim_gpus)}
+    limit = ",".join(f"{i}={_slice_mib(plan, replica)}M" for i in range(len(replica.gpus)))
+    return [
+        # ordinals follow PCI bus order, as NVML's indices (and so the plan's GPU numbers) do
+        {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},
+        {"name": "CUDA_VISIBLE_DEVICES", "value": ",".join(str(position[g]) for g in replica.gpus)},
+        {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": str(_percent(_share(plan, replica)))},
+        {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": limit},
+    ]
+
+
 def _dra_mps(plan: PlacedPlan, namespace: str, kubernetes_version: tuple[int, int]) -> SharingResult:
     if kubernetes_version < MIN_DRA_KUBERNETES:
         raise InputError(
@@ -232,17 +341,10 @@ def _dra_mps(plan: PlacedPlan, namespace: str, kubernetes_version: tuple[int, in
     for node, gpus, members in _groups(plan):
         k = counters[node] = counters.get(node, -1) + 1
         claim = f"gpus-{names.dns_label(node)}-{k}"
-        uuids = _uuids(plan, node, gpus)
-        ceiling = max(members, key=lambda r: plan.llm(r.llm).share)
-        mps = {
-            "defaultActiveThreadPercentage": _percent(_share(plan, ceiling)),
-            "defaultPinnedDeviceMemoryLimit": f"{_slice_mib(plan, ceiling)}Mi",
-        }
-        parameters = {
-            "apiVersion": "resource.nvidia.com/v1beta1",
-            "kind": "GpuConfig",
-            "sharing": {"strategy": "MPS", "mpsConfig": mps},
-        }
+        shared = len(members) > 1 or not _whole(plan, members[0])
+        devices: dict = {"requests": [_claim_request(api_version, len(gpus), _uuids(plan, node, gpus))]}
+        if shared:
+            devices["config"] = _mps_config(plan, members)
         objects.append(
             {
                 "apiVersion": api_version,
@@ -251,27 +353,16 @@ def _dra_mps(plan: PlacedPlan, namespace: str, kubernetes_version: tuple[int, in
                     "name": claim,
                     "namespace": namespace,
                     "labels": names.labels("nvidia-dra-driver-gpu", claim, "gpu-sharing"),
-                    "annotations": {"scepsy.io/node": node, "scepsy.io/gpus": ",".join(map(str, gpus))},
+                    "annotations": {"scepsy.io/node": node, "scepsy.io/gpus": ",".join(map(str, gpus)), "scepsy.io/mps": str(shared).lower()},
                 },
-                "spec": {
-                    "devices": {
-                        "requests": [_claim_request(api_version, len(gpus), uuids)],
-                        "config": [{"requests": [DRA_CLAIM_REQUEST], "opaque": {"driver": DRA_DRIVER, "parameters": parameters}}],
-                    }
-                },
+                "spec": {"devices": devices},
             }
         )
-        position = {g: i for i, g in enumerate(gpus)}
         for r in members:
-            share = _share(plan, r)
-            own = _uuids(plan, r.node, r.gpus) or [str(position[g]) for g in r.gpus]
-            limit = ",".join(f"{i}={_slice_mib(plan, r)}M" for i in range(len(r.gpus)))
-            env = [
-                {"name": "CUDA_VISIBLE_DEVICES", "value": ",".join(own)},
-                {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": str(_percent(share))},
-                {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": limit},
-            ]
-            access[(r.llm, r.replica)] = GpuAccess({}, {}, env, None, claim, False)
+            env = _mps_client_env(plan, r, gpus) if shared else []
+            slice_mib = _slice_mib(plan, r) if shared else plan.gpu_reported_mib(r.llm)
+            annotations = {PINNING_ANNOTATION: _pinning(plan, r, "dra-mps")}
+            access[(r.llm, r.replica)] = GpuAccess({}, annotations, env, None, claim, False, slice_mib)
     return SharingResult(access, objects)
 
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import kubernetes_validate
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError, latest_version
 
-NOT_BUILT_IN = ("kustomize.config.k8s.io",)
+# kustomize files and prometheus-operator's custom resources (PodMonitor: its CRD schema, not the
+# Kubernetes OpenAPI, defines it) are not built-in kinds
+NOT_BUILT_IN = ("kustomize.config.k8s.io", "monitoring.coreos.com")
 
 
 @dataclass(frozen=True)

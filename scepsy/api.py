@@ -140,10 +140,12 @@ ROUTINGS = ("cache_aware", "least_outstanding")
 
 
 def simulation_settings(duration_s: float = 300.0, warmup_s: float | None = None, seed: int = 0,
-                        routing: str = "cache_aware") -> SimulationSettings:
+                        routing: str = "cache_aware", engine_model: str = "builtin", backend: str = "vllm",
+                        database_version: str = "current") -> SimulationSettings:
     if routing not in ROUTINGS:
         raise InputError(None, "--routing", f"unknown routing {routing!r}", "use cache_aware or least_outstanding")
-    return SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing)
+    return SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing,
+                              engine_model=engine_model, backend=backend, database_version=database_version)
 
 
 @dataclass(frozen=True)

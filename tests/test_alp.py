@@ -52,8 +52,27 @@ def test_shared_llm_sums_the_load_of_its_workflows(write_instance):
     expected = 1.5 + (2 / 10) * 0.5  # between (10, 1.5) and (20, 2.0)
     assert gen.latency_s == pytest.approx(expected)
     assert prediction.workflow("chat").latency_s == pytest.approx(expected * 1.5)
-    assert prediction.workflow("chat").max_throughput_rps == pytest.approx(20 / 1.5)
+    # the generator's 20 rps less the 9 rps beam sends it leave chat 11 rps of calls, 7.33 req/s;
+    # beam gets (20 - 3) / 9 of the generator; the verifier (tp 2 x 0.5: 8 rps / 6 calls) limits it further
+    assert prediction.workflow("chat").max_throughput_rps == pytest.approx((20 - 9) / 1.5)
+    assert prediction.workflow("chat").bottleneck == "gen"
+    assert prediction.workflow("beam").max_throughput_rps == pytest.approx(min((20 - 3) / 9, 8 / 6))
     assert gen.utilization == pytest.approx(12 / 20)
+
+
+def test_shared_llm_limits_are_consistent_with_the_load_they_take(write_instance):
+    """At its limit, each workflow alone raises the shared LLM to its capacity."""
+    def two_workflows(doc):
+        doc["workflows"].append(
+            {"name": "chat", "arrival_rate": 2.0, "stages": [{"llm": "gen", "invocations": 1.5, "parallelism": 1.0}]}
+        )
+
+    instance = load_instance(write_instance(two_workflows))
+    allocation = alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 10, 1))
+    limit = predict(instance, allocation).workflow("chat").max_throughput_rps
+    at_limit = predict(instance.with_arrival_rates({"chat": limit}), allocation)
+    assert at_limit.llm("gen").utilization == pytest.approx(1.0)
+    assert at_limit.workflow("chat").max_throughput_rps == pytest.approx(limit)
 
 
 def test_overload_is_flagged(write_instance):
@@ -68,3 +87,37 @@ def test_latency_metric_selects_the_column(write_instance):
     instance = load_instance(write_instance(lambda d: d.update(latency_metric="p99")))
     prediction = predict(instance, alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 5, 1)))
     assert prediction.llm("gen").latency_s == pytest.approx(2 * 1.45)
+
+
+def test_tail_metric_from_the_traced_latency_ratios(write_instance):
+    """With latency_ratios, p99 is the traced ratio times the mean pipeline latency (the spread of
+    the control flow), not the sum of per-call p99s; without them, the sum as before."""
+    allocation = alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 5, 1))
+    mean = predict(load_instance(write_instance()), allocation).workflow("beam").latency_s
+
+    def p99(ratios):
+        return lambda d: (d.update(latency_metric="p99"), d["workflows"][0].update(latency_ratios=ratios) if ratios else None)
+
+    with_ratio = load_instance(write_instance(p99({"p90": 1.4, "p99": 2.5})))
+    assert with_ratio.call_latency_metric == "mean"
+    assert predict(with_ratio, allocation).workflow("beam").latency_s == pytest.approx(2.5 * mean)
+    summed = load_instance(write_instance(p99(None)))
+    assert summed.call_latency_metric == "p99"
+    assert predict(summed, allocation).llm("gen").latency_s == pytest.approx(2 * 1.45)
+
+
+def test_max_throughput_plan_is_consistent_with_shared_limits(write_instance):
+    """At the largest load factor, every workflow's limit covers its own rate, and the shared
+    generator leaves no more: the binding workflow's limit is its rate (bisection tolerance)."""
+    from scepsy.planner.allocation.planning import make_plan
+
+    def shared(doc):
+        doc["objective"] = "max_throughput"
+        doc["workflows"].append(
+            {"name": "chat", "arrival_rate": 2.0, "stages": [{"llm": "gen", "invocations": 1.5, "parallelism": 1.0}]}
+        )
+
+    plan = make_plan(load_instance(write_instance(shared)))
+    limits = {w.name: w.max_throughput_rps / w.arrival_rate_rps for w in plan.prediction.workflows}
+    assert all(v >= 1 - 1e-9 for v in limits.values()), limits
+    assert min(limits.values()) <= 1 + 2e-3, limits

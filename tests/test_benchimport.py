@@ -37,7 +37,10 @@ def test_vllm_and_sglang_versions(tmp_path):
     # SGLang without p90: interpolated between p50 and p99 by rank (700 + 900 * 40 / 49 ms)
     assert rows.loc[8.0, "latency_p90"] == pytest.approx((700 + 900 * 40 / 49) / 1000)
     assert any("latency_mean estimated" in n for n in result.notes) and any("p90 interpolated" in n for n in result.notes)
-    assert len(result.skipped) == 1 and "inf" in result.skipped[0]
+    # SGLang at request_rate inf with max_concurrency 256: a closed-loop point at its throughput
+    closed = result.rows[result.rows["concurrency"].notna()]
+    assert closed[["arrival_rate", "throughput", "concurrency"]].values.tolist() == [[7.9, 7.9, 256.0]]
+    assert not result.skipped and any("closed-loop run at concurrency 256" in n for n in result.notes)
     assert set(result.rows["gpu_type"]) == {"H100"} and set(result.rows["tp"]) == {2}
 
 

@@ -91,6 +91,11 @@ def test_model_that_cannot_fit_exits_2(write_instance):
     assert_one_line_error(scepsy("plan", path), 2, "llms[1] (ver).weights_gib", "does not fit")
 
 
+def test_parallelism_above_invocations_exits_2(write_instance):
+    path = write_instance(lambda d: d["workflows"][0]["stages"][0].update(parallelism=99))
+    assert_one_line_error(scepsy("plan", path), 2, "stages[0].parallelism", "exceeds invocations 9", "parallelism <= 9")
+
+
 def test_unknown_backend_exits_2():
     assert_one_line_error(scepsy("plan", DEFAULT, "--backend", "gurobi"), 2, "--backend")
 

@@ -526,3 +526,30 @@ def test_beam_search_on_emulated_replicas_profiles_like_the_engine_model(tmp_pat
     measured_latency_s = float(measured["latency_mean"].iloc[0]) * speedup
     simulated_latency_s = float(simulated["latency_mean"].iloc[0])
     assert simulated_latency_s <= measured_latency_s <= 1.15 * simulated_latency_s, (measured_latency_s, simulated_latency_s)
+
+
+def test_personalities_differ_where_vllm_and_sglang_do():
+    """vLLM: no /server_info, 404 for a model it does not serve, rerank as {results: [...]};
+    SGLang: /server_info and /model_info as its http_server returns them (the fields the SGLang
+    model gateway reads: model_path, served_model_name; model_path, is_generation), any model name,
+    rerank as a bare list best first."""
+    documents = ["Paris is the capital of France.", "Berlin is in Germany."]
+    vllm = emulator_config("bge-reranker-base", "L4", fraction=0.1, served_model_names=["rerank"])
+    sglang = emulator_config("bge-reranker-base", "L4", fraction=0.1, served_model_names=["rerank"], personality="sglang")
+    with ServerThread(create_app(vllm)) as v, ServerThread(create_app(sglang)) as s:
+        assert httpx.get(v.url + "/server_info").status_code == 404
+        assert httpx.get(v.url + "/model_info").status_code == 404
+        assert httpx.post(v.url + "/v1/rerank", json={"model": "other", "query": "q", "documents": documents}).status_code == 404
+        ranked = httpx.post(v.url + "/v1/rerank", json={"model": "rerank", "query": "capital of France", "documents": documents}).json()
+        assert [r["index"] for r in ranked["results"]] == [0, 1]
+        for path in ("/server_info", "/get_server_info"):
+            info = httpx.get(s.url + path).json()
+            assert info["served_model_name"] == "rerank" and info["model_path"] == "BAAI/bge-reranker-base"
+        for path in ("/model_info", "/get_model_info"):
+            assert httpx.get(s.url + path).json() == {"model_path": "BAAI/bge-reranker-base", "tokenizer_path": "BAAI/bge-reranker-base",
+                                                      "is_generation": False}
+        listed = httpx.post(s.url + "/v1/rerank", json={"model": "unknown", "query": "capital of France", "documents": documents}).json()
+        assert [r["index"] for r in listed] == [0, 1] and listed[0]["document"] == documents[0]
+        assert listed[0]["score"] >= listed[1]["score"]
+    with pytest.raises(Exception, match="personality"):
+        emulator_config("bge-reranker-base", "L4", fraction=0.1, personality="tgi")

@@ -86,7 +86,23 @@ CASES = {
     "unknown objective": (_set(["objective"], "fastest"), "objective"),
     "reserved on unknown node": (_set(["cluster", "reserved"], [{"node": "node", "gpu": 0, "fraction": 0.5}]), "cluster.reserved[0].node"),
     "no workflows": (_set(["workflows"], []), "workflows"),
+    "parallelism above invocations": (_set(["workflows", 0, "stages", 0, "parallelism"], 99.0), "workflows[0] (beam).stages[0].parallelism"),
+    "infinite rate": (_set(["workflows", 0, "arrival_rate"], float("inf")), "workflows[0] (beam).arrival_rate"),
+    "not a number invocations": (_set(["workflows", 0, "stages", 1, "invocations"], float("nan")), "stages[1].invocations"),
+    "critical path above one": (_set(["workflows", 0, "stages", 1, "critical_path"], 1.5), "stages[1].critical_path"),
+    "falling latency ratios": (_set(["workflows", 0, "latency_ratios"], {"p90": 2.0, "p99": 1.5}), "latency_ratios.p99"),
+    "critical path negative": (_set(["workflows", 0, "stages", 1, "critical_path"], -0.1), "stages[1].critical_path"),
 }
+
+
+def test_parallelism_up_to_invocations_or_one_is_accepted(write_instance):
+    # p = n (every call of a request at once) and p = 1 > n (an LLM only some requests call once)
+    def edge(doc):
+        doc["workflows"][0]["stages"][0].update(invocations=9.0, parallelism=9.0)
+        doc["workflows"][0]["stages"][1].update(invocations=0.4, parallelism=1.0)
+
+    instance = load_instance(write_instance(edge))
+    assert instance.workflows[0].stages[0].parallelism == 9.0
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -107,6 +123,17 @@ def test_malformed_yaml_names_the_line(tmp_path):
     with pytest.raises(InputError) as err:
         load_instance(path)
     assert err.value.field.startswith("line ") and "malformed YAML" in err.value.problem
+
+
+@pytest.mark.parametrize(
+    "column, change",
+    [("latency_p90", lambda f: f.assign(latency_p90=f["latency_p50"] * 0.5)), ("latency_mean", lambda f: f.assign(latency_mean=0.0))],
+)
+def test_impossible_profile_latencies_name_the_column(write_instance, column, change):
+    path = write_instance(profiles={"gen.csv": change(profile_rows()), "ver.csv": profile_rows()})
+    with pytest.raises(InputError) as err:
+        load_instance(path)
+    assert err.value.file.endswith("gen.csv") and column in err.value.field and "fix" in err.value.line()
 
 
 def test_profile_problems_name_the_csv(write_instance):

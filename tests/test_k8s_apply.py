@@ -79,7 +79,7 @@ def test_load_manifests_reads_what_kustomization_lists():
     objects = load_manifests(DRA)
     listed = yaml.safe_load((DRA / "kustomization.yaml").read_text())["resources"]
     assert len(objects) == len(listed)
-    assert {o["kind"] for o in objects} == {"Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ResourceClaim", "Service", "Deployment"}
+    assert {o["kind"] for o in objects} == {"Namespace", "PriorityClass", "ConfigMap", "ResourceClaim", "Service", "Deployment"}
 
 
 def test_missing_listed_file_is_reported(tmp_path):
@@ -97,7 +97,7 @@ def test_apply_order_puts_dependencies_first():
     assert ordered[0]["kind"] == "Namespace"
     kinds = [o["kind"] for o in ordered]
     assert kinds.index("ResourceClaim") < kinds.index("Deployment")
-    assert max(i for i, k in enumerate(kinds) if k == "Role") < min(i for i, k in enumerate(kinds) if k == "RoleBinding")
+    assert kinds.index("PriorityClass") < kinds.index("Deployment")  # pods name it at admission
     deployments = [o["metadata"]["name"] for o in ordered if o["kind"] == "Deployment"]
     assert deployments == [o["metadata"]["name"] for o in shuffled if o["kind"] == "Deployment"]  # stable
 
@@ -180,4 +180,5 @@ def test_status_summary_of_real_shaped_objects():
     assert rows["gen-r0"].phase == "Running" and rows["gen-r0"].ready and rows["gen-r0"].restarts == 2
     assert rows["gen-r0"].node == "h100" and rows["gen-r0"].llm == "gen" and rows["gen-r0"].replica == "0"
     assert rows["ver-r0"].phase == "NoPod" and not rows["ver-r0"].ready
-    assert rows["router-beam"].workflow == "beam"
+    assert rows["gen-gateway"].llm == "gen" and rows["gen-gateway"].phase == "NoPod"
+    assert rows["gen-r0"].workflow == "beam" and rows["embed-r0"].workflow == "rag"

@@ -29,6 +29,8 @@ RESOURCES = {
     "apps/v1": [("deployments", "Deployment", True)],
     "rbac.authorization.k8s.io/v1": [("roles", "Role", True), ("rolebindings", "RoleBinding", True)],
     "resource.k8s.io/v1": [("resourceclaims", "ResourceClaim", True)],
+    "scheduling.k8s.io/v1": [("priorityclasses", "PriorityClass", False)],
+    "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget", True)],
 }
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -53,7 +52,7 @@ def test_instance_is_found_relative_to_the_plan_and_overridable(tmp_path, monkey
         (COMBINED, ["--engine", "tgi"], "unknown engine"),
         (COMBINED, ["--gpu-memory-utilization", "0.02"], "exceed the"),
         (COMBINED, ["--namespace", "Bad_NS"], "DNS-1123"),
-        (WHOLE, ["--router-workers", "dns"], "unknown mode"),
+        (WHOLE, ["--shm-gib", "0"], "--shm-gib"),
     ],
 )
 def test_refusals_exit_2_with_one_line(tmp_path, case, options, message):
@@ -95,12 +94,26 @@ def test_malformed_plan_json_exits_2(tmp_path):
     assert result.exit_code == 2 and "malformed JSON" in result.output
 
 
-def test_urls_router_mode_lists_the_llm_services(tmp_path):
-    shutil.rmtree(tmp_path)
-    assert run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path, "--router-workers", "urls").exit_code == 0
-    router = (tmp_path / "70-deployment-router-beam.yaml").read_text()
-    assert "http://gen.scepsy.svc:8000" in router and "http://ver.scepsy.svc:8000" in router and "--enable-igw" in router
-    assert not list(tmp_path.glob("*role*"))
+def test_without_gpu_uuids_hami_warns_naming_the_unpinnable_replicas(tmp_path):
+    result = runner.invoke(app, ["manifests", str(regenerate.plan_path(COMBINED)), "--out", str(tmp_path)])
+    assert result.exit_code == 0
+    warning = next(line for line in result.stderr.splitlines() if line.startswith("warning:"))
+    for deployment in ("gen-r0", "ver-r0", "embed-r0", "rerank-r0", "rag-gen-r0"):
+        assert deployment in warning
+    assert "node h100" in warning and "scepsy topology" in warning and "gpu_uuids" in warning
+    pod = (tmp_path / "70-deployment-gen-r0.yaml").read_text()
+    assert "scepsy.io/gpu-pinning: 'none: node h100 lists no gpu_uuids" in pod
+
+
+def test_prometheus_adds_pod_monitors_for_engines_and_gateways(tmp_path):
+    result = run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path, "--prometheus")
+    assert result.exit_code == 0, result.output
+    monitors = sorted(p.name for p in tmp_path.glob("*podmonitor*"))
+    llms = ("embed", "gen", "rag-gen", "rerank", "ver")
+    gateways = ("embed", "gen", "rag-gen", "ver")  # vLLM's reranker has none
+    assert monitors == sorted([f"80-podmonitor-{m}-engines.yaml" for m in llms] + [f"80-podmonitor-{m}-gateway.yaml" for m in gateways])
+    without = run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path / "plain")
+    assert without.exit_code == 0 and not list((tmp_path / "plain").glob("*podmonitor*"))
 
 
 def test_replanning_the_same_input_gives_byte_identical_manifests(tmp_path):

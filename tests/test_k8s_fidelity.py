@@ -2,7 +2,10 @@
 
 Checked independently of the generator, from the emitted YAML and the plan JSON alone, for every
 golden case and for a synthetic cluster whose nodes list GPU UUIDs (so that HAMi's UUID annotation
-and the DRA claims' UUID selectors are checked too).
+and the DRA claims' UUID selectors are checked too): node pinning, TP, GPU resources and claims,
+memory flags and MPS limits from the memory the GPU reports, CPU/memory requests and limits,
+/dev/shm, priority and grace period, UUID handling (CUDA_VISIBLE_DEVICES only ever holds ordinals),
+the HF token for gated models, and the routing labels (Services, gateways' worker lists, budgets).
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import pytest
 
 from k8s_support import CASES, engine_deployments, env_of, flag, objects_of, of_kind, regenerate, synthetic
 
+from scepsy.k8s.gateway import GATEWAY_DRAIN_S
 from scepsy.k8s.manifests import ManifestSettings, emit
 from scepsy.k8s.plan_input import load_placed_plan
+from scepsy.models.catalog import catalog
 
 U = ManifestSettings().gpu_memory_utilization
 
@@ -26,7 +31,38 @@ def _plan_view(plan_json: dict):
     return llms, replicas
 
 
-def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, memory_gib: float, uuids: dict | None) -> int:
+def _reported_mib(gpu_type: str, memory_gib: float) -> int:
+    return catalog.gpu(gpu_type).nvml_memory_mib or math.floor(memory_gib * 1024)
+
+
+def _visible_ordinals(env: dict, visible_gpus: int) -> None:
+    """CUDA_VISIBLE_DEVICES, where set, holds ordinals of what the pod sees, never UUIDs (vLLM
+    parses each entry with int())."""
+    for name, value in env.items():
+        assert "GPU-" not in (value or ""), (name, value)
+    if "CUDA_VISIBLE_DEVICES" in env:
+        ordinals = [int(v) for v in env["CUDA_VISIBLE_DEVICES"].split(",")]
+        assert all(0 <= o < visible_gpus for o in ordinals) and len(set(ordinals)) == len(ordinals)
+        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def _check_resources(container: dict, spec: dict, llm: dict, weights_gib: float) -> None:
+    """CPU and memory requests and limits from the model (k8s/sizing.py), shm, priority, grace."""
+    tp = llm["tp"]
+    requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+    shm = 2 if tp == 1 else 16
+    memory = f"{math.ceil(weights_gib) + 4 * (tp + 1) + shm}Gi"
+    assert requests == {"cpu": str(2 + 2 * tp), "memory": memory}
+    assert limits["cpu"] == str(2 * (2 + 2 * tp)) and limits["memory"] == memory
+    dshm = next(v for v in spec["volumes"] if v["name"] == "dshm")
+    assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{shm}Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert spec["priorityClassName"] == "scepsy-serving"
+    assert spec["terminationGracePeriodSeconds"] > GATEWAY_DRAIN_S
+
+
+def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, memory_gib: float, uuids: dict | None,
+               weights: dict[str, float]) -> int:
     llms, placed = _plan_view(plan_json)
     claims = {c["metadata"]["name"]: c for c in of_kind(objects, "ResourceClaim")}
     seen = set()
@@ -37,6 +73,7 @@ def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, 
         where, llm = placed[key], llms[key[0]]
         gpus = [s["gpu"] for s in where["shards"]]
         share = where["shards"][0]["fraction"]
+        reported = _reported_mib(llm["gpu_type"], memory_gib)
         pod = deployment["spec"]["template"]
         spec, container = pod["spec"], pod["spec"]["containers"][0]
         # pinning: required node affinity on the plan's node
@@ -50,22 +87,24 @@ def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, 
         visible = 1.0 if sharing in ("hami", "none") else share
         assert float(flag(args, mem_flag)) == pytest.approx(U * visible, abs=1e-4)
         assert (args[0] if engine == "vllm" else flag(args, "--model-path")) == llm["model"]
-        limits = container["resources"].get("limits", {})
+        assert ("--is-embedding" in args) == (engine == "sglang" and catalog.serving_task(llm["model"]) != "generate")
+        _check_resources(container, spec, llm, weights[key[0]])
+        limits = container["resources"]["limits"]
+        gpu_limits = {k: v for k, v in limits.items() if k.startswith("nvidia.com/")}
         env = env_of(container)
         node_uuids = uuids[where["node"]] if uuids else None
+        annotations = pod["metadata"]["annotations"]
         # GPU share
         if sharing == "hami":
             assert spec["schedulerName"] == "hami-scheduler"
-            assert limits["nvidia.com/gpu"] == len(gpus)
-            assert limits["nvidia.com/gpucores"] == round(100 * share)
-            if share < 1:
-                assert limits["nvidia.com/gpumem"] == math.floor(share * memory_gib * 1024 + 1e-9)
-            else:
-                assert limits["nvidia.com/gpumem-percentage"] == 100
-            annotation = pod["metadata"]["annotations"].get("nvidia.com/use-gpuuuid")
+            assert gpu_limits == {"nvidia.com/gpu": len(gpus), "nvidia.com/gpucores": round(100 * share),
+                                  "nvidia.com/gpumem-percentage": math.floor(100 * share + 1e-9)}
+            annotation = annotations.get("nvidia.com/use-gpuuuid")
             assert annotation == (",".join(node_uuids[g] for g in gpus) if node_uuids else None)
+            assert annotations["scepsy.io/gpu-pinning"] == ("uuid" if node_uuids else f"none: node {where['node']} lists no gpu_uuids; run scepsy topology on it")
+            _visible_ordinals(env, len(gpus))
         elif sharing == "dra-mps":
-            assert "limits" not in container["resources"]
+            assert gpu_limits == {}
             claim = claims[spec["resourceClaims"][0]["resourceClaimName"]]
             claim_gpus = [int(g) for g in claim["metadata"]["annotations"]["scepsy.io/gpus"].split(",")]
             assert claim["metadata"]["annotations"]["scepsy.io/node"] == where["node"]
@@ -73,30 +112,82 @@ def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, 
             request = claim["spec"]["devices"]["requests"][0]
             device = request.get("exactly", request)
             assert device["count"] == len(claim_gpus)
-            expected_visible = [node_uuids[g] for g in gpus] if node_uuids else [str(claim_gpus.index(g)) for g in gpus]
-            assert env["CUDA_VISIBLE_DEVICES"] == ",".join(expected_visible)
             if node_uuids:
                 for g in claim_gpus:
                     assert f'"{node_uuids[g]}"' in device["selectors"][0]["cel"]["expression"]
-            assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(round(100 * share))
-            mib = math.floor(share * memory_gib * 1024 + 1e-9)
-            assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == ",".join(f"{i}={mib}M" for i in range(len(gpus)))
-            mps = claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"]["mpsConfig"]
-            assert mps["defaultActiveThreadPercentage"] >= round(100 * share)
+            else:
+                assert "selectors" not in device
+            shared = claim["metadata"]["annotations"]["scepsy.io/mps"] == "true"
+            assert shared == (share < 1 or len(claim_gpus) > len(gpus))
+            if shared:
+                assert env["CUDA_VISIBLE_DEVICES"] == ",".join(str(claim_gpus.index(g)) for g in gpus)
+                assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(round(100 * share))
+                mib = math.floor(share * reported + 1e-9)  # from the memory the GPU reports
+                assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == ",".join(f"{i}={mib}M" for i in range(len(gpus)))
+                mps = claim["spec"]["devices"]["config"][0]["opaque"]["parameters"]["sharing"]["mpsConfig"]
+                assert mps["defaultActiveThreadPercentage"] >= round(100 * share)
+                assert int(mps["defaultPinnedDeviceMemoryLimit"].removesuffix("Mi")) <= reported
+            else:
+                assert "config" not in claim["spec"]["devices"]  # a plain claim: no MPS for whole GPUs
+                assert not any(k.startswith("CUDA_") for k in env)
+            _visible_ordinals(env, len(claim_gpus))
         elif sharing == "device-plugin-mps":
-            assert limits == {"nvidia.com/gpu": 1 if share < 1 else len(gpus)}
-            config = of_kind(objects, "ConfigMap")
-            plugin = next(c for c in config if c["metadata"]["name"] == "scepsy-device-plugin-config")
-            node_config = plugin["data"][where["node"]]
+            assert gpu_limits == {"nvidia.com/gpu": 1 if share < 1 else len(gpus)}
+            plugin = next(c for c in of_kind(objects, "ConfigMap") if c["metadata"]["name"] == "scepsy-device-plugin-config")
+            assert "default" in plugin["data"]
             if share < 1:
-                assert f"replicas: {round(1 / share)}" in node_config
+                assert any(f"replicas: {round(1 / share)}" in text for text in plugin["data"].values())
+            _visible_ordinals(env, len(gpus))
         else:
-            assert share == 1 and limits == {"nvidia.com/gpu": len(gpus)}
-        # /dev/shm for TP > 1 only
-        mounts = {m["mountPath"] for m in container["volumeMounts"]}
-        assert ("/dev/shm" in mounts) == (len(gpus) > 1)
+            assert share == 1 and gpu_limits == {"nvidia.com/gpu": len(gpus)}
+            _visible_ordinals(env, len(gpus))
+        # gated models need the HF token Secret: a missing Secret stops the pod with a clear event
+        token = next(e for e in container["env"] if e["name"] == "HF_TOKEN")["valueFrom"]["secretKeyRef"]
+        assert token["optional"] == (not llm["model"].startswith("meta-llama/"))
     assert seen == set(placed), "every placed replica has exactly one Deployment"
     return len(seen)
+
+
+def check_routing(objects: list[dict], plan_json: dict, engine: str) -> None:
+    """Routing labels: each LLM's Service selects its gateway (or, for a vLLM reranker, its
+    engines), each replica Service selects exactly one replica's pod, each gateway lists exactly
+    its LLM's replica Services, and the policy fits the model."""
+    llms, placed = _plan_view(plan_json)
+    namespace = objects[0]["metadata"]["name"]
+    pods = [(d["metadata"]["name"], d["spec"]["template"]["metadata"]["labels"]) for d in of_kind(objects, "Deployment")]
+    services = {s["metadata"]["name"]: s for s in of_kind(objects, "Service")}
+
+    def selected(service: dict) -> set[str]:
+        return {name for name, labels in pods if service["spec"]["selector"].items() <= labels.items()}
+
+    gateways = {d["metadata"]["labels"]["scepsy.io/llm"]: d for d in of_kind(objects, "Deployment")
+                if d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"}
+    for name, llm in llms.items():
+        replicas = {f"{name}-r{k}" for k in range(llm["replicas"])}
+        assert {(n, k) for n, k in placed if n == name} == {(name, k) for k in range(llm["replicas"])}
+        for replica in replicas:
+            assert selected(services[replica]) == {replica}
+        reranker = catalog.serving_task(llm["model"]) == "score"
+        if engine == "vllm" and reranker:
+            assert name not in gateways and selected(services[name]) == replicas
+            continue
+        assert selected(services[name]) == {f"{name}-gateway"}
+        assert services[name]["spec"]["ports"][0]["port"] == 30000
+        args = gateways[name]["spec"]["template"]["spec"]["containers"][0]["args"]
+        urls = args[args.index("--worker-urls") + 1 : args.index("--worker-startup-timeout-secs")]
+        port = services[f"{name}-r0"]["spec"]["ports"][0]["port"]
+        assert urls == [f"http://{r}.{namespace}.svc:{port}" for r in sorted(replicas, key=lambda r: int(r.rsplit("-r", 1)[1]))]
+        assert flag(args, "--policy") == ("cache_aware" if catalog.serving_task(llm["model"]) == "generate" else "round_robin")
+        assert "--service-discovery" not in args and "--enable-igw" not in args
+        gateway_spec = gateways[name]["spec"]["template"]["spec"]
+        assert gateway_spec["terminationGracePeriodSeconds"] > int(flag(args, "--shutdown-grace-period-secs"))
+        resources = gateway_spec["containers"][0]["resources"]
+        assert resources["requests"]["memory"] == resources["limits"]["memory"] == f"{1024 + 256 * llm['replicas']}Mi"
+    budgets = {b["metadata"]["name"]: b for b in of_kind(objects, "PodDisruptionBudget")}
+    assert set(budgets) == {n for n, m in llms.items() if m["replicas"] > 1}
+    for name, budget in budgets.items():
+        assert budget["spec"]["maxUnavailable"] == 1
+        assert selected({"spec": {"selector": budget["spec"]["selector"]["matchLabels"]}}) == {f"{name}-r{k}" for k in range(llms[name]["replicas"])}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -104,8 +195,11 @@ def test_golden_pods_realise_the_plan(case):
     plan_file = regenerate.plan_path(case)
     plan = load_placed_plan(plan_file)
     memory = plan.instance.cluster.gpu_types[plan.llms[0].gpu_type].memory_gib
+    weights = {m.name: m.weights_gib for m in plan.llms}
     objects = objects_of(regenerate.emit(case))
-    assert check_pods(objects, json.loads(plan_file.read_text()), case.engine, case.sharing, memory, None) > 0
+    plan_json = json.loads(plan_file.read_text())
+    assert check_pods(objects, plan_json, case.engine, case.sharing, memory, None, weights) > 0
+    check_routing(objects, plan_json, case.engine)
 
 
 @pytest.mark.parametrize("sharing", ["hami", "dra-mps"])
@@ -113,31 +207,14 @@ def test_golden_pods_realise_the_plan(case):
 def test_synthetic_cluster_with_uuids_realises_the_plan(tmp_path, engine, sharing):
     plan_file = synthetic.write_synthetic(tmp_path, nodes=3)
     uuids = {f"h100-{n:04d}": [synthetic.gpu_uuid(n, g) for g in range(8)] for n in range(3)}
-    objects = objects_of(emit(load_placed_plan(plan_file), ManifestSettings(engine=engine, gpu_sharing=sharing)))
-    assert check_pods(objects, json.loads(plan_file.read_text()), engine, sharing, 80.0, uuids) == 21
+    plan = load_placed_plan(plan_file)
+    objects = objects_of(emit(plan, ManifestSettings(engine=engine, gpu_sharing=sharing)))
+    weights = {m.name: m.weights_gib for m in plan.llms}
+    assert check_pods(objects, json.loads(plan_file.read_text()), engine, sharing, 80.0, uuids, weights) == 21
     if sharing == "dra-mps":
         # per node: one claim over GPUs 0-3 (rag-gen, embed, rerank) and one over 4-7 (gen, ver)
         claims = of_kind(objects, "ResourceClaim")
         assert sorted(c["metadata"]["annotations"]["scepsy.io/gpus"] for c in claims) == ["0,1,2,3"] * 3 + ["4,5,6,7"] * 3
-
-
-def test_router_discovers_exactly_its_workflows_engines():
-    case = next(c for c in CASES if c.instance == "combined-8xh100" and c.sharing == "hami" and c.engine == "vllm")
-    objects = objects_of(regenerate.emit(case))
-    plan = json.loads(regenerate.plan_path(case).read_text())
-    for workflow in plan["workflows"]:
-        router = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == f"router-{workflow['name']}")
-        args = router["spec"]["template"]["spec"]["containers"][0]["args"]
-        assert flag(args, "--policy") == "cache_aware"
-        selector = dict(s.split("=") for s in args[args.index("--selector") + 1 : args.index("--service-discovery-port")])
-        matched = {
-            d["metadata"]["labels"]["scepsy.io/llm"]
-            for d in engine_deployments(objects)
-            if selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
-        }
-        assert matched == {s["llm"] for s in workflow["stages"]}
-        role = next(r for r in of_kind(objects, "Role") if r["metadata"]["name"] == f"router-{workflow['name']}")
-        assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
 
 
 def test_every_object_carries_the_common_labels():

@@ -40,6 +40,30 @@ def test_dra_mps_objects_validate_for_their_target_version(target, versions, eng
         assert validate_objects(objects, version) == [], version
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_prometheus_output_validates_and_pod_monitors_follow_the_crd(engine):
+    """Built-in objects validate as before; PodMonitors (prometheus-operator's CRD
+    monitoring.coreos.com/v1, example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml:
+    spec.selector, spec.podMetricsEndpoints[].port/path/interval) select pods that exist and name a
+    port those pods declare."""
+    case = next(c for c in CASES if c.instance == "combined-8xh100" and c.sharing == "hami" and c.engine == engine)
+    plan = load_placed_plan(regenerate.plan_path(case))
+    objects = objects_of(emit(plan, ManifestSettings(engine=engine, prometheus=True)))
+    for version in VERSIONS:
+        assert validate_objects(objects, version) == [], version
+    monitors = of_kind(objects, "PodMonitor")
+    pods = [d["spec"]["template"] for d in of_kind(objects, "Deployment")]
+    assert len(monitors) == len(plan.llms) + len([d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-gateway")])
+    for monitor in monitors:
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and set(monitor["spec"]) == {"selector", "podMetricsEndpoints"}
+        selected = [p for p in pods if monitor["spec"]["selector"]["matchLabels"].items() <= p["metadata"]["labels"].items()]
+        assert selected
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        assert set(endpoint) == {"port", "path", "interval"} and endpoint["path"] == "/metrics"
+        for pod in selected:
+            assert endpoint["port"] in {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+
+
 def test_validation_is_strict():
     case = CASES[0]
     objects = objects_of(regenerate.emit(case))

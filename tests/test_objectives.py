@@ -3,6 +3,8 @@ random instances (1 node of 2-4 GPUs, F = 4, with SLOs, two GPU types for min_co
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -131,3 +133,71 @@ def test_shipped_instances_milp_equals_cpsat():
         cpsat, milp = make_plan(inst), make_plan(inst, PlanSettings(backend="milp"))
         assert milp.objective_value == pytest.approx(cpsat.objective_value, rel=1e-3), name
         assert milp.status == "optimal"
+
+
+# ---------------------------------------------------------------------------------------------
+# Optima exactly on an SLO, and ties closer than CP-SAT's integer grid (issue 13)
+
+
+def exact_slo_instance(seed: int, objective: str):
+    """Each workflow's SLO set to its latency in the exact min_latency plan: that plan meets every
+    SLO exactly, so the GPU objectives must be feasible in every backend."""
+    inst = instance(seed)
+    best = solve(inst, "bruteforce")
+    if best is None:
+        return None
+    slos = {w.name: w.latency_s for w in best.prediction.workflows}
+    inst = inst.with_latency_slos(slos)
+    return inst.with_objective(objective) if objective != "min_cost" else inst.with_objective("min_cost")
+
+
+@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("objective", ["min_gpus", "max_throughput"])
+def test_an_optimum_exactly_on_the_slo_is_feasible_in_every_backend(seed, objective):
+    inst = exact_slo_instance(seed, objective)
+    if inst is None:
+        return
+    plans = agree(inst)
+    assert all(p is not None for p in plans.values()), "a plan meeting every SLO exactly exists"
+    for plan in plans.values():
+        assert all(w.meets_slo for w in plan.prediction.workflows)
+        assert plan.bound <= plans["bruteforce"].objective_value * (1 + 1e-12) or objective == "max_throughput"
+    if objective == "max_throughput":  # the load factor 1 meets the SLOs exactly, and no more
+        assert all(p.objective_value == pytest.approx(1.0, rel=2e-3) for p in plans.values())
+
+
+def _slower(llm, factor: float):
+    """The LLM with every latency of its profile multiplied by `factor`."""
+    curves = {
+        key: tuple(
+            replace(c, latencies_s={m: np.asarray(v) * factor for m, v in c.latencies_s.items()}) for c in curves
+        )
+        for key, curves in llm.profile.curves.items()
+    }
+    return replace(llm, profile=replace(llm.profile, curves=curves))
+
+
+def near_tie_instance(seed: int):
+    """Two or three copies of one LLM with the same statistics, each a hair slower than the one
+    before (1e-7 relative: far below the 1e-5 integer grid), so that mirrored plans nearly tie."""
+    inst = instance(seed)
+    first = inst.llms[0]
+    clones = tuple(_slower(replace(first, name=m.name), 1 + k * 1e-7) for k, m in enumerate(inst.llms))
+    workflows = tuple(
+        replace(w, stages=tuple(replace(s, invocations=2.0, parallelism=1.0) for s in w.stages)) for w in inst.workflows
+    )
+    return replace(inst, llms=clones, workflows=workflows)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_near_ties_resolve_exactly_and_the_bound_is_a_bound(seed):
+    inst = near_tie_instance(seed)
+    plans = {b: solve(inst, b) for b in ("cpsat", "bruteforce", "milp")}
+    exact = plans["bruteforce"]
+    if exact is None:
+        assert all(p is None for p in plans.values())
+        return
+    for backend, plan in plans.items():
+        assert plan.objective_value == pytest.approx(exact.objective_value, rel=1e-12, abs=0), backend
+        assert plan.bound <= exact.objective_value * (1 + 1e-12), backend
+        assert plan.status == "optimal"

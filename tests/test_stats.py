@@ -130,3 +130,26 @@ def test_union_length_matches_a_unit_grid(pairs):
     intervals = [(float(a), float(a + d)) for a, d in pairs]
     covered = {t for a, b in intervals for t in range(int(a), int(b))}
     assert union_length(intervals) == pytest.approx(len(covered))
+
+
+def test_critical_path_share_and_latency_ratios_drop_into_an_instance():
+    """Serial requests keep f = 1 (and no `critical_path` in the stages); two judges side by side
+    share their overlap; the end-to-end latency spread gives the ratios an instance takes."""
+    serial = stats_to_dict(aggregate(beam_request("r0", 0, 2, 2, 1.0, 1.0) + beam_request("r1", 10, 2, 4, 1.0, 1.0)))
+    assert all("critical_path" not in s for s in serial["workflows"][0]["stages"])
+    ratios = serial["workflows"][0]["latency_ratios"]  # requests of 4 s and 8 s: mean 6
+    assert ratios["p50"] == pytest.approx(1.0) and ratios["p99"] == pytest.approx(7.96 / 6, rel=1e-5)  # 6 digits
+    calls = []
+    for k in range(4):  # judges a [0, 1] and b [0, 3] side by side, then the aggregator [3, 4]
+        t = 10.0 * k
+        calls += [call("a", t, t + 1, f"e{k}"), call("b", t, t + 3, f"e{k}"), call("agg", t + 3, t + 4, f"e{k}")]
+    stats = aggregate(calls).workflow("wf")
+    shares = {s.llm: s.critical_path for s in stats.llms}
+    assert shares == pytest.approx({"a": 0.5, "b": (0.5 + 2) / 3, "agg": 1.0})
+    stages = stats_to_dict(aggregate(calls))["workflows"][0]["stages"]
+    spec = {
+        "cluster": {"gpu_types": {"A": {"memory_gib": 10}}, "nodes": [{"name": "n", "gpu_type": "A", "gpus": 1}]},
+        "llms": [{"name": m, "model": m, "weights_gib": 1, "profile": "p.csv"} for m in ("a", "b", "agg")],
+        "workflows": [{"name": "wf", "arrival_rate": 1.0, "stages": stages}],
+    }
+    InstanceSpec.model_validate(yaml.safe_load(yaml.safe_dump(spec)))

@@ -9,6 +9,10 @@ published totals in tests/test_engine.py.
 Conventions:
 - memory_gib is the datasheet capacity read as GiB (the driver and CUDA context take a little of it;
   the engine model's `memory_utilization` accounts for that, as vLLM's gpu_memory_utilization does);
+- nvml_memory_mib is the total NVML reports (`nvmlDeviceGetMemoryInfo(h).total`, shown by nvidia-smi
+  as "Memory-Usage ... / N MiB"), which is what GPU-sharing stacks register and divide (HAMi's
+  `nvidia.com/gpumem`, MPS pinned-memory limits); it is below the nominal capacity because ECC and
+  reserved regions come off (an H100 80GB reports 81559 MiB, not 81920). Sources in NVML_SOURCES;
 - bandwidths are GB/s = 1e9 bytes/s; rates are TFLOP/s = 1e12 FLOP/s;
 - link latencies are the small-message all-reduce latencies of NCCL/vLLM custom all-reduce
   (engineering estimates, see docs/engine-model.md), not datasheet numbers.
@@ -16,7 +20,8 @@ Conventions:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 from scepsy.models.errors import InputError
 
@@ -36,11 +41,48 @@ class GpuCard:
     aliases: tuple[str, ...] = ()
     nvlink_latency_us: float = 8.0  # one small all-reduce over NVLink (estimate)
     pcie_latency_us: float = 25.0  # one small all-reduce over PCIe (estimate)
+    nvml_memory_mib: int | None = None  # total memory NVML (nvidia-smi memory.total) reports, MiB
+    # calibration against AIConfigurator's measured kernels (CALIBRATION below): the engine
+    # settings' efficiencies are multiplied by these on this GPU
+    compute_scale: float = 1.0
+    memory_scale: float = 1.0
+    link_scale: float = 1.0
+
+
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5}  # bytes per weight of each weight precision
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """The mixture-of-experts MLP of `moe_layers` layers (the others keep a dense MLP): `experts`
+    SwiGLU experts of width `expert_intermediate`, `experts_per_token` of them routed per token,
+    plus always-active shared experts of total width `shared_intermediate`."""
+
+    experts: int
+    experts_per_token: int
+    expert_intermediate: int
+    moe_layers: int
+    shared_intermediate: int = 0
+
+
+@dataclass(frozen=True)
+class MlaShape:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank query and key/value projections; the
+    KV cache keeps one latent of kv_lora_rank + qk_rope_head_dim values per token and layer."""
+
+    q_lora_rank: int  # 0: queries projected directly from the hidden state
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
 
 
 @dataclass(frozen=True)
 class ModelCard:
-    """Architecture of one transformer (bf16 weights, bf16 KV cache)."""
+    """Architecture of one transformer (bf16 weights unless `weights` says otherwise, bf16 KV cache).
+
+    Dense decoders need only the first fields; models/catalog/model_config.py fills the rest from a
+    Hugging Face config.json (mixture of experts, latent attention, sliding windows, precision)."""
 
     name: str
     hf_id: str
@@ -58,23 +100,81 @@ class ModelCard:
     published_params: float  # as the model card / safetensors metadata states it
     source: str
     aliases: tuple[str, ...] = ()
+    moe: MoeShape | None = None
+    mla: MlaShape | None = None
+    sliding_window: int | None = None  # tokens a sliding-window layer attends to
+    sliding_layers: int = 0  # layers with sliding-window attention (the others attend to everything)
+    weights: str = "bf16"  # precision of the layer matrices: bf16, fp8 or int4 (embeddings stay bf16)
+    attention_weights: str | None = None  # precision of the attention matrices if it differs (gpt-oss)
+    position_embeddings: int = 0  # learned absolute position embeddings (BERT-style encoders)
+
+    # -- parameters -----------------------------------------------------------------------------
+
+    @property
+    def attention_params(self) -> int:
+        """Weights of one layer's attention projections (query, key, value, output)."""
+        if self.mla is not None:
+            a = self.mla
+            qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+            q = (self.hidden * a.q_lora_rank + a.q_lora_rank * self.heads * qk) if a.q_lora_rank else self.hidden * self.heads * qk
+            kv = self.hidden * (a.kv_lora_rank + a.qk_rope_head_dim) + a.kv_lora_rank * self.heads * (a.qk_nope_head_dim + a.v_head_dim)
+            return q + kv + self.heads * a.v_head_dim * self.hidden
+        q_o = 2 * self.hidden * self.heads * self.head_dim
+        k_v = 2 * self.hidden * self.kv_heads * self.head_dim
+        return q_o + k_v
+
+    @property
+    def mlp_params(self) -> int:
+        """Weights of one dense MLP."""
+        return (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one routed expert (0 for dense models)."""
+        return 0 if self.moe is None else 3 * self.hidden * self.moe.expert_intermediate
+
+    @property
+    def _moe_fixed_params(self) -> int:
+        """Weights of one MoE layer's MLP that every token uses: shared experts and the router."""
+        if self.moe is None:
+            return 0
+        return 3 * self.hidden * self.moe.shared_intermediate + self.hidden * self.moe.experts
+
+    @property
+    def routed_expert_params(self) -> int:
+        """Weights of the routed experts one token runs through (0 for dense models)."""
+        return 0 if self.moe is None else self.moe.moe_layers * self.moe.experts_per_token * self.expert_params
+
+    @property
+    def _dense_mlp_layers(self) -> int:
+        return self.layers - (self.moe.moe_layers if self.moe else 0)
 
     @property
     def layer_params(self) -> int:
-        """Weights of the matrix multiplications of one layer (attention projections and MLP)."""
-        q_o = 2 * self.hidden * self.heads * self.head_dim
-        k_v = 2 * self.hidden * self.kv_heads * self.head_dim
-        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
-        return q_o + k_v + mlp
+        """Weights of the matrix multiplications of one dense layer (attention projections and MLP)."""
+        return self.attention_params + self.mlp_params
 
     @property
     def dense_params(self) -> int:
-        """Weights every token multiplies through: all layers' matrices (no embedding, no LM head)."""
-        return self.layers * self.layer_params
+        """Weights every token multiplies through (its active parameters without embedding and LM
+        head): all layers' attention, dense MLPs, and per MoE layer the shared experts, the router
+        and `experts_per_token` routed experts."""
+        active = self.layers * self.attention_params + self._dense_mlp_layers * self.mlp_params
+        if self.moe is not None:
+            active += self.moe.moe_layers * (self._moe_fixed_params + self.moe.experts_per_token * self.expert_params)
+        return active
+
+    @property
+    def stored_layer_params(self) -> int:
+        """Weights of all layers' matrices, every expert included."""
+        if self.moe is None:
+            return self.dense_params
+        moe_mlp = self._moe_fixed_params + self.moe.experts * self.expert_params
+        return self.layers * self.attention_params + self._dense_mlp_layers * self.mlp_params + self.moe.moe_layers * moe_mlp
 
     @property
     def embedding_params(self) -> int:
-        return self.vocab * self.hidden
+        return self.vocab * self.hidden + self.position_embeddings * self.hidden
 
     @property
     def lm_head_params(self) -> int:
@@ -82,14 +182,38 @@ class ModelCard:
         return 0 if self.encoder else self.vocab * self.hidden
 
     @property
+    def _untied_head_params(self) -> int:
+        return 0 if (self.encoder or self.tied_embeddings) else self.lm_head_params
+
+    @property
     def params(self) -> int:
         """Total parameters: layers + embedding (+ an untied LM head); norms and biases left out."""
-        untied_head = 0 if (self.encoder or self.tied_embeddings) else self.lm_head_params
-        return self.dense_params + self.embedding_params + untied_head
+        return self.stored_layer_params + self.embedding_params + self._untied_head_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: active layer weights, embedding and LM head."""
+        return self.dense_params + self.embedding_params + self._untied_head_params
+
+    # -- bytes ----------------------------------------------------------------------------------
+
+    @property
+    def _layer_bytes_per_param(self) -> float:
+        return WEIGHT_BYTES[self.weights]
+
+    @property
+    def _attention_bytes_per_param(self) -> float:
+        return WEIGHT_BYTES[self.attention_weights or self.weights]
+
+    def _layer_bytes(self, layer_params: int) -> float:
+        """Bytes of `layer_params` layer weights, the attention at its own precision."""
+        attention = self.layers * self.attention_params
+        return attention * self._attention_bytes_per_param + (layer_params - attention) * self._layer_bytes_per_param
 
     @property
     def weight_bytes(self) -> float:
-        return self.params * BYTES_BF16
+        """Bytes of all weights: layers at their precision, embedding and LM head in bf16."""
+        return self._layer_bytes(self.stored_layer_params) + (self.embedding_params + self._untied_head_params) * BYTES_BF16
 
     @property
     def weights_gib(self) -> float:
@@ -97,14 +221,55 @@ class ModelCard:
 
     @property
     def streamed_weight_bytes(self) -> float:
-        """Weight bytes one forward pass reads from HBM: the layers and the LM head (embedding
-        rows are gathered, not streamed)."""
-        return (self.dense_params + self.lm_head_params) * BYTES_BF16
+        """Weight bytes one forward pass of one token reads from HBM: the active layers and the LM
+        head (embedding rows are gathered, not streamed)."""
+        return self.streamed_weight_bytes_for(1)
+
+    def streamed_weight_bytes_for(self, tokens: int) -> float:
+        """Weight bytes one forward pass over `tokens` tokens reads: dense weights once, and per
+        MoE layer every expert some token is routed to. With uniform routing the expected number
+        of distinct experts that T tokens touch is E (1 - (1 - k/E)^T)."""
+        streamed = self._layer_bytes(self.dense_params) + self.lm_head_params * BYTES_BF16
+        if self.moe is None or tokens <= 1:
+            return streamed
+        e, k = self.moe.experts, self.moe.experts_per_token
+        touched = e * (1.0 - (1.0 - k / e) ** tokens)
+        extra_experts = max(touched - k, 0.0)
+        return streamed + self.moe.moe_layers * extra_experts * self.expert_params * self._layer_bytes_per_param
+
+    # -- KV cache and attention -----------------------------------------------------------------
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """K and V of one token in every layer, bf16; 0 for encoders (nothing is kept)."""
-        return 0.0 if self.encoder else 2 * self.layers * self.kv_heads * self.head_dim * BYTES_BF16
+        """K and V of one token in every layer, bf16 (MLA: one latent per layer); 0 for encoders.
+        Sliding-window layers are counted in full: the capacity estimate stays conservative."""
+        if self.encoder:
+            return 0.0
+        if self.mla is not None:
+            return self.layers * (self.mla.kv_lora_rank + self.mla.qk_rope_head_dim) * BYTES_BF16
+        return 2 * self.layers * self.kv_heads * self.head_dim * BYTES_BF16
+
+    def _windowed(self, positions: float, sequences: int) -> float:
+        """`positions` (KV tokens or attended positions) averaged over the layers, where
+        sliding-window layers see at most `window` positions per sequence."""
+        if not self.sliding_layers or not self.sliding_window:
+            return positions
+        capped = min(positions, max(sequences, 1) * self.sliding_window)
+        full = self.layers - self.sliding_layers
+        return (full * positions + self.sliding_layers * capped) / self.layers
+
+    def kv_bytes_read(self, kv_tokens: float, sequences: int) -> float:
+        """KV bytes one iteration reads and writes for `kv_tokens` tokens of `sequences` sequences."""
+        return self.kv_bytes_per_token * self._windowed(kv_tokens, sequences)
+
+    def attention_flops(self, attended: float, tokens: int) -> float:
+        """FLOPs of the score and value products over `attended` positions of `tokens` query
+        tokens: 2 (qk dims + v dims) per head, layer and position."""
+        if self.mla is not None:
+            dims = self.mla.qk_nope_head_dim + self.mla.qk_rope_head_dim + self.mla.v_head_dim
+        else:
+            dims = 2 * self.head_dim
+        return 2.0 * self.layers * self.heads * dims * self._windowed(attended, tokens)
 
 
 _DATASHEET = {
@@ -116,29 +281,97 @@ _DATASHEET = {
     "L4": "https://www.nvidia.com/en-us/data-center/l4/",
 }
 
+# Total memory NVML reports per GPU model (MiB), as nvidia-smi prints it on a default (ECC on for
+# data-centre parts) driver set-up. H100, A6000 and L4 are also the recorded NVML answers of
+# tests/fixtures/nvml (memory_total_bytes / 2**20). The others are the totals nvidia-smi prints in
+# public logs (found with code search on nvidia-smi output: "NVIDIA A100-SXM4-80GB ... / 81920MiB",
+# "NVIDIA H200 ... / 143771MiB", "NVIDIA L40S ... / 46068MiB"). A GPU without an entry (A100 40GB)
+# falls back to its nominal capacity in `reported_memory_mib`. The totals are each card's
+# `nvml_memory_mib` below (the A6000's with ECC off, the workstation default).
+NVML_SOURCES = (
+    "tests/fixtures/nvml/*.json (recorded nvmlDeviceGetMemoryInfo totals: H100 85520809984 B, "
+    "A6000 51527024640 B, L4 24152899584 B)",
+    "nvidia-smi Memory-Usage totals in public logs (A100 80GB 81920MiB, "
+    "H200 143771MiB, L40S 46068MiB)",
+)
+
+
 GPUS: dict[str, GpuCard] = {
     card.name: card
     for card in (
         # 48 GB GDDR6, 768 GB/s, 309.7 tensor TFLOPS with sparsity -> 154.8 dense, NVLink bridge
         # 112.5 GB/s bidirectional between two cards, PCIe Gen4 x16 (64 GB/s).
-        GpuCard("A6000", 48.0, 768.0, 154.8, 112.5, 2, 64.0, _DATASHEET["A6000"], ("RTX A6000", "RTX-A6000")),
+        GpuCard("A6000", 48.0, 768.0, 154.8, 112.5, 2, 64.0, _DATASHEET["A6000"], ("RTX A6000", "RTX-A6000"), nvml_memory_mib=49140),
         # A100 80GB SXM: HBM2e 2,039 GB/s, BF16 312 TFLOPS dense, NVLink 600 GB/s, PCIe Gen4 64 GB/s.
-        GpuCard("A100-80G", 80.0, 2039.0, 312.0, 600.0, 8, 64.0, _DATASHEET["A100"], ("A100", "A100-SXM4-80GB", "A100-80GB")),
+        GpuCard("A100-80G", 80.0, 2039.0, 312.0, 600.0, 8, 64.0, _DATASHEET["A100"], ("A100", "A100-SXM4-80GB", "A100-80GB"), nvml_memory_mib=81920),
         # A100 80GB PCIe: HBM2e 1,935 GB/s, 312 TFLOPS, no NVLink in the validation setups.
-        GpuCard("A100-80G-PCIE", 80.0, 1935.0, 312.0, None, 1, 64.0, _DATASHEET["A100"], ("A100-PCIE-80GB",)),
+        GpuCard("A100-80G-PCIE", 80.0, 1935.0, 312.0, None, 1, 64.0, _DATASHEET["A100"], ("A100-PCIE-80GB",), nvml_memory_mib=81920),
         # A100 40GB SXM: HBM2 1,555 GB/s, 312 TFLOPS, NVLink 600 GB/s.
         GpuCard("A100-40G", 40.0, 1555.0, 312.0, 600.0, 8, 64.0, _DATASHEET["A100"], ("A100-SXM4-40GB", "A100-40GB")),
         # H100 SXM5 80GB: HBM3 3.35 TB/s, BF16 1,979 TFLOPS with sparsity -> 989.4 dense,
         # NVLink 900 GB/s, PCIe Gen5 128 GB/s.
-        GpuCard("H100-SXM", 80.0, 3350.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H100"], ("H100", "H100-SXM5-80GB", "H100-80GB")),
+        GpuCard("H100-SXM", 80.0, 3350.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H100"], ("H100", "H100-SXM5-80GB", "H100-80GB"), nvml_memory_mib=81559),
         # H200 SXM 141GB: HBM3e 4.8 TB/s, BF16 989 TFLOPS dense, NVLink 900 GB/s, PCIe Gen5.
-        GpuCard("H200", 141.0, 4800.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H200"], ("H200-SXM", "H200-141GB")),
+        GpuCard("H200", 141.0, 4800.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H200"], ("H200-SXM", "H200-141GB"), nvml_memory_mib=143771),
         # L40S: 48 GB GDDR6, 864 GB/s, BF16 733 TFLOPS with sparsity -> 362.05 dense, no NVLink, PCIe Gen4.
-        GpuCard("L40S", 48.0, 864.0, 362.05, None, 1, 64.0, _DATASHEET["L40S"]),
+        GpuCard("L40S", 48.0, 864.0, 362.05, None, 1, 64.0, _DATASHEET["L40S"], nvml_memory_mib=46068),
         # L4: 24 GB GDDR6, 300 GB/s, BF16 242 TFLOPS with sparsity -> 121 dense, no NVLink, PCIe Gen4.
-        GpuCard("L4", 24.0, 300.0, 121.0, None, 1, 64.0, _DATASHEET["L4"]),
+        GpuCard("L4", 24.0, 300.0, 121.0, None, 1, 64.0, _DATASHEET["L4"], nvml_memory_mib=23034),
     )
 }
+
+
+# GPUs added for issue 15, with the memory NVML reports (`nvidia-smi --query-gpu=name,memory.total`)
+# beside the nominal capacity. NVML values: nvidia-smi output recorded in public repositories, e.g.
+# "NVIDIA B200, 183359 MiB", "NVIDIA H100 PCIe, 81559 MiB", "NVIDIA RTX PRO 6000 Blackwell Server
+# Edition, 97887 MiB" (also AIConfigurator's systems/rtx_pro_6000_server.yaml), "NVIDIA A10G,
+# 23028 MiB" (AWS g5 instances).
+_DATASHEET_MORE = {
+    "B200": "https://www.nvidia.com/en-us/data-center/hgx/",
+    "H100-PCIE": "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+    "RTX-PRO-6000": "https://www.nvidia.com/en-us/data-center/rtx-pro-6000-blackwell-server-edition/",
+    "A10G": "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a10/pdf/a10-datasheet.pdf",
+}
+GPUS.update({
+    card.name: card
+    for card in (
+        # HGX B200: 180 GB HBM3e and 7.7 TB/s per GPU (1.44 TB, 62 TB/s per 8-GPU board), BF16 4.5
+        # PFLOPS with sparsity -> 2,250 dense (AIConfigurator systems/b200_sxm.yaml: 2250 TFLOPS,
+        # 7.7 TB/s), NVLink 5 1.8 TB/s bidirectional per GPU, PCIe Gen5 x16.
+        GpuCard("B200", 180.0, 7700.0, 2250.0, 1800.0, 8, 128.0, _DATASHEET_MORE["B200"],
+                ("B200-SXM", "NVIDIA B200"), nvml_memory_mib=183359),
+        # H100 PCIe 80GB: HBM2e 2.0 TB/s, BF16 1,513 TFLOPS with sparsity -> 756.5 dense, NVLink
+        # bridge 600 GB/s between two cards, PCIe Gen5 x16 128 GB/s.
+        GpuCard("H100-PCIE", 80.0, 2000.0, 756.5, 600.0, 2, 128.0, _DATASHEET_MORE["H100-PCIE"],
+                ("H100 PCIe", "H100-PCIE-80GB", "NVIDIA H100 PCIe"), nvml_memory_mib=81559),
+        # RTX PRO 6000 Blackwell Server Edition: 96 GB GDDR7 at 1,792 GB/s (512-bit, 28 Gbps; same
+        # on all three editions), BF16 dense 467.8 TFLOPS at its 2,430 MHz clock (AIConfigurator
+        # systems/rtx_pro_6000_server.yaml), no NVLink, PCIe Gen5 x16.
+        GpuCard("RTX-PRO-6000", 96.0, 1792.0, 467.8, None, 1, 128.0, _DATASHEET_MORE["RTX-PRO-6000"],
+                ("RTX PRO 6000", "RTX-PRO-6000-BLACKWELL", "NVIDIA RTX PRO 6000 Blackwell Server Edition"),
+                nvml_memory_mib=97887),
+        # A10G (AWS G5): the A10 with 24 GB GDDR6 at 600 GB/s; BF16 250 TFLOPS with sparsity -> 125
+        # dense per the A10 datasheet (the A10G runs at lower clocks: an upper bound), no NVLink,
+        # PCIe Gen4 x16.
+        GpuCard("A10G", 24.0, 600.0, 125.0, None, 1, 64.0, _DATASHEET_MORE["A10G"],
+                ("NVIDIA A10G", "A10"), nvml_memory_mib=23028),
+    )
+})
+
+
+# Recalibration against AIConfigurator 0.12.0's measured kernels (vLLM database), fitted on half of
+# the grid of bench/engine_model_comparison.py and reported on the other half (docs/engine-model.md,
+# "Against AIConfigurator"): the engine settings' (compute, memory, link) efficiencies are scaled by
+# these on each GPU. Only GPUs the built-in model was more than 15% off on, and not H100-SXM, whose
+# numbers the shipped profiles (instances/profiles/*.csv) were generated with.
+CALIBRATION = {
+    "A100-80G": (0.95, 0.875, 0.45),
+    "B200": (0.9, 1.225, 0.3),
+    "H200": (1.0, 1.1, 0.75),
+    "RTX-PRO-6000": (0.9, 1.1, 0.65),
+}
+for _name, (_compute, _memory, _link) in CALIBRATION.items():
+    GPUS[_name] = replace(GPUS[_name], compute_scale=_compute, memory_scale=_memory, link_scale=_link)
 
 
 def _hf(repo: str) -> str:
@@ -241,3 +474,42 @@ def model(name: str, field: str = "--model", source: str | None = None) -> Model
     if card is None:
         raise InputError(source, field, f"unknown model {name!r}", f"use one of: {', '.join(MODELS)}")
     return card
+
+
+def reported_memory_mib(gpu_type: str, nominal_gib: float) -> int:
+    """The memory NVML reports for a GPU of this type (MiB); the nominal capacity when the
+    catalogue has no reported total for it."""
+    card = find_gpu(gpu_type)
+    if card is not None and card.nvml_memory_mib is not None:
+        return card.nvml_memory_mib
+    return math.floor(nominal_gib * 1024)
+
+
+# Hugging Face organisations whose model repositories are gated: downloading needs an access
+# token of an account that accepted the licence (every meta-llama repository is gated behind the
+# Llama community licence; https://huggingface.co/meta-llama). Other organisations' models in the
+# catalogue (Qwen, intfloat, BAAI, RLHFlow) are public.
+GATED_ORGANISATIONS = ("meta-llama",)
+
+
+def is_gated(hf_id: str) -> bool:
+    """Whether downloading this Hugging Face repository needs an access token."""
+    return hf_id.split("/", 1)[0] in GATED_ORGANISATIONS
+
+
+def encoder_task(card: ModelCard) -> str:
+    """What an encoder serves: `score` for cross-encoders (rerankers: a query-document pair in,
+    a relevance score out), `embed` for embedders (which also score and rerank, by the cosine of
+    embeddings, as vLLM does). Cross-encoders are recognised by "rerank" or "cross-encoder" in
+    their catalog or Hugging Face name."""
+    names = f"{card.name} {card.hf_id} {' '.join(card.aliases)}".lower()
+    return "score" if "rerank" in names or "cross-encoder" in names else "embed"
+
+
+def serving_task(model_id: str) -> str:
+    """What a replica of this model serves: `generate` (decoders, and models the catalogue does
+    not know), `embed` (embedders) or `score` (cross-encoder rerankers)."""
+    card = find_model(model_id)
+    if card is None or not card.encoder:
+        return "generate"
+    return encoder_task(card)

@@ -42,6 +42,8 @@ NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
 
 
 class _Spec(BaseModel):
+    # numbers must be finite: `.inf` or `.nan` in YAML is never a meaningful statistic or size;
+    # strict types: YAML `true` is not a 1, `1.5` is not a whole number
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
@@ -88,6 +90,10 @@ class StageSpec(_Spec):
     llm: str
     invocations: float = Field(gt=0, le=MAX_COUNT, description="mean calls of this LLM per workflow request (n)")
     parallelism: float = Field(ge=1, le=MAX_COUNT, description="mean request-level parallelism of those calls (p)")
+    critical_path: float = Field(
+        default=1.0, ge=0, le=1,
+        description="share of the LLM's busy time on the request's critical path (f; 1 for serial stages)",
+    )
 
 
 class WorkflowSpec(_Spec):
@@ -96,6 +102,9 @@ class WorkflowSpec(_Spec):
     latency_slo_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
     weight: float = Field(default=1.0, gt=0, le=MAX_COUNT, description="importance of this workflow when several share a cluster")
     stages: list[StageSpec] = Field(min_length=1)
+    # optional: a request's latency percentiles over its mean in the traces (`scepsy aggregate`),
+    # for latency_metric p50/p90/p99 (docs/model.md, section 3)
+    latency_ratios: dict[Literal["p50", "p90", "p99"], float] | None = None
     # optional: the control flow `scepsy simulate` runs (models/simulation/programs.py); default: the stages
     program: ProgramSpec | None = None
 
@@ -170,6 +179,13 @@ class Stage:
     llm: str
     invocations: float
     parallelism: float
+    critical_path: float = 1.0  # f: share of the LLM's busy time on the critical path (models/instance/statistic.py)
+
+    @property
+    def latency_weight(self) -> float:
+        """n / p * f: the pipeline's weight of the LLM's call latency in the workflow latency
+        (exactly n / p when f = 1)."""
+        return self.invocations / self.parallelism * self.critical_path
 
 
 @dataclass(frozen=True)
@@ -180,6 +196,8 @@ class Workflow:
     latency_slo_s: float | None = None
     weight: float = 1.0
     program: Program | None = None  # what the simulator runs (None: the stages program)
+    # a request's latency percentile over its mean in the traces, per percentile (p50, p90, p99)
+    latency_ratios: Mapping[str, float] | None = None
 
     def stage(self, llm: str) -> Stage | None:
         return next((s for s in self.stages if s.llm == llm), None)
@@ -216,6 +234,24 @@ class Instance:
             if llm.name == name:
                 return llm
         raise KeyError(name)
+
+    @property
+    def call_latency_metric(self) -> str:
+        """The profile column the LLM latencies are read from: `latency_metric`, except that a
+        percentile every workflow has a latency ratio for is predicted as that ratio times the
+        mean (the sum of per-call percentiles misses the spread of the control flow)."""
+        if self.latency_metric != "mean" and all(
+            w.latency_ratios and self.latency_metric in w.latency_ratios for w in self.workflows
+        ):
+            return "mean"
+        return self.latency_metric
+
+    def latency_factor(self, workflow: Workflow) -> float:
+        """What the workflow's pipeline latency is multiplied by: its traced ratio of the
+        `latency_metric` percentile to the mean where `call_latency_metric` is the mean, else 1."""
+        if self.latency_metric != "mean" and self.call_latency_metric == "mean" and workflow.latency_ratios:
+            return workflow.latency_ratios[self.latency_metric]
+        return 1.0
 
     def offered_rate_rps(self, llm: str) -> float:
         """Lambda_m: the LLM-level arrival rate, summed over the workflows that call it."""
@@ -315,7 +351,8 @@ _FIXES = {
     "dict_type": "write a mapping",
     "literal_error": "use one of the allowed values",
     "too_short": "add at least one entry",
-    "union_tag_invalid": "use kind beam_search, rag or stages (docs/simulation.md)",
+    "finite_number": "write a finite number",
+    "union_tag_invalid": "use kind beam_search, rag, ensemble or stages (docs/simulation.md)",
 }
 
 
@@ -409,6 +446,34 @@ def _reserved_units(source: str, spec: ClusterSpec, nodes: tuple[Node, ...]) -> 
     return units
 
 
+def _check_stage_statistics(source: str, where: str, stage: StageSpec) -> None:
+    """Statistics no trace can produce. A request runs at most as many calls of an LLM at once as
+    it makes, so p <= n; an LLM that only some requests call once (n < 1) has p = 1."""
+    if stage.parallelism > max(stage.invocations, 1.0) * (1 + 1e-9):
+        raise InputError(
+            source, f"{where}.parallelism",
+            f"parallelism {stage.parallelism:g} exceeds invocations {stage.invocations:g} (a request cannot run more "
+            "calls at once than it makes)",
+            f"use parallelism <= {max(stage.invocations, 1.0):g}, as `scepsy aggregate` measures it",
+        )
+
+
+def _check_latency_ratios(source: str, where: str, ratios: Mapping[str, float] | None) -> None:
+    """Percentiles over the mean: positive, and not falling from p50 to p99."""
+    if not ratios:
+        return
+    for name, value in sorted(ratios.items()):
+        if not value > 0:
+            raise InputError(source, f"{where}.{name}", f"ratio {value:g} is not positive", "write percentile / mean of the traced latency")
+    ordered = [(q, ratios[q]) for q in ("p50", "p90", "p99") if q in ratios]
+    for (low, a), (high, b) in zip(ordered, ordered[1:]):
+        if b < a:
+            raise InputError(
+                source, f"{where}.{high}", f"{high} ratio {b:g} is below the {low} ratio {a:g}",
+                "percentiles do not fall: use the ratios `scepsy aggregate` reports",
+            )
+
+
 def _check_unique(source: str, section: str, names: list[str]) -> None:
     seen: set[str] = set()
     for i, name in enumerate(names):
@@ -477,6 +542,20 @@ def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Clus
     return Llm(spec.name, spec.model, spec.weights_gib, spec.min_kv_gib, tp_degrees, str(profile_path), profile)
 
 
+def _check_latency_metric(source: str, metric: str, llms) -> None:
+    """A percentile objective needs that percentile in every profile (imported benchmark results
+    may carry only the mean)."""
+    for llm in llms:
+        if metric in llm.profile.missing_metrics():
+            raise InputError(
+                llm.profile_path, f"column latency_{metric}",
+                f"llm {llm.name}'s profile has no {metric} latencies (empty cells: the benchmark did not measure them), "
+                f"but latency_metric is {metric}",
+                f"set latency_metric: mean in {source}, or rerun the benchmark with --percentile-metrics e2el "
+                "--metric-percentiles 50,90,99 and import it again",
+            )
+
+
 def build_instance(raw: object, source: str, base: Path) -> Instance:
     if not isinstance(raw, dict):
         raise InputError(source, None, "the file is not a YAML mapping", "start with `cluster:`, `llms:` and `workflows:`")
@@ -515,13 +594,20 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
                         f"llm {name!r} is not one of this workflow's stages",
                         f"use one of: {', '.join(sorted(seen))}",
                     )
-        stages = tuple(Stage(s.llm, s.invocations, s.parallelism) for s in wf.stages)
-        workflows.append(Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s, wf.weight, program=wf.program))
+        for s, stage in enumerate(wf.stages):
+            _check_stage_statistics(source, f"workflows[{w}] ({wf.name}).stages[{s}]", stage)
+        stages = tuple(Stage(s.llm, s.invocations, s.parallelism, s.critical_path) for s in wf.stages)
+        ratios = {str(q): value for q, value in wf.latency_ratios.items()} if wf.latency_ratios else None
+        _check_latency_ratios(source, f"workflows[{w}] ({wf.name}).latency_ratios", ratios)
+        workflows.append(
+            Workflow(wf.name, wf.arrival_rate, stages, wf.latency_slo_s, wf.weight, program=wf.program, latency_ratios=ratios)
+        )
     for i, name in enumerate(llm_names):
         if name not in used:
             raise InputError(source, f"llms[{i}] ({name})", "no workflow calls this llm", "add it to a workflow's stages or remove it")
     profiles: dict[Path, LlmProfile] = {}
     llms = tuple(_build_llm(source, base, i, m, cluster, profiles) for i, m in enumerate(spec.llms))
+    _check_latency_metric(source, spec.latency_metric, llms)
     return Instance(
         cluster=cluster,
         llms=llms,

@@ -5,11 +5,18 @@ A profile CSV has one row per measured (gpu_type, tp, fraction, arrival_rate) po
     gpu_type,tp,fraction,arrival_rate,throughput,latency_mean,latency_p50,latency_p90,latency_p99
 
 Rates are requests/s, latencies seconds. A row is *stable* when throughput >= 0.95 * arrival_rate.
+The percentile cells (latency_p50, latency_p90, latency_p99) may be empty: a benchmark that did not
+measure them (`vllm bench serve` without `--percentile-metrics e2el`); an instance whose
+latency_metric needs a missing percentile is refused when it is loaded. An optional `concurrency`
+column marks closed-loop points (a benchmark run at a fixed number of requests in flight, see
+tracing/profiling/benchimport.py).
 The capacity T of a (gpu_type, tp, fraction) curve is its largest stable arrival rate; the latency
 curve is the stable rows sorted by rate, piecewise linear, clamped to the first point below it.
-A fraction without its own rows borrows the curve of the nearest profiled fraction f0 (the smallest
-one >= f, else the largest) with its rate axis scaled by kappa = min(f/f0, kv(f)/kv(f0)),
-kv(x) = tp * x * memory_gib - weights_gib.
+A fraction without its own rows gets a curve derived from the measured fractions around it with
+the engine model's shape (`derive_curve`): capacity linear in the share between them (outside them,
+a power law through the two nearest, bounded by the KV cache ratio kv(f)/kv(f0),
+kv(x) = tp * x * memory_gib - weights_gib), latency at each utilisation linear in 1/share, and
+never faster than the next larger measured share.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ PROFILE_COLUMNS = (
     "latency_p99",
 )
 LATENCY_METRICS = ("mean", "p50", "p90", "p99")
+OPTIONAL_NUMBER_COLUMNS = ("latency_p50", "latency_p90", "latency_p99")  # empty cell: not measured
+OPTIONAL_COLUMNS = ("concurrency",)  # closed-loop points: requests kept in flight (empty: open loop)
 STABLE_THROUGHPUT_RATIO = 0.95
 FRACTION_MATCH_TOLERANCE = 1e-6
 
@@ -50,41 +59,27 @@ def _frozen(values: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True, eq=False)
 class ProfileCurve:
-    """The stable part of one measured (gpu_type, tp, fraction) curve of one replica."""
+    """The stable part of one (gpu_type, tp, fraction) curve of one replica: measured, or derived
+    from the measured curves of neighbouring fractions (`derived_from` names them)."""
 
     gpu_type: str
     tp: int
     fraction: float
     rates_rps: np.ndarray
     latencies_s: Mapping[str, np.ndarray]
+    derived_from: tuple[float, ...] = ()
 
     @property
     def capacity_rps(self) -> float:
         return float(self.rates_rps[-1])
 
+    @property
+    def measured(self) -> bool:
+        return not self.derived_from
+
     def latency_s(self, rate_rps, metric: str = "mean"):
         """Latency at `rate_rps` (scalar or array): linear between points, clamped below the first."""
         return np.interp(rate_rps, self.rates_rps, self.latencies_s[metric])
-
-
-@dataclass(frozen=True, eq=False)
-class ScaledCurve:
-    """A measured curve, possibly borrowed from another fraction with its rate axis scaled by kappa."""
-
-    base: ProfileCurve
-    fraction: float
-    kappa: float
-
-    @property
-    def capacity_rps(self) -> float:
-        return self.kappa * self.base.capacity_rps
-
-    @property
-    def measured(self) -> bool:
-        return self.kappa == 1.0 and abs(self.fraction - self.base.fraction) <= FRACTION_MATCH_TOLERANCE
-
-    def latency_s(self, rate_rps, metric: str = "mean"):
-        return self.base.latency_s(np.asarray(rate_rps, dtype=float) / self.kappa, metric)
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +89,11 @@ class LlmProfile:
     source: str
     curves: Mapping[tuple[str, int], tuple[ProfileCurve, ...]]
 
+    def missing_metrics(self) -> list[str]:
+        """Latency metrics some stable row lacks (an empty percentile cell)."""
+        return [m for m in LATENCY_METRICS
+                if any(np.isnan(c.latencies_s[m]).any() for group in self.curves.values() for c in group)]
+
     def configurations(self) -> list[tuple[str, int]]:
         return sorted(self.curves)
 
@@ -102,31 +102,144 @@ class LlmProfile:
 
     def curve(
         self, gpu_type: str, tp: int, fraction: float, memory_gib: float, weights_gib: float
-    ) -> ScaledCurve | None:
-        """The curve of one replica with `tp` shards of `fraction` GPU each; None if not profiled."""
+    ) -> ProfileCurve | None:
+        """The curve of one replica with `tp` shards of `fraction` GPU each; None if not profiled
+        (or if the fraction leaves no KV cache). Unprofiled fractions: `derive_curve`."""
         measured = self.curves.get((gpu_type, tp))
         if not measured:
             return None
         for curve in measured:
             if abs(curve.fraction - fraction) <= FRACTION_MATCH_TOLERANCE:
-                return ScaledCurve(curve, fraction, 1.0)
-        larger = [c for c in measured if c.fraction >= fraction]
-        base = larger[0] if larger else measured[-1]
-        kv_base = tp * base.fraction * memory_gib - weights_gib
-        kv_here = tp * fraction * memory_gib - weights_gib
-        if kv_base <= 0 or kv_here <= 0:
+                return curve
+        if tp * fraction * memory_gib - weights_gib <= 0:
             return None
-        kappa = min(fraction / base.fraction, kv_here / kv_base)
-        return ScaledCurve(base, fraction, kappa)
+        return derive_curve(measured, fraction, lambda f: tp * f * memory_gib - weights_gib)
+
+
+# ---------------------------------------------------------------------------------------------
+# Curves of unprofiled fractions (docs/model.md, "Profiles")
+
+
+def _weight_on_larger(fraction: float, smaller: float, larger: float) -> float:
+    """Where 1/fraction lies between 1/smaller (0) and 1/larger (1); outside [0, 1] extrapolates.
+    The engine model's iteration time is work / share + fixed costs (models/engine.py), so at an
+    equal utilisation a curve's latency is linear in 1/share."""
+    return (1 / smaller - 1 / fraction) / (1 / smaller - 1 / larger)
+
+
+def _capacity_rps(measured: tuple[ProfileCurve, ...], fraction: float, kv) -> float:
+    """Capacity: linear in the share between measured neighbours; outside them, a power law
+    T = T0 (f / f0)^k through the two nearest measured shares (k in [0, 4]: below a share the KV
+    cache shrinks faster than the compute, so capacity may fall faster than the share; a KV cache
+    ratio below (f / f0)^4 bounds it further), or with one measured share T0 scaled by the smaller
+    of the compute and KV-cache ratios."""
+    smaller = [c for c in measured if c.fraction < fraction]
+    larger = [c for c in measured if c.fraction > fraction]
+    if smaller and larger:
+        lo, hi = smaller[-1], larger[0]
+        t = (fraction - lo.fraction) / (hi.fraction - lo.fraction)
+        return lo.capacity_rps + t * (hi.capacity_rps - lo.capacity_rps)
+    if len(measured) >= 2:
+        near, other = (larger[0], larger[1]) if larger else (smaller[-1], smaller[-2])
+        slope = math.log(other.capacity_rps / near.capacity_rps) / math.log(other.fraction / near.fraction)
+        ratio = (fraction / near.fraction) ** min(max(slope, 0.0), MAX_CAPACITY_SLOPE)
+        if fraction < near.fraction:  # a KV cache that all but vanishes bounds it further
+            ratio = min(ratio, _kv_ratio(kv, fraction, near.fraction))
+        return near.capacity_rps * ratio
+    (near,) = measured
+    return near.capacity_rps * min(fraction / near.fraction, _kv_ratio(kv, fraction, near.fraction))
+
+
+MAX_CAPACITY_SLOPE = 4.0
+
+
+def _kv_ratio(kv, fraction: float, near: float) -> float:
+    kv_near = kv(near)
+    return kv(fraction) / kv_near if kv_near > 0 else fraction / near
+
+
+def _neighbours(measured: tuple[ProfileCurve, ...], fraction: float) -> tuple[ProfileCurve, ...]:
+    """The measured curves a fraction's curve is derived from: the nearest on each side, else the
+    two nearest on its one side, else the only one."""
+    smaller = [c for c in measured if c.fraction < fraction]
+    larger = [c for c in measured if c.fraction > fraction]
+    if smaller and larger:
+        return (smaller[-1], larger[0])
+    if len(measured) >= 2:
+        return (larger[0], larger[1]) if larger else (smaller[-2], smaller[-1])
+    return tuple(measured)
+
+
+def _latency_at_load(measured, fraction: float, utilisation: np.ndarray, metric: str) -> np.ndarray:
+    """Latency at the utilisations `utilisation` (rate / capacity): linear in 1/share through the
+    two measured curves around `fraction` (or the two nearest on one side), kept within what
+    latency = work / share + fixed allows, and the only curve scaled when just one exists. At an
+    equal utilisation the engine's queue is alike and the speed of an iteration changes with the
+    share (models/engine.py). (An equal rate per unit of share instead fits the interior slightly
+    better but misleads where capacity is far from proportional to the share, e.g. tp 8: see
+    docs/evidence.md.)"""
+    def at(curve: ProfileCurve) -> np.ndarray:
+        return curve.latency_s(utilisation * curve.capacity_rps, metric)
+
+    smaller = [c for c in measured if c.fraction < fraction]
+    larger = [c for c in measured if c.fraction > fraction]
+    pair = _neighbours(measured, fraction)
+    if len(pair) == 1:
+        (only,) = pair
+        # one measured share: below it all of the latency scales as work (an upper bound);
+        # above it none does (no speed-up is assumed without a second point)
+        return at(only) * max(only.fraction / fraction, 1.0)
+    lo, hi = pair
+    weight = _weight_on_larger(fraction, lo.fraction, hi.fraction)
+    latency = at(lo) + weight * (at(hi) - at(lo))
+    # latency = work / share + fixed (>= 0) lies between the nearest smaller share's latency scaled
+    # as pure work (f0 / f of it, f0 < f) and the nearest larger share's scaled so (f1 / f, f1 > f)
+    if smaller:
+        latency = np.maximum(latency, at(smaller[-1]) * smaller[-1].fraction / fraction)
+    if larger:
+        latency = np.minimum(latency, at(larger[0]) * larger[0].fraction / fraction)
+    return latency
+
+
+def derive_curve(measured: tuple[ProfileCurve, ...], fraction: float, kv) -> ProfileCurve | None:
+    """The curve of an unprofiled `fraction` from the measured curves of the same (gpu_type, tp).
+
+    Capacity as in `_capacity_rps`, latency at each utilisation as in `_latency_at_load`, on the
+    union of the neighbours' measured utilisations. A smaller share is never faster: the
+    curve is raised to the next larger measured share's latency at the same rate, and its capacity
+    kept at or below that share's."""
+    capacity = _capacity_rps(measured, fraction, kv)
+    larger = [c for c in measured if c.fraction > fraction]
+    if larger:
+        capacity = min(capacity, larger[0].capacity_rps)
+    if not capacity > 0:
+        return None
+    near = _neighbours(measured, fraction)
+    points = np.concatenate([c.rates_rps / c.capacity_rps for c in near])
+    if larger:  # the larger share's own points, so that the raise below is exact between points
+        points = np.concatenate([points, larger[0].rates_rps / capacity])
+    utilisation = np.unique(np.append(points[(points > 0) & (points < 1.0)], 1.0))
+    rates = utilisation * capacity
+    latencies = {}
+    for metric in LATENCY_METRICS:
+        latency = _latency_at_load(measured, fraction, utilisation, metric)
+        if larger:
+            latency = np.maximum(latency, larger[0].latency_s(rates, metric))
+        latencies[metric] = _frozen(latency)
+    sources = tuple(c.fraction for c in near)
+    return ProfileCurve(measured[0].gpu_type, measured[0].tp, fraction, _frozen(rates), latencies, derived_from=sources)
 
 
 def _bad_row(source: str, column: str, row: int, problem: str, fix: str) -> InputError:
     return InputError(source, f"row {row + 2}, column {column}", problem, fix)
 
 
-def _number_column(raw: list[str], column: str, source: str) -> np.ndarray:
+def _number_column(raw: list[str], column: str, source: str, optional: bool = False) -> np.ndarray:
     values = np.empty(len(raw))
     for row, text in enumerate(raw):
+        if optional and text == "":
+            values[row] = np.nan
+            continue
         try:
             values[row] = float(text)
         except ValueError:
@@ -173,7 +286,12 @@ def read_profile_table(path: Path | str) -> dict[str, np.ndarray]:
     index = {name: header.index(name) for name in PROFILE_COLUMNS}
     table: dict[str, np.ndarray] = {"gpu_type": np.array([cells[index["gpu_type"]].strip() for cells in body])}
     for column in PROFILE_COLUMNS[1:]:
-        table[column] = _number_column([cells[index[column]].strip() for cells in body], column, source)
+        optional = column in OPTIONAL_NUMBER_COLUMNS
+        table[column] = _number_column([cells[index[column]].strip() for cells in body], column, source, optional)
+    for column in OPTIONAL_COLUMNS:
+        if column in header:
+            at = header.index(column)
+            table[column] = _number_column([cells[at].strip() for cells in body], column, source, optional=True)
     row = _first((table["tp"] < 1) | (table["tp"] != np.round(table["tp"])))
     if row is not None:
         raise _bad_row(source, "tp", row, "tp must be a positive integer", "use 1, 2, 4 or 8")
@@ -183,8 +301,24 @@ def read_profile_table(path: Path | str) -> dict[str, np.ndarray]:
     row = _first(table["arrival_rate"] <= 0)
     if row is not None:
         raise _bad_row(source, "arrival_rate", row, "arrival_rate must be > 0", "drop rows at zero load")
+    _check_latencies(table, source)
     table["tp"] = table["tp"].astype(int)
     return table
+
+
+def _check_latencies(table: dict[str, np.ndarray], source: str) -> None:
+    """Latencies no measurement produces: zero, or percentiles that fall (p50 <= p90 <= p99)."""
+    for metric in LATENCY_METRICS:
+        row = _first(table[f"latency_{metric}"] <= 0)
+        if row is not None:
+            raise _bad_row(source, f"latency_{metric}", row, "a latency of 0 s", "write the measured latency in seconds")
+    for lower, upper in (("p50", "p90"), ("p90", "p99")):
+        row = _first(table[f"latency_{upper}"] < table[f"latency_{lower}"] * (1 - 1e-9))
+        if row is not None:
+            raise _bad_row(
+                source, f"latency_{upper}", row, f"latency_{upper} is below latency_{lower}",
+                "percentiles must not fall: check that the columns are not swapped",
+            )
 
 
 def read_profile_frame(path: Path | str):
@@ -229,7 +363,8 @@ def load_profile(path: Path | str) -> LlmProfile:
 def write_profile(rows, path: Path | str) -> None:
     """Write profile rows (a pandas DataFrame) in the canonical column order, sorted, with stable
     float formatting."""
-    frame = rows.loc[:, list(PROFILE_COLUMNS)].sort_values(["gpu_type", "tp", "fraction", "arrival_rate"])
+    columns = list(PROFILE_COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in rows and rows[c].notna().any()]
+    frame = rows.loc[:, columns].sort_values(["gpu_type", "tp", "fraction", "arrival_rate"])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     frame.to_csv(path, index=False, float_format="%.6g", lineterminator="\n")
 

@@ -60,6 +60,16 @@ class RagProgram(_Spec):
         return value
 
 
+class EnsembleProgram(_Spec):
+    kind: Literal["ensemble"]
+    judges: list[str] = Field(min_length=2, description="LLMs that answer the question side by side")
+    aggregator: str
+    question_tokens: int = Field(default=300, ge=1)
+    answer_tokens: float = Field(default=150.0, gt=0, description="mean tokens of one judge's answer")
+    verdict_tokens: float = Field(default=60.0, gt=0, description="mean tokens of the aggregator's verdict")
+    length_cv: float = Field(default=0.5, ge=0)
+
+
 class StageCallSpec(_Spec):
     llm: str
     prompt_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
@@ -72,8 +82,8 @@ class StagesProgram(_Spec):
     length_cv: float = Field(default=0.0, ge=0, le=100)
 
 
-ProgramSpec = Annotated[Union[BeamSearchProgram, RagProgram, StagesProgram], Field(discriminator="kind")]
-Program = Union[BeamSearchProgram, RagProgram, StagesProgram]
+ProgramSpec = Annotated[Union[BeamSearchProgram, RagProgram, EnsembleProgram, StagesProgram], Field(discriminator="kind")]
+Program = Union[BeamSearchProgram, RagProgram, EnsembleProgram, StagesProgram]
 
 
 def program_llms(program: Program) -> dict[str, str]:
@@ -85,6 +95,8 @@ def program_llms(program: Program) -> dict[str, str]:
         if program.reranker is not None:
             roles["reranker"] = program.reranker
         return roles
+    if isinstance(program, EnsembleProgram):
+        return {**{f"judges[{i}]": name for i, name in enumerate(program.judges)}, "aggregator": program.aggregator}
     return {f"calls[{i}].llm": c.llm for i, c in enumerate(program.calls)}
 
 

@@ -5,8 +5,13 @@ request with parallelism p_wm:
 
     Lambda_m = sum_w lambda_w * n_wm                      LLM-level arrival rate, requests/s
     r_m      = Lambda_m / d_m                             per-replica rate, requests/s
-    L_w      = sum_m L_m(r_m) * n_wm / p_wm               workflow latency, s
-    T_w      = min_m d_m * T_m / n_wm                     workflow throughput limit, requests/s
+    L_w      = sum_m L_m(r_m) * n_wm / p_wm * f_wm        workflow latency, s; f_wm: the share of m's
+                                                          busy time on the request's critical path
+                                                          (1 for serial stages; models/instance/statistic.py)
+    T_w      = min_m (d_m * T_m - sum_{w' != w} lambda_w' * n_w'm) / n_wm
+                                                          workflow throughput limit, requests/s: what
+                                                          the LLMs leave for w at the other workflows'
+                                                          rates (shared LLMs)
 
 where L_m is the replica's latency curve and T_m its capacity (models/instance/profile.py). A per-replica rate
 above max_utilization * T_m is infeasible (the LLM is overloaded).
@@ -17,9 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scepsy.models.instance.instance import Instance, Llm
+from scepsy.models.instance.instance import Instance, Llm, Stage, Workflow
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
-from scepsy.models.instance.profile import ScaledCurve
+from scepsy.models.instance.profile import ProfileCurve
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,8 @@ class LlmPrediction:
     latency_s: float  # inf when overloaded
     utilization: float  # offered load / (replicas * capacity)
     overloaded: bool
+    # an unprofiled fraction: the measured fractions its curve was derived from (models/profile.py)
+    profile_derived_from: tuple[float, ...] = ()
 
     @property
     def gpus(self) -> float:
@@ -48,6 +55,7 @@ class StagePrediction:
     invocations: float
     parallelism: float
     latency_contribution_s: float
+    critical_path: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,7 @@ class AllocationError(ValueError):
     """The allocation names a configuration the instance cannot run (no profile, no memory)."""
 
 
-def replica_curve(instance: Instance, llm: Llm, gpu_type: str, tp: int, share: int) -> ScaledCurve | None:
+def replica_curve(instance: Instance, llm: Llm, gpu_type: str, tp: int, share: int) -> ProfileCurve | None:
     """Latency curve of one replica with `tp` shards of `share` units, or None if unavailable."""
     cluster = instance.cluster
     memory_gib = cluster.gpu_types[gpu_type].memory_gib
@@ -112,7 +120,7 @@ def predict_llm(instance: Instance, choice: LlmAllocation) -> LlmPrediction:
     rate = offered / choice.replicas
     capacity = curve.capacity_rps
     overloaded = rate > instance.max_utilization * capacity * (1 + 1e-9)
-    latency = math.inf if overloaded else float(curve.latency_s(rate, instance.latency_metric))
+    latency = math.inf if overloaded else float(curve.latency_s(rate, instance.call_latency_metric))
     return LlmPrediction(
         llm=choice.llm,
         model=llm.model,
@@ -126,7 +134,15 @@ def predict_llm(instance: Instance, choice: LlmAllocation) -> LlmPrediction:
         latency_s=latency,
         utilization=offered / (choice.replicas * capacity),
         overloaded=overloaded,
+        profile_derived_from=curve.derived_from,
     )
+
+
+def _stage_throughput_limit_rps(llm: LlmPrediction, workflow: Workflow, stage: Stage) -> float:
+    """Workflow requests/s one LLM can take for this workflow, with the other workflows' load on
+    it (a shared LLM) held at their current rates: (d_m T_m - sum_{w' != w} lambda_w' n_w'm) / n_wm."""
+    others = llm.offered_rate_rps - workflow.arrival_rate * stage.invocations
+    return max(llm.replicas * llm.capacity_rps - others, 0.0) / stage.invocations
 
 
 def predict(instance: Instance, allocation: Allocation) -> Prediction:
@@ -135,15 +151,16 @@ def predict(instance: Instance, allocation: Allocation) -> Prediction:
     by_name = {p.llm: p for p in llms}
     workflows = []
     for workflow in instance.workflows:
+        factor = instance.latency_factor(workflow)
         stages = tuple(
             StagePrediction(
-                s.llm, s.invocations, s.parallelism, by_name[s.llm].latency_s * s.invocations / s.parallelism
+                s.llm, s.invocations, s.parallelism,
+                by_name[s.llm].latency_s * s.invocations / s.parallelism * s.critical_path * factor,
+                s.critical_path,
             )
             for s in workflow.stages
         )
-        limits = {
-            s.llm: by_name[s.llm].replicas * by_name[s.llm].capacity_rps / s.invocations for s in workflow.stages
-        }
+        limits = {s.llm: _stage_throughput_limit_rps(by_name[s.llm], workflow, s) for s in workflow.stages}
         bottleneck = min(limits, key=lambda name: (limits[name], name))
         workflows.append(
             WorkflowPrediction(

@@ -32,7 +32,14 @@ max_num_seqs sequences). Encoder-only models (embedders, cross-encoder rerankers
 attention is bidirectional within each sequence (A = sum of squared lengths) and nothing is kept.
 
 The efficiency and overhead constants are calibrated against published measurements; the fit
-and its error are in docs/engine-model.md (bench/engine_validation.py reproduces the table).
+and its error are in docs/engine-model.md (bench/engine_validation.py reproduces the table). Per
+GPU, the catalog's compute/memory/link scales multiply the efficiencies (fitted against
+AIConfigurator, bench/engine_model_comparison.py); the routed-expert FLOPs of MoE models run at
+`moe_efficiency` of the dense rate, the weights streamed per iteration are the experts its tokens
+touch (models/catalog/catalog.py), and sliding-window layers read at most their window of KV.
+
+`Engine(..., timer=...)` replaces the roofline time of every iteration by another engine model's
+(`IterationTimer`, models/performance/aiconfigurator.py); memory and scheduler limits stay this module's.
 
 This module is a public API: the simulator (models/simulation/simulator.py), profile synthesis
 (models/profiles/synthesize.py) and an OpenAI-compatible emulator time token generation with it.
@@ -41,10 +48,14 @@ This module is a public API: the simulator (models/simulation/simulator.py), pro
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from scepsy.models.catalog.catalog import BYTES_BF16, GpuCard, ModelCard
 
 GIB = 1024**3
+# Fitted against AIConfigurator's measured MoE kernels (docs/engine-model.md, "Against AIConfigurator"):
+# grouped expert GEMMs over few tokens per expert run well below the dense GEMM rate.
+MOE_EFFICIENCY = 0.2
 
 
 @dataclass(frozen=True)
@@ -54,6 +65,7 @@ class EngineSettings:
     compute_efficiency: float = 0.70  # fraction of dense bf16 peak large GEMMs reach
     memory_efficiency: float = 0.80  # fraction of HBM bandwidth weight/KV streaming reaches
     link_efficiency: float = 0.70  # fraction of per-direction link bandwidth an all-reduce reaches
+    moe_efficiency: float = MOE_EFFICIENCY  # routed-expert GEMMs reach this fraction of the dense GEMMs' rate
     iteration_overhead_s: float = 1.2e-3  # scheduler, input preparation, sampling launch
     layer_overhead_s: float = 10e-6  # kernel gaps per layer (CUDA graphs keep this small)
     sequence_overhead_s: float = 6e-6  # per running sequence: sampling, detokenizing, bookkeeping
@@ -62,7 +74,7 @@ class EngineSettings:
     max_num_batched_tokens: int = 2048  # vLLM's chunked-prefill token budget (API server default)
 
     def __post_init__(self) -> None:
-        for name in ("compute_efficiency", "memory_efficiency", "link_efficiency", "memory_utilization"):
+        for name in ("compute_efficiency", "memory_efficiency", "link_efficiency", "moe_efficiency", "memory_utilization"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"{name} must lie in (0, 1], got {value}")
@@ -71,6 +83,20 @@ class EngineSettings:
 
 
 DEFAULT_SETTINGS = EngineSettings()
+
+
+class IterationTimer(Protocol):
+    """Another engine model (models/performance/aiconfigurator.py): the time of one iteration of a replica on
+    whole GPUs. The Engine keeps its own memory model and scheduler limits, and divides the time by
+    the GPU fraction (a share f gets f of the compute and bandwidth, as in the roofline)."""
+
+    name: str
+
+    def iteration_time_s(self, work: "IterationWork") -> float: ...
+
+    def describe(self) -> str:
+        """One line naming the engine model and its data (printed by the commands that use it)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -124,6 +150,7 @@ class Engine:
     fraction: float = 1.0
     settings: EngineSettings = field(default=DEFAULT_SETTINGS)
     interconnect: str | None = None  # "nvlink" or "pcie"; None: NVLink when it spans the replica
+    timer: IterationTimer | None = None  # another engine model's iteration times (None: the roofline)
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -132,6 +159,16 @@ class Engine:
             raise ValueError(f"fraction must lie in (0, 1], got {self.fraction}")
         if self.interconnect not in (None, "nvlink", "pcie"):
             raise ValueError(f"interconnect must be nvlink or pcie, got {self.interconnect!r}")
+
+    # -- efficiencies: the settings', scaled by the GPU's calibration (models/catalog/catalog.py) ---------
+
+    @property
+    def _compute_efficiency(self) -> float:
+        return min(self.settings.compute_efficiency * self.gpu.compute_scale, 1.0)
+
+    @property
+    def _memory_efficiency(self) -> float:
+        return min(self.settings.memory_efficiency * self.gpu.memory_scale, 1.0)
 
     # -- memory ---------------------------------------------------------------------------------
 
@@ -172,7 +209,7 @@ class Engine:
             bandwidth, latency_us = self.gpu.nvlink_gbps, self.gpu.nvlink_latency_us
         else:
             bandwidth, latency_us = self.gpu.pcie_gbps, self.gpu.pcie_latency_us
-        per_direction = bandwidth / 2 * 1e9 * self.settings.link_efficiency
+        per_direction = bandwidth / 2 * 1e9 * min(self.settings.link_efficiency * self.gpu.link_scale, 1.0)
         return latency_us * 1e-6 + 2 * (self.tp - 1) / self.tp * nbytes / per_direction
 
     def breakdown(self, work: IterationWork) -> IterationTime:
@@ -184,12 +221,13 @@ class Engine:
         attended = work.prefill_attention + work.decode_context
         flops = 2.0 * m.dense_params * tokens
         flops += 2.0 * m.lm_head_params * work.sequences
-        flops += 4.0 * m.layers * m.heads * m.head_dim * attended
+        flops += m.attention_flops(attended, tokens)
         kv_tokens = work.decode_context + work.prefill_past_tokens + tokens
-        nbytes = m.streamed_weight_bytes + m.kv_bytes_per_token * kv_tokens
+        nbytes = m.streamed_weight_bytes_for(tokens) + m.kv_bytes_read(kv_tokens, max(work.sequences, 1))
         share = self.tp * self.fraction
-        compute_s = flops / (share * self.gpu.bf16_tflops * 1e12 * s.compute_efficiency)
-        memory_s = nbytes / (share * self.gpu.hbm_gbps * 1e9 * s.memory_efficiency)
+        flops += 2.0 * m.routed_expert_params * tokens * (1.0 / s.moe_efficiency - 1.0)  # slower expert GEMMs
+        compute_s = flops / (share * self.gpu.bf16_tflops * 1e12 * self._compute_efficiency)
+        memory_s = nbytes / (share * self.gpu.hbm_gbps * 1e9 * self._memory_efficiency)
         comm_s = 0.0
         if self.tp > 1:
             comm_s = 2 * m.layers * self._allreduce_s(tokens * m.hidden * BYTES_BF16)
@@ -197,6 +235,8 @@ class Engine:
         return IterationTime(compute_s, memory_s, comm_s, overhead_s)
 
     def iteration_time_s(self, work: IterationWork) -> float:
+        if self.timer is not None:
+            return self.timer.iteration_time_s(work) / self.fraction
         return self.breakdown(work).total_s
 
     def decode_step_time_s(self, batch: int, mean_context: float) -> float:
@@ -212,12 +252,16 @@ class Engine:
         first = self.breakdown(IterationWork(decode_sequences=batch, decode_context=context))
         if steps <= 1:
             return [first.total_s][:steps]
+        if self.timer is not None or self.model.sliding_layers:
+            # not linear in the step: time every step
+            return [self.iteration_time_s(IterationWork(decode_sequences=batch, decode_context=context + i * batch))
+                    for i in range(steps)]
         m, s = self.model, self.settings
         share = self.tp * self.fraction
-        compute_slope = 4.0 * m.layers * m.heads * m.head_dim * batch / (
-            share * self.gpu.bf16_tflops * 1e12 * s.compute_efficiency
+        compute_slope = m.attention_flops(batch, batch) / (
+            share * self.gpu.bf16_tflops * 1e12 * self._compute_efficiency
         )
-        memory_slope = m.kv_bytes_per_token * batch / (share * self.gpu.hbm_gbps * 1e9 * s.memory_efficiency)
+        memory_slope = m.kv_bytes_per_token * batch / (share * self.gpu.hbm_gbps * 1e9 * self._memory_efficiency)
         fixed = first.comm_s + first.overhead_s
         return [
             max(first.compute_s + i * compute_slope, first.memory_s + i * memory_slope) + fixed for i in range(steps)

@@ -56,6 +56,8 @@ def prediction_to_json(prediction: Prediction) -> dict:
             "capacity_rps": _num(p.capacity_rps),
             "utilization": _num(p.utilization),
             "overloaded": p.overloaded,
+            # only for an unprofiled fraction: its curve is derived, not measured
+            **({"profile_derived_from_fractions": [_num(f) for f in p.profile_derived_from]} if p.profile_derived_from else {}),
         }
         for p in prediction.llms
     ]

@@ -78,7 +78,7 @@ def llm_table(prediction: Prediction) -> Table:
             p.llm,
             p.gpu_type,
             str(p.tp),
-            _fmt(p.fraction, 2),
+            _fmt(p.fraction, 2) + ("*" if p.profile_derived_from else ""),
             str(p.replicas),
             _fmt(p.gpus, 2),
             _fmt(p.offered_rate_rps),
@@ -86,6 +86,11 @@ def llm_table(prediction: Prediction) -> Table:
             _fmt(p.capacity_rps),
             _fmt(100 * p.utilization, 1),
             _fmt(p.latency_s),
+        )
+    derived = [p for p in prediction.llms if p.profile_derived_from]
+    if derived:
+        table.caption = "* unprofiled fraction, curve derived from the measured fractions " + "; ".join(
+            f"{p.llm}: {', '.join(f'{f:g}' for f in p.profile_derived_from)}" for p in derived
         )
     return table
 

@@ -55,7 +55,7 @@ import pandas as pd
 import simpy
 
 from scepsy.models.catalog.catalog import GpuCard, ModelCard
-from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
+from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings, IterationTimer
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import check_input, read_text
 from scepsy.models.instance.profile import PROFILE_COLUMNS, STABLE_THROUGHPUT_RATIO
@@ -520,14 +520,17 @@ def synthesize(
     gpu_type: str | None = None,
     min_kv_gib: float = 0.0,
     progress: Callable[[str], None] | None = None,
+    timer_for: Callable[[int], IterationTimer | None] | None = None,
 ) -> tuple[pd.DataFrame, list[Skipped]]:
-    """Profile rows for every (tp, fraction) that fits, labelled `gpu_type` (default gpu.name)."""
+    """Profile rows for every (tp, fraction) that fits, labelled `gpu_type` (default gpu.name).
+    `timer_for(tp)` gives another engine model's iteration times (None: the roofline)."""
     label = gpu_type or gpu.name
     check_context(source, model)
     rows, skipped = [], []
     for tp in tps:
+        timer = timer_for(tp) if timer_for else None
         for fraction in fractions:
-            engine = Engine(model, gpu, tp, fraction, settings.engine)
+            engine = Engine(model, gpu, tp, fraction, settings.engine, timer=timer)
             if not model.encoder and engine.kv_capacity_gib < max(min_kv_gib, 1e-9):
                 kv = engine.kv_capacity_gib
                 reason = (f"the weights do not fit (KV cache would be {kv:.2f} GiB)" if kv <= 0

@@ -24,6 +24,11 @@ rag -- retrieval-augmented generation with a reranker: embed the query; retrieve
     cross-encoder (one call scoring all pairs, or one call per pair in parallel); generate the
     answer from the top `context_passages` passages.
 
+ensemble -- a judge ensemble (a fan-out across LLMs): the question goes to every judge at once
+    (one call each, different LLMs running side by side); when all have answered, the aggregator
+    reads the question and every answer and writes the verdict. The request waits for its slowest
+    judge, so the judges' latencies do not add up (docs/model.md, critical path).
+
 stages -- the default: for each stage in order, about invocations/parallelism rounds of about
     `parallelism` parallel calls (random rounding keeps the means), so that the measured n and p
     match the stage statistics. Call lengths: `prompt_tokens`/`completion_tokens` per stage, else
@@ -43,7 +48,7 @@ from typing import Protocol, Sequence
 import simpy
 
 from scepsy.models.instance.instance import Workflow
-from scepsy.models.instance.workflow import BeamSearchProgram, Program, RagProgram, StagesProgram
+from scepsy.models.instance.workflow import BeamSearchProgram, EnsembleProgram, Program, RagProgram, StagesProgram
 
 
 class RequestContext(Protocol):
@@ -147,6 +152,13 @@ def run_rag(ctx: "RequestContext", spec: RagProgram):
     yield ctx.call(spec.generator, prompt, _length(ctx, spec.output_tokens, spec.length_cv))
 
 
+def run_ensemble(ctx: "RequestContext", spec: EnsembleProgram):
+    answers = [_length(ctx, spec.answer_tokens, spec.length_cv) for _ in spec.judges]
+    yield ctx.all_of([ctx.call(judge, spec.question_tokens, length) for judge, length in zip(spec.judges, answers)])
+    prompt = spec.question_tokens + sum(answers)
+    yield ctx.call(spec.aggregator, prompt, _length(ctx, spec.verdict_tokens, spec.length_cv))
+
+
 def _round_random(ctx: "RequestContext", value: float) -> int:
     low = math.floor(value)
     return low + (1 if ctx.rng.random() < value - low else 0)
@@ -176,4 +188,6 @@ def run_program(ctx: "RequestContext", program: Program):
         return run_beam_search(ctx, program)
     if isinstance(program, RagProgram):
         return run_rag(ctx, program)
+    if isinstance(program, EnsembleProgram):
+        return run_ensemble(ctx, program)
     return run_stages(ctx, program)

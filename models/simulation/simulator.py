@@ -22,6 +22,8 @@ duration_s; the simulation then runs until the measured requests finish or `drai
     utilization      busy time (an iteration running) / replica time in the window
     time share       per request, the union of an LLM's call intervals over the sum of the unions
                      of all its LLMs (the paper's Fig. 3 "relative" time)
+    critical path    per LLM, the share of its busy time on the requests' critical paths
+                     (models/instance/statistic.py; 1 when a request's LLMs never run side by side)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, Generator, Mapping, Sequence, cast
 
 import numpy as np
@@ -36,10 +39,12 @@ import simpy
 
 from scepsy.models.instance.allocation import Allocation
 from scepsy.models.catalog.catalog import GpuCard, ModelCard, find_gpu, find_model
+from scepsy.models.catalog.model_config import card_from_config
+from scepsy.models.performance.aiconfigurator import make_timer
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
 from scepsy.models.errors import InputError
 from scepsy.models.instance.instance import Instance, Workflow
-from scepsy.models.instance.statistic import InvocationStatistic, request_use
+from scepsy.models.instance.statistic import InvocationStatistic, critical_time_s, request_use
 from scepsy.models.instance.workflow import default_program
 from scepsy.models.simulation.programs import run_program
 from scepsy.models.performance.replica import ReplicaSim, Request, Router
@@ -53,11 +58,14 @@ def model_card(instance: Instance, llm: str) -> ModelCard:
     """The catalog model of an instance LLM (by its `model` id, else its name)."""
     spec = instance.llm(llm)
     card = find_model(spec.model) or find_model(spec.name)
+    config = Path(instance.source).parent / spec.model if instance.source else Path(spec.model)
+    if card is None and (config.is_dir() or config.suffix == ".json"):
+        return card_from_config(config)  # the model given by its config.json (path relative to the instance)
     if card is None:
         index = [m.name for m in instance.llms].index(llm)
         raise InputError(
             instance.source, f"llms[{index}] ({llm}).model", f"model {spec.model!r} is not in the engine catalog",
-            "use a model of models/catalog/catalog.py (e.g. meta-llama/Llama-3.1-8B) or add its architecture there",
+            "use a model of models/catalog/catalog.py (e.g. meta-llama/Llama-3.1-8B) or the path of its config.json",
         )
     return card
 
@@ -89,8 +97,11 @@ def gpu_card(instance: Instance, gpu_type: str) -> GpuCard:
 
 
 def replica_engine(instance: Instance, llm: str, gpu_type: str, tp: int, fraction: float,
-               settings: EngineSettings = DEFAULT_SETTINGS) -> Engine:
-    return Engine(model_card(instance, llm), gpu_card(instance, gpu_type), tp, fraction, settings)
+                   settings: EngineSettings = DEFAULT_SETTINGS, engine_model: str = "builtin",
+                   backend: str = "vllm", database_version: str = "current") -> Engine:
+    card, gpu = model_card(instance, llm), gpu_card(instance, gpu_type)
+    timer = make_timer(engine_model, card, gpu, tp, backend, database_version)
+    return Engine(card, gpu, tp, fraction, settings, timer=timer)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,6 +214,9 @@ class SimulationSettings:
     seed: int = 0
     engine: EngineSettings = DEFAULT_SETTINGS
     routing: str = "cache_aware"  # or "least_outstanding" (models/performance/replica.py Router)
+    engine_model: str = "builtin"  # or "aiconfigurator" (models/performance/aiconfigurator.py)
+    backend: str = "vllm"  # AIConfigurator's framework database: vllm, sglang or trtllm
+    database_version: str = "current"
 
     @property
     def warmup(self) -> float:
@@ -220,6 +234,7 @@ class StageStats:
     parallelism: float  # p: summed call durations / union of call intervals
     mean_call_latency_s: float
     time_share: float  # mean over requests of union_m / sum of unions
+    critical_path: float = 1.0  # f: share of the union on the request's critical path (models/instance/statistic.py)
 
 
 @dataclass(frozen=True)
@@ -301,6 +316,7 @@ class SimulationResult:
                             "parallelism": num(s.parallelism),
                             "mean_call_latency_s": num(s.mean_call_latency_s),
                             "time_share": num(s.time_share),
+                            "critical_path": num(s.critical_path),
                         }
                         for s in w.stages
                     ],
@@ -355,12 +371,15 @@ def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], win
     statistic = {m: InvocationStatistic() for m in llms}
     shares: dict[str, list[float]] = {m: [] for m in llms}
     per_request: dict[str, list[float]] = {m: [] for m in llms}
+    critical = {m: 0.0 for m in llms}
     for record in done:
         spans: dict[str, list[tuple[float, float]]] = {m: [] for m in llms}
         for call in record.calls:
             spans.setdefault(cast(str, call.tag), []).append((call.arrival_s, cast(float, call.finish_s)))  # done: finished
         own = {m: request_use(spans[m]) for m in llms}
         total = sum(use.busy_s for use in own.values())
+        for m, seconds in critical_time_s(spans).items():
+            critical[m] = critical.get(m, 0.0) + seconds
         for m in llms:
             statistic[m].add(own[m])
             per_request[m].append(own[m].busy_s)
@@ -373,6 +392,7 @@ def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], win
             parallelism=statistic[m].parallelism(),
             mean_call_latency_s=statistic[m].call_time_s / statistic[m].calls if statistic[m].calls else math.nan,
             time_share=float(np.mean(shares[m])) if shares[m] else math.nan,
+            critical_path=min(critical[m] / statistic[m].busy_s, 1.0) if statistic[m].busy_s > 0 else math.nan,
         )
         for m in llms
     )
@@ -439,7 +459,8 @@ def simulate(
     engines = {}
     for choice in allocation.llms:
         fraction = choice.share / allocation.fractions_per_gpu
-        engines[choice.llm] = replica_engine(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine)
+        engines[choice.llm] = replica_engine(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine,
+                                             settings.engine_model, settings.backend, settings.database_version)
     cluster = SimCluster(env, engines, settings.routing)
     for choice in allocation.llms:
         for _ in range(choice.replicas):

@@ -18,7 +18,7 @@ from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance
 
-from scepsy.planner.allocation.objective import GpuCount, LatencySum, MaxLatencySum, Objective, Usage
+from scepsy.planner.allocation.objective import SLO_TOLERANCE, GpuCount, LatencySum, MaxLatencySum, Objective, Usage
 from scepsy.planner.allocation.options import Option, options_allocation
 from scepsy.placement.feasibility.placeability import check_placement, fewest_gpus_placement, gpus_by_type
 
@@ -90,7 +90,7 @@ def solve_bruteforce(
         free = sum(cluster.free_units(n.name, g) for n in cluster.nodes if n.gpu_type == gpu_type for g in range(n.gpus))
         feasible &= used <= free
     for workflow, limit in objective.latency_limits.items():
-        feasible &= latency_sum(objective.coefficients[workflow]) <= limit * (1 + 1e-9)
+        feasible &= latency_sum(objective.coefficients[workflow]) <= limit * (1 + SLO_TOLERANCE)
     candidates = np.flatnonzero(feasible)
     order = candidates[np.lexsort([s[candidates] for s in reversed(stages)])]
 

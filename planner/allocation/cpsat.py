@@ -41,7 +41,9 @@ Objective (lexicographic stages, each solved with the previous ones fixed at the
                     then min sum_w pi_w sum_{m,o} c_wm L_o x[m, o]             [s]
     finally:        min sum_{m,o} t s d x[m, o]                                [units]
 Integer scaling: each stage's coefficients are rounded to a grid of 1e-5 of the sum of the per-LLM
-minima over |M|, so rounding moves a stage's optimum by at most 1e-5 of its value (<< 0.1%).
+minima over |M|; plans the grid cannot tell apart are compared in floating point by the search
+(planner/search.py, _settle_ties), so the optimum is exact. SLO rows round latencies down (a
+relaxation) and the search cuts off any plan the rounding let through (add_combination_cut).
 """
 
 from __future__ import annotations
@@ -51,16 +53,24 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from scepsy.models.instance.allocation import Allocation
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.instance import Cluster
 from scepsy.placement.feasibility.packing import count_model
 from scepsy.placement.feasibility.solver import STATUS_NAMES, cpsat_solver
 
 from scepsy.planner.allocation.formulation import Row, capacity_rows, counts_model_size, cut_rows, grid, items, most_replicas_by_shape
-from scepsy.planner.allocation.objective import GpuCount, LatencySum, MaxLatencySum, Objective
+from scepsy.planner.allocation.objective import SLO_TOLERANCE, GpuCount, LatencySum, MaxLatencySum, Objective
 from scepsy.planner.allocation.options import Option, options_allocation
 
-__all__ = ["build_allocation_model", "solve_stage", "fix_stage", "add_placement_cut", "counts_model_size"]
+# latency stages: the coarse grid the search solves on (fast), and the fine grid on which it then
+# settles the plans the coarse one cannot tell apart (planner/allocation/search.py, _settle_ties)
+GRID_RESOLUTION = 1e-5
+FINE_RESOLUTION = 1e-13
+
+__all__ = [
+    "build_allocation_model", "solve_stage", "fix_stage", "add_placement_cut", "add_combination_cut", "counts_model_size",
+    "open_window", "forbid", "close_window",
+]
 
 
 @dataclass
@@ -68,6 +78,10 @@ class StageExpr:
     name: str
     expr: cp_model.LinearExpr
     unit: float  # value of one integer step in the stage's own unit (s, ratio, GPUs or units)
+    # rounded latency stages: the most integer steps by which rounding can move a plan's value
+    # either way, summed over its terms times two (0: the stage is exact)
+    slack: int = 0
+    llms: tuple[str, ...] = ()  # the LLMs whose options the stage's value depends on
 
 
 @dataclass
@@ -80,6 +94,8 @@ class AllocationModel:
     exact_gpus: bool = False  # GPU stages exact (placement counts) rather than a lower bound
     cuts: int = 0
     fixed: list[str] = field(default_factory=list)
+    window: object = None  # literals of the open tie window (open_window)
+    probe: object = None
 
     def decode(self, solver: cp_model.CpSolver) -> Allocation:
         chosen = [
@@ -116,12 +132,14 @@ def build_allocation_model(
     used = add_placement_counts(model, cluster, options, x) if placement_counts else None
     gpus = _gpus_by_type(model, cluster, options, x, used)
 
-    # latency limits (SLOs): coefficients rounded up, so a kept plan truly meets them
+    # latency limits (SLOs): coefficients rounded down, a relaxation that keeps every plan meeting
+    # them (even exactly); the search checks each plan in floating point and cuts off the few that
+    # the rounding let through (add_combination_cut)
     for workflow, limit in sorted(objective.latency_limits.items()):
         weights = objective.coefficients[workflow]
         step = _stage_grid(options, lambda m: weights.get(m, 0.0))
-        terms = [(math.ceil(weights[m] * o.latency_s / step), x[(m, i)]) for m, i, o in items(options) if weights.get(m, 0.0) > 0]
-        model.Add(_weighted(terms) <= math.floor(limit / step))
+        terms = [(math.floor(weights[m] * o.latency_s / step), x[(m, i)]) for m, i, o in items(options) if weights.get(m, 0.0) > 0]
+        model.Add(_weighted(terms) <= math.floor(limit * (1 + SLO_TOLERANCE) / step))
 
     stages = [_stage_expr(model, options, x, gpus, stage) for stage in objective.stages]
     return AllocationModel(model, options, x, stages, cluster.fractions_per_gpu, exact_gpus=used is not None)
@@ -209,26 +227,33 @@ def _scaled(options, x, weight_of, step: float) -> tuple[cp_model.LinearExpr, in
     return _weighted(terms), upper
 
 
-def _stage_grid(options, weight_of) -> float:
-    return grid([min(weight_of(m) * o.latency_s for o in opts) for m, opts in options.items() if opts])
+def _stage_grid(options, weight_of, resolution: float = GRID_RESOLUTION) -> float:
+    return grid([min(weight_of(m) * o.latency_s for o in opts) for m, opts in options.items() if opts], resolution)
 
 
-def _stage_expr(model, options, x, gpus, stage) -> StageExpr:
-    """One objective stage as an integer expression, with the value of one integer step."""
+def _stage_expr(model, options, x, gpus, stage, resolution: float = GRID_RESOLUTION) -> StageExpr:
+    """One objective stage as an integer expression, with the value of one integer step.
+
+    Latency stages are rounded to the grid: a plan's scaled value is within half a step per LLM
+    of its true value / step, so every plan at least as good as one of scaled value v has a scaled
+    value <= v + slack (slack = the number of LLMs with a weight), which search.py uses to find the
+    exact optimum among the plans the rounding cannot tell apart."""
     if isinstance(stage, LatencySum):
         weight = lambda m: stage.weights.get(m, 0.0)  # noqa: E731
-        step = _stage_grid(options, weight)
+        step = _stage_grid(options, weight, resolution)
         expr, _ = _scaled(options, x, weight, step)
-        return StageExpr(stage.name, expr, step)
+        llms = tuple(m for m in options if weight(m) > 0)
+        return StageExpr(stage.name, expr, step, slack=len(llms), llms=llms)
     if isinstance(stage, MaxLatencySum):
         # z >= each row's latency sum, all rows on the finest of their grids
         rows = [lambda m, row=row: row.get(m, 0.0) for row in stage.weights.values()]
-        step = min(_stage_grid(options, row) for row in rows)
+        step = min(_stage_grid(options, row, resolution) for row in rows)
         scaled = [_scaled(options, x, row, step) for row in rows]
         z = model.NewIntVar(0, max(upper for _, upper in scaled), "z")
         for expr, _ in scaled:
             model.Add(z >= expr)
-        return StageExpr(stage.name, z, step)
+        llms = tuple(m for m in options if any(row(m) > 0 for row in rows))
+        return StageExpr(stage.name, z, step, slack=len(llms), llms=llms)
     if isinstance(stage, GpuCount):
         # prices on a grid of 1e-6 of the cheapest positive one (exact for min_gpus: all 1)
         step = min((c for c in stage.cost.values() if c > 0), default=1.0) * 1e-6
@@ -248,6 +273,58 @@ def add_placement_cut(am: AllocationModel, allocation: Allocation) -> None:
         below.append(fewer)
     am.model.AddBoolOr(below)
     am.cuts += 1
+
+
+def add_combination_cut(am: AllocationModel, allocation: Allocation, llms, enforce=None) -> None:
+    """Forbid the options `allocation` gives the LLMs `llms` together (a plan that breaks an SLO,
+    or a plan already seen in a tie search); with `enforce`, only while that literal is true."""
+    chosen = [
+        am.x[(m, i)]
+        for m in llms
+        for i, o in enumerate(am.options[m])
+        if _same(o, allocation.of(m))
+    ]
+    constraint = am.model.AddBoolOr([v.Not() for v in chosen])
+    if enforce is not None:
+        constraint.OnlyEnforceIf(enforce)
+
+
+def _same(option: Option, choice: LlmAllocation) -> bool:
+    return (option.gpu_type, option.tp, option.share, option.replicas) == (choice.gpu_type, choice.tp, choice.share, choice.replicas)
+
+
+def fine_stage(am: AllocationModel, stage) -> StageExpr:
+    """A latency stage (LatencySum or MaxLatencySum) again, on the fine grid."""
+    return _stage_expr(am.model, am.options, am.x, {}, stage, FINE_RESOLUTION)
+
+
+def keep_window(am: AllocationModel, stage: StageExpr, value: int) -> None:
+    """Keep the stage within its rounding slack of `value`: every plan at least as good in floating
+    point as one of scaled value `value` stays; later stages choose among them."""
+    am.model.Add(stage.expr <= value + stage.slack)
+    am.fixed.append(stage.name)
+
+
+def open_window(am: AllocationModel, stage: StageExpr, value: int) -> None:
+    """Restrict the model, until `close_window`, to the plans the integer grid cannot tell apart
+    from one of scaled value `value` (scaled <= value + slack), and let `forbid(..., probe=True)`
+    cuts hold only as long."""
+    am.window = am.model.NewBoolVar(f"window[{stage.name}]")
+    am.model.Add(stage.expr <= value + stage.slack).OnlyEnforceIf(am.window)
+    am.probe = am.model.NewBoolVar(f"probe[{stage.name}]")
+    am.model.ClearAssumptions()
+    am.model.AddAssumptions([am.window, am.probe])
+
+
+def forbid(am: AllocationModel, allocation: Allocation, llms, probe: bool = False) -> None:
+    add_combination_cut(am, allocation, llms, enforce=am.probe if probe else None)
+
+
+def close_window(am: AllocationModel, stage: StageExpr) -> None:
+    """Drop the probe cuts; the window stays, so later stages choose among its plans."""
+    am.model.ClearAssumptions()
+    am.model.AddBoolOr([am.window])
+    am.fixed.append(stage.name)
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ class _Enumerator:
             curve = replica_curve(self.instance, llm, gpu_type, tp, self.f)
             if curve is not None:
                 rate = min(offered, curve.capacity_rps)
-                return weight * float(curve.latency_s(rate, self.instance.latency_metric))
+                return weight * float(curve.latency_s(rate, self.instance.call_latency_metric))
         return 0.0
 
     def lower_bound(self, llm: Llm, gpu_type: str) -> int | None:
@@ -116,7 +116,7 @@ class _Enumerator:
                 rate = offered / replicas
                 if rate > self.instance.max_utilization * curve.capacity_rps * (1 + 1e-9):
                     continue
-                config = _Config(tp, share, replicas, float(curve.latency_s(rate, self.instance.latency_metric)))
+                config = _Config(tp, share, replicas, float(curve.latency_s(rate, self.instance.call_latency_metric)))
                 if best is None or (config.latency_s, config.units, tp) < (best.latency_s, best.units, best.tp):
                     best = config
         return best

@@ -38,7 +38,10 @@ def capacity_bound(instance: Instance, settings: PlanSettings) -> float:
 
 
 def _feasibility(instance: Instance) -> Objective:
-    objective = build_objective(instance, kind="max_throughput")
+    """The SLOs as constraints and only the share-units stage. The latency stages are dropped, so
+    the egalitarian references they would need (solo optima) are not computed: placeholders."""
+    placeholders = {w.name: 1.0 for w in instance.workflows}
+    objective = build_objective(instance, placeholders, kind="max_throughput")
     return replace(objective, stages=(ShareUnits(),))
 
 
@@ -76,7 +79,7 @@ def plan_max_throughput(instance: Instance, settings: PlanSettings, placer: Plac
             high = middle
     if found is None:
         tiny = instance.scaled(max(high, 1e-6))
-        objective = build_objective(tiny, kind="max_throughput")
+        objective = _feasibility(tiny)
         options = all_options(tiny, settings.space)
         raise InfeasibleError("no load is feasible: " + explain_infeasible(tiny, options, settings.space, objective))
 

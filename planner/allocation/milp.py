@@ -28,11 +28,21 @@ from scepsy.planner.allocation.options import Option, options_allocation
 FIX_TOLERANCE = 1e-9
 
 
+# latency stages: plans within this relative distance of a stage's optimum are compared in
+# floating point (search._settle_ties), since the solver's tolerances cannot tell them apart
+TIE_WINDOW = 1e-6
+
+
 @dataclass
 class MilpStage:
     name: str
     expr: pulp.LpAffineExpression
     unit: float = 1.0
+    llms: tuple[str, ...] = ()  # latency stages: the LLMs whose options the value depends on
+
+    @property
+    def slack(self) -> bool:
+        return bool(self.llms)
 
 
 @dataclass
@@ -44,6 +54,7 @@ class MilpModel:
     fractions_per_gpu: int
     exact_gpus: bool = False
     cuts: int = 0
+    probe: pulp.LpVariable | None = None  # binary that holds the cuts of an open tie window (open_window)
 
     def decode(self) -> Allocation:
         chosen = [
@@ -143,13 +154,15 @@ def _latency(options, x, weights) -> pulp.LpAffineExpression:
 
 def _stage_expr(problem, options, x, gpus, stage) -> MilpStage:
     if isinstance(stage, LatencySum):
-        return MilpStage(stage.name, _latency(options, x, stage.weights))
+        llms = tuple(m for m in options if stage.weights.get(m, 0.0) > 0)
+        return MilpStage(stage.name, _latency(options, x, stage.weights), llms=llms)
     if isinstance(stage, MaxLatencySum):
         # z >= each row's latency sum
         z = problem.add_variable("z", 0)
         for r, row in enumerate(stage.weights.values()):
             problem += z >= _latency(options, x, row), f"ratio{r}"
-        return MilpStage(stage.name, pulp.lpSum([z]))
+        llms = tuple(m for m in options if any(row.get(m, 0.0) > 0 for row in stage.weights.values()))
+        return MilpStage(stage.name, pulp.lpSum([z]), llms=llms)
     if isinstance(stage, GpuCount):
         return MilpStage(stage.name, pulp.lpSum(stage.cost[g] * n for g, n in sorted(gpus.items()) if stage.cost.get(g, 0) > 0))
     return MilpStage(stage.name, pulp.lpSum(o.units * x[(m, i)] for m, i, o in items(options)))
@@ -167,6 +180,40 @@ def add_placement_cut(mm: MilpModel, allocation: Allocation) -> None:
     mm.cuts += 1
 
 
+def add_combination_cut(mm: MilpModel, allocation: Allocation, llms, relax=0) -> None:
+    """Forbid the options `allocation` gives the LLMs `llms` together (a plan that breaks an SLO
+    beyond the solver's feasibility tolerance, or one seen in a tie search: then `relax` is
+    1 - probe, and the cut holds only while the probe is 1)."""
+    chosen = [
+        mm.x[(m, i)]
+        for m in llms
+        for i, o in enumerate(mm.options[m])
+        if (o.gpu_type, o.tp, o.share, o.replicas) == (allocation.of(m).gpu_type, allocation.of(m).tp, allocation.of(m).share, allocation.of(m).replicas)
+    ]
+    mm.problem += pulp.lpSum(chosen) <= len(chosen) - 1 + relax, f"combination{mm.cuts}"
+    mm.cuts += 1
+
+
+def open_window(mm: MilpModel, stage: MilpStage, value: float) -> None:
+    """Keep the model to plans within TIE_WINDOW of `value`; `forbid(..., probe=True)` cuts hold
+    until `close_window` (a binary fixed to 1, then to 0)."""
+    mm.problem += stage.expr <= value + TIE_WINDOW * max(1.0, abs(value)), f"window_{stage.name}"
+    probe = mm.problem.add_variable(f"probe_{stage.name}", cat="Binary")
+    probe.lowBound = probe.upBound = 1
+    mm.probe = probe
+
+
+def forbid(mm: MilpModel, allocation: Allocation, llms, probe: bool = False) -> None:
+    relax = 1 - mm.probe if probe and mm.probe is not None else 0
+    add_combination_cut(mm, allocation, llms, relax=relax)
+
+
+def close_window(mm: MilpModel, stage: MilpStage) -> None:
+    """Release the probe cuts; the window stays, so later stages choose among its plans."""
+    if mm.probe is not None:
+        mm.probe.lowBound = mm.probe.upBound = 0
+
+
 @dataclass(frozen=True)
 class StageResult:
     status: str
@@ -176,7 +223,11 @@ class StageResult:
 
 
 def _solver(time_limit_s: float, workers: int):
-    highs = pulp.HiGHS(msg=False, timeLimit=max(time_limit_s, 0.01), threads=workers, random_seed=0)
+    # no optimality gap: HiGHS's default (1e-4 relative, 1e-6 absolute) returns a slightly slower
+    # plan as optimal where options nearly tie, and its value as the bound
+    highs = pulp.HiGHS(
+        msg=False, timeLimit=max(time_limit_s, 0.01), threads=workers, random_seed=0, gapRel=0.0, gapAbs=0.0
+    )
     if highs.available():
         return highs
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=max(time_limit_s, 0.01), threads=workers)

@@ -5,7 +5,7 @@ Latency stages (the `welfare` of the instance decides how several workflows comb
   egalitarian (default): max_w  weight_w * L_w / ref_w, then the social mean      [-], [s]
                          (ref_w = latency_slo_s, else the workflow's own optimum alone on the cluster)
   social:                sum_w weight_w lambda_w L_w / sum_w weight_w lambda_w   [s]
-with L_w = sum_m n_wm / p_wm * L_m. Objectives (instance `objective`):
+with L_w = sum_m n_wm / p_wm * f_wm * L_m (f_wm the critical-path share, 1 for serial stages). Objectives (instance `objective`):
   min_latency:     latency stages, then the fewest share units
   min_gpus:        fewest GPUs hosting a shard, subject to L_w <= latency_slo_s for every workflow
                    with an SLO; then latency stages; then share units
@@ -23,6 +23,9 @@ from typing import Mapping, Union, cast
 
 from scepsy.models.instance.instance import Instance
 
+# a plan meets an SLO when L_w <= latency_slo_s * (1 + SLO_TOLERANCE), in every backend and in
+# the prediction (models/alp.py): float sums in another order must not flip an exact fit
+SLO_TOLERANCE = 1e-9
 OBJECTIVES = ("min_latency", "max_throughput", "min_gpus", "min_cost")
 WELFARES = ("egalitarian", "social")
 
@@ -88,8 +91,12 @@ class Objective:
         return {w: sum(c * latency_by_llm[m] for m, c in coefs.items()) for w, coefs in self.coefficients.items()}
 
     def within_limits(self, latency_by_llm: Mapping[str, float]) -> bool:
+        return not self.broken_limits(latency_by_llm)
+
+    def broken_limits(self, latency_by_llm: Mapping[str, float]) -> list[str]:
+        """The workflows whose latency limit the LLM latencies break, in name order."""
         latencies = self.workflow_latencies(latency_by_llm)
-        return all(latencies[w] <= limit * (1 + 1e-9) for w, limit in self.latency_limits.items())
+        return [w for w, limit in sorted(self.latency_limits.items()) if latencies[w] > limit * (1 + SLO_TOLERANCE)]
 
     def values(self, latency_by_llm: Mapping[str, float], usage: Usage | None = None) -> tuple[float, ...]:
         """The stage values of one allocation (GPU stages need `usage`)."""
@@ -107,7 +114,7 @@ class Objective:
 
 
 def _latency_stages(instance: Instance, references: Mapping[str, float], welfare: str) -> list[Stage]:
-    coefficients = {w.name: {s.llm: s.invocations / s.parallelism for s in w.stages} for w in instance.workflows}
+    coefficients = {w.name: {s.llm: s.latency_weight * instance.latency_factor(w) for s in w.stages} for w in instance.workflows}
     weights = {w.name: w.weight for w in instance.workflows}
     rates = {w.name: w.arrival_rate for w in instance.workflows}
     if len(instance.workflows) == 1:
@@ -142,7 +149,7 @@ def build_objective(instance: Instance, references: Mapping[str, float] | None =
     for w in instance.workflows:
         if w.latency_slo_s is not None:
             refs.setdefault(w.name, w.latency_slo_s)
-    coefficients = {w.name: {s.llm: s.invocations / s.parallelism for s in w.stages} for w in instance.workflows}
+    coefficients = {w.name: {s.llm: s.latency_weight * instance.latency_factor(w) for s in w.stages} for w in instance.workflows}
     latency = _latency_stages(instance, refs, instance.welfare)
     limits = {} if kind == "min_latency" else {w.name: w.latency_slo_s for w in instance.workflows if w.latency_slo_s is not None}
     if kind == "min_gpus":

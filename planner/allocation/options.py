@@ -137,7 +137,7 @@ def llm_options(
                 if d_min > d_max:
                     continue
                 replicas = np.arange(d_min, d_max + 1)
-                latencies = np.asarray(curve.latency_s(offered / replicas, instance.latency_metric), dtype=float)
+                latencies = np.asarray(curve.latency_s(offered / replicas, instance.call_latency_metric), dtype=float)
                 candidates[share] = (replicas, latencies)
                 capacities[share] = curve.capacity_rps
             points = _pareto(candidates, epsilon) if prune else [

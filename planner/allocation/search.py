@@ -146,16 +146,28 @@ def _latency_of(options: dict[str, list[Option]], allocation: Allocation, llm: s
 
 @dataclass
 class _CutLoop:
-    """Solves one stage, cutting off unplaceable allocations until one places or time runs out."""
+    """Solves one stage, cutting off allocations that break an SLO in floating point (the integer
+    rows are a relaxation, planner/cpsat.py) or cannot be placed, until one meets both or time
+    runs out."""
 
     model: object  # cpsat.AllocationModel or milp.MilpModel: solve_stage / decode / add_placement_cut
     solve_stage: Callable
     add_cut: Callable
+    add_combination_cut: Callable
+    objective: Objective
+    options: dict
     cluster: Cluster
     placer: Placer
     deadline: float
     solves: int = 0
     unproven: bool = False
+
+    def _broken_slo(self, allocation: Allocation) -> str | None:
+        """The first workflow whose SLO the allocation misses in floating point, if any."""
+        if not self.objective.latency_limits:
+            return None
+        broken = self.objective.broken_limits({m: _latency_of(self.options, allocation, m) for m in self.options})
+        return broken[0] if broken else None
 
     def run(self, stage, hint):
         while True:
@@ -163,6 +175,12 @@ class _CutLoop:
             result, allocation = self.solve_stage(self.model, stage, self.deadline - time.perf_counter(), hint)
             if allocation is None:
                 return result, None, None
+            broken = self._broken_slo(allocation)
+            if broken is not None:
+                self.add_combination_cut(self.model, allocation, [s for s in self.objective.coefficients[broken]])
+                if time.perf_counter() >= self.deadline:
+                    return result, None, None
+                continue
             check = self.placer(self.cluster, allocation)
             if check.placeable:
                 return result, allocation, check
@@ -229,19 +247,31 @@ def _solve_model(
     model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
     hint = warm[0] if warm is not None else None
     solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h)  # noqa: E731
-    loop = _CutLoop(model, solve, backend.add_placement_cut, instance.cluster, placer, deadline)
+    loop = _CutLoop(
+        model, solve, backend.add_placement_cut, backend.add_combination_cut, objective, options, instance.cluster,
+        placer, deadline,
+    )
     best = first = None
+    first_exact = True  # the first stage's optimum is exact in floating point (not only on its grid)
+    first_bound = math.nan  # its true lower bound from the settling, where it gives one
     for index, stage in enumerate(model.stages):
         result, allocation, check = loop.run(stage, hint)
         if allocation is None:
             if index == 0 and result.status == "infeasible":
                 return None
             break  # time limit: keep the best plan of the earlier stages
+        if result.status == "optimal" and getattr(stage, "slack", 0):
+            ties = _settle_ties(loop, backend, stage, objective, index, result.value, (allocation, check))
+            allocation, check = ties.best
+            if index == 0:
+                first_exact, first_bound = ties.complete, ties.bound
+        else:
+            if result.status == "optimal":
+                backend.fix_stage(model, stage, result.value)
         best = (allocation, check)
         first = first or result
         if result.status != "optimal":
             break
-        backend.fix_stage(model, stage, result.value)
         hint = allocation
     notes: tuple[str, ...] = ()
     if best is None and warm is not None:  # time limit before the solver's first plan: the warm start
@@ -257,17 +287,108 @@ def _solve_model(
         notes = ("a placement check hit its time limit and was treated as unplaceable",)
     values = _values(objective, options, instance.cluster, best[0], best[1].placement)
     status = "optimal" if first.status == "optimal" and not loop.unproven and epsilon == 0 else "feasible"
-    bound = first.bound * model.stages[0].unit
+    bound = _lower_bound(backend, model.stages[0], first.bound)
     if epsilon > 0:  # kept options are within 1/(1 - epsilon) of the dropped ones
         bound *= 1 - epsilon
         notes += (f"options pruned within a latency factor 1/(1 - {epsilon:g}); the bound accounts for it",)
     if isinstance(objective.stages[0], GpuCount) and not model.exact_gpus and values[0] > bound + 1e-9:
         status = "feasible"  # the model's GPU count was a lower bound the placement could not reach
         notes += ("GPU count bounded by share units on this cluster size; the placement needs more",)
+    elif status == "optimal" and first_exact:
+        # settled (_settle_ties): the optimum to TIE_TOLERANCE, ties closer than that being equal
+        bound = values[0] if not first_bound < values[0] * (1 - TIE_TOLERANCE) else first_bound
     elif status == "optimal":
-        bound = values[0]  # within the integer scaling tolerance (planner/allocation/cpsat.py)
+        status = "feasible"  # settling near-ties was cut short: optimal on the grid, within its rounding
+        notes += ("near-ties within the latency grid's rounding were not settled (time limit); the bound accounts for it",)
     bound = min(bound, values[0])
     return Outcome(best[0], best[1], status, values, bound, loop.solves, model.cuts, notes)
+
+
+TIE_CANDIDATES = 32  # MILP: most plans compared within one stage's tolerance window
+
+
+@dataclass(frozen=True)
+class _Ties:
+    best: tuple  # (allocation, placement check) of least value in floating point
+    complete: bool  # the stage's optimum is settled to TIE_TOLERANCE
+    bound: float = math.nan  # a true lower bound of the stage, in its own unit (cpsat)
+
+
+def _settle_ties(loop: _CutLoop, backend, stage, objective: Objective, index: int, value, found) -> _Ties:
+    """Make a latency stage's optimum exact in floating point, whatever the solver's resolution."""
+    solves = loop.solves
+    try:
+        if backend is cpsat:
+            return _settle_on_fine_grid(loop, stage, objective, index, value, found)
+        return _settle_by_listing(loop, backend, stage, objective, index, value, found)
+    finally:
+        loop.solves = solves  # settling does not count as iterations of the search
+
+
+def _settle_on_fine_grid(loop: _CutLoop, stage, objective: Objective, index: int, value: int, found) -> _Ties:
+    """CP-SAT rounds a latency stage to an integer grid (1e-5 of the stage's scale); a plan's scaled
+    value moves by at most `stage.slack / 2` steps, so every plan at least as good in floating point
+    as the one found (scaled value `value`) lies in the window scaled <= value + slack. The window
+    is kept, and the stage solved again within it on a grid 1e8 times finer (1e-13), hinted with
+    the plan found; that grid's window is kept in turn, so later stages choose among plans within
+    1e-12 of the optimum: ties closer than that are equal (TIE_TOLERANCE, as in every backend)."""
+    model = loop.model
+    assert isinstance(model, cpsat.AllocationModel)  # the CP-SAT backend's model
+    cpsat.keep_window(model, stage, value)
+    fine = cpsat.fine_stage(model, objective.stages[index])
+    result, allocation, check = loop.run(fine, found[0])
+    if allocation is None or result.status != "optimal":  # time limit: the coarse plan, within 1e-5
+        return _Ties(found, False)
+    cpsat.keep_window(model, fine, result.value)
+    return _Ties((allocation, check), True, _lower_bound(cpsat, fine, result.bound))
+
+
+def _settle_by_listing(loop: _CutLoop, backend, stage, objective: Objective, index: int, value, found) -> _Ties:
+    """HiGHS has feasibility and optimality tolerances: every plan at least as good as the one
+    found lies within 1e-6 (relative) of its value. The window's plans that meet the SLOs and place
+    are listed one by one (each found plan forbidden while the window is open) until none is left;
+    the least in floating point wins. The stage then keeps the window, without the plans found
+    worse, so later stages choose among the exact ties only."""
+    model = loop.model
+    backend.open_window(model, stage, value)
+    seen = [found]
+    backend.forbid(model, found[0], stage.llms, probe=True)
+    complete = False
+    try:
+        while len(seen) < TIE_CANDIDATES:
+            result, allocation, check = loop.run(stage, None)
+            if allocation is None:
+                complete = result.status == "infeasible"
+                break
+            seen.append((allocation, check))
+            backend.forbid(model, allocation, stage.llms, probe=True)
+    finally:
+        backend.close_window(model, stage)
+    true_value = [_stage_value(objective, loop.options, index, allocation) for allocation, _ in seen]
+    least = min(true_value)
+    for (allocation, _), v in zip(seen, true_value):
+        if v > least * (1 + TIE_TOLERANCE):
+            backend.forbid(model, allocation, stage.llms)
+    return _Ties(seen[true_value.index(least)], complete)
+
+
+def _lower_bound(backend, stage, solver_bound: float) -> float:
+    """A true lower bound of a stage from the solver's: less the most that CP-SAT's rounding of
+    latency stages can hide (half a step per LLM), or HiGHS's tie window."""
+    if backend is cpsat:
+        return (solver_bound - stage.slack / 2) * stage.unit
+    if stage.slack:
+        return solver_bound - milp.TIE_WINDOW * max(1.0, abs(solver_bound))
+    return solver_bound
+
+
+TIE_TOLERANCE = 1e-12  # stage values this close are equal (the fine grid's resolution, float sums)
+
+
+def _stage_value(objective: Objective, options, index: int, allocation: Allocation) -> float:
+    """A latency stage's value of an allocation in floating point."""
+    latencies = {m: _latency_of(options, allocation, m) for m in options}
+    return objective.values(latencies)[index]
 
 
 def _options(

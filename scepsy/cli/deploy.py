@@ -15,6 +15,7 @@ from scepsy.cli.common import (
     NamespaceOpt,
     emit_json,
     errors,
+    stderr,
     stdout,
 )
 from scepsy.models.errors import InputError
@@ -28,19 +29,20 @@ def manifests(
     engine: Annotated[str, typer.Option("--engine", help="Serving engine: vllm or sglang.")] = "vllm",
     gpu_sharing: Annotated[str, typer.Option("--gpu-sharing", help="GPU sharing: hami, dra-mps, device-plugin-mps or none.")] = "hami",
     namespace: NamespaceOpt = "scepsy",
-    image: Annotated[Optional[str], typer.Option("--image", help="Engine image (default: vllm/vllm-openai:latest or lmsysorg/sglang:latest).")] = None,
-    router_image: Annotated[str, typer.Option("--router-image", help="Image with the sglang-router package (SGLang model gateway).")] = "lmsysorg/sglang:latest",
-    router_workers: Annotated[str, typer.Option("--router-workers", help="How routers find engines: discovery (label selectors, needs RBAC) or urls (the LLM Services).")] = "discovery",
+    image: Annotated[Optional[str], typer.Option("--image", help="Engine image (default: the pinned vllm/vllm-openai or lmsysorg/sglang release).")] = None,
+    gateway_image: Annotated[Optional[str], typer.Option("--gateway-image", help="SGLang model gateway image (default: the pinned lmsysorg/sgl-model-gateway release).")] = None,
+    prometheus: Annotated[bool, typer.Option("--prometheus", help="Add prometheus-operator PodMonitors for engines and gateways.")] = False,
+    shm_gib: Annotated[int, typer.Option("--shm-gib", help="/dev/shm of engines with TP > 1, GiB (TP 1: 2 GiB).")] = 16,
     gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of its GPU memory slice an engine may fill (weights + KV cache).")] = 0.9,
     instance: Annotated[Optional[Path], typer.Option("--instance", help="Instance YAML (default: the plan's `instance`).")] = None,
     kubernetes_version: Annotated[str, typer.Option("--kubernetes-version", help="Target cluster version (selects the resource.k8s.io API for dra-mps).")] = "1.34",
-    hf_token_secret: Annotated[str, typer.Option("--hf-token-secret", help="Secret (key `token`) with a Hugging Face token; optional at run time.")] = "hf-token",
+    hf_token_secret: Annotated[str, typer.Option("--hf-token-secret", help="Secret (key `token`) with a Hugging Face token; required by pods of gated models, optional otherwise.")] = "hf-token",
     hf_cache_pvc: Annotated[Optional[str], typer.Option("--hf-cache-pvc", help="PersistentVolumeClaim for the HF cache (default: an emptyDir per pod).")] = None,
     device_plugin_namespace: Annotated[str, typer.Option("--device-plugin-namespace", help="Namespace of the NVIDIA device plugin (device-plugin-mps config).")] = "nvidia-device-plugin",
     json_output: JsonOpt = False,
 ) -> None:
-    """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, routers)."""
-    from scepsy.k8s.manifests import ManifestSettings, emit, write
+    """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, gateways)."""
+    from scepsy.k8s.manifests import ManifestSettings, emit, pinning_warnings, write
     from scepsy.k8s.plan_input import load_placed_plan
 
     with errors():
@@ -49,9 +51,10 @@ def manifests(
             gpu_sharing=gpu_sharing,
             namespace=namespace,
             image=image,
-            router_image=router_image,
-            router_mode=router_workers,
+            **({"gateway_image": gateway_image} if gateway_image else {}),
             gpu_memory_utilization=gpu_memory_utilization,
+            shm_gib=shm_gib,
+            prometheus=prometheus,
             hf_token_secret=hf_token_secret,
             hf_cache_pvc=hf_cache_pvc,
             kubernetes_version=kubernetes_version,
@@ -62,6 +65,8 @@ def manifests(
         objects = emit(placed, settings)
         with writing(out / "kustomization.yaml"):
             paths = write(objects, out)
+        for line in pinning_warnings(placed, settings):
+            stderr.print(line, markup=False, highlight=False, soft_wrap=True)
         if json_output:
             emit_json({"out": str(out), "files": [p.name for p in paths]}, None, True)
         else:

@@ -13,12 +13,16 @@ from scepsy.cli.app import app, traces_app
 from scepsy.cli.common import (
     CatalogGpuOpt,
     CatalogModelOpt,
+    DatabaseVersionOpt,
+    EngineBackendOpt,
+    EngineModelOpt,
     FractionOpt,
     HostOpt,
     JsonOpt,
     PortOpt,
     TpOpt,
     TracesArg,
+    WeightsOpt,
     emit_json,
     errors,
     finite,
@@ -99,13 +103,19 @@ def emulate(
     speedup: Annotated[float, typer.Option("--speedup", help="Run the modelled clock this many times faster than the wall clock (every modelled time is divided by it).")] = 1.0,
     mean_output_tokens: Annotated[float, typer.Option("--mean-output-tokens", min=0.0, help="Draw each sequence's end from a geometric length of this mean (0: sequences run to max_tokens).")] = 0.0,
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching", help="Reuse the KV cache of earlier prompts and outputs (vLLM's default).")] = True,
+    weights: WeightsOpt = None,
+    engine_model: EngineModelOpt = "builtin",
+    backend: EngineBackendOpt = "vllm",
+    database_version: DatabaseVersionOpt = "current",
+    personality: Annotated[str, typer.Option("--personality", help="vllm (no /server_info) or sglang (adds /server_info and /model_info, as the SGLang gateway reads them).")] = "vllm",
 ) -> None:
     """Serve an OpenAI-compatible engine emulator whose timing follows the engine model (until Ctrl-C)."""
     from scepsy.tracing.emulation.emulator import emulator_config, serve
 
     with errors():
         config = emulator_config(model, gpu, tp, fraction, served_model_name, max_model_len, speedup,
-                                 mean_output_tokens, prefix_caching)
+                                 mean_output_tokens, prefix_caching, weights=weights, engine_model=engine_model,
+                                 backend=backend, database_version=database_version, personality=personality)
         stderr.print(f"scepsy emulate on http://{host}:{port}: {config.describe()}", markup=False, highlight=False, soft_wrap=True)
         serve(config, host=host, port=port)
 

@@ -11,11 +11,15 @@ import typer
 
 from scepsy.cli.app import app, profiles_app
 from scepsy.cli.common import (
+    DatabaseVersionOpt,
+    EngineBackendOpt,
+    EngineModelOpt,
     FractionOpt,
     GpuTypeOpt,
     JsonOpt,
     SeedOpt,
     TpOpt,
+    WeightsOpt,
     emit_json,
     errors,
     finite,
@@ -32,8 +36,8 @@ from scepsy.models.output import check_output, writing
 
 @profiles_app.command("synthesize")
 def profiles_synthesize(
-    model: Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id), see models/catalog/catalog.py.")],
-    gpu: Annotated[str, typer.Option("--gpu", help="Catalog GPU (A6000, A100-80G, H100, H200, L40S, L4, ...); also the profile's gpu_type unless --gpu-type-name.")],
+    model: Annotated[str, typer.Option("--model", help="Catalog model (short name or Hugging Face id, see models/catalog/catalog.py), or a local config.json or model directory.")],
+    gpu: Annotated[str, typer.Option("--gpu", help="Catalog GPU (A6000, A100-80G, H100, H200, B200, L40S, L4, ...); also the profile's gpu_type unless --gpu-type-name.")],
     out: Annotated[Path, typer.Option("--out", help="Profile CSV to write.")],
     tp: Annotated[str, typer.Option("--tp", help="Tensor-parallel degrees, comma-separated.")] = "1",
     fractions: Annotated[str, typer.Option("--fractions", help="GPU fractions per shard, comma-separated.")] = "0.2,0.5,1.0",
@@ -43,6 +47,10 @@ def profiles_synthesize(
     min_kv_gib: Annotated[float, typer.Option("--min-kv-gib", min=0.0, help="Skip fractions whose KV cache is smaller.")] = 0.0,
     requests_per_point: Annotated[int, typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point.")] = 400,
     merge: Annotated[bool, typer.Option("--merge", help="Keep the rows of other (gpu_type, tp) pairs already in --out.")] = False,
+    weights: WeightsOpt = None,
+    engine_model: EngineModelOpt = "builtin",
+    backend: EngineBackendOpt = "vllm",
+    database_version: DatabaseVersionOpt = "current",
     seed: SeedOpt = 0,
     json_output: JsonOpt = False,
 ) -> None:
@@ -50,7 +58,9 @@ def profiles_synthesize(
     import pandas as pd
 
     from scepsy.models.catalog import catalog
+    from scepsy.models.catalog.model_config import describe, resolve_model
     from scepsy.models.instance.profile import read_profile_frame, write_profile
+    from scepsy.models.performance.aiconfigurator import make_timer
     from scepsy.models.profiles.synthesize import (
         SynthesisSettings,
         load_request_source,
@@ -60,7 +70,7 @@ def profiles_synthesize(
 
     with errors():
         check_output(out, [requests] if kind_of(requests) != "missing" else [])
-        card, gpu_card = catalog.model(model), catalog.gpu(gpu)
+        card, gpu_card = resolve_model(model, weights), catalog.gpu(gpu)
         tps = tp_list(tp)
         fracs = number_list(fractions, "--fractions", "0.2,0.5,1.0")
         if any(f > 1 for f in fracs):
@@ -68,9 +78,10 @@ def profiles_synthesize(
         source = load_request_source(requests, llm)
         label = gpu_type_name or gpu
         settings = SynthesisSettings(requests_per_point=requests_per_point, seed=seed)
+        timers = {t: make_timer(engine_model, card, gpu_card, t, backend, database_version) for t in tps}
         with progress(f"synthesizing {card.name} on {label}", len(tps) * len(fracs)) as advance:
             frame, skipped = synthesize(card, gpu_card, tps, fracs, source, settings, label, min_kv_gib,
-                                        progress=lambda text: advance(None, text))
+                                        progress=lambda text: advance(None, text), timer_for=timers.get)
         if frame.empty:
             raise InputError(None, "--fractions", "no (tp, fraction) fits the model", "use larger fractions or TP degrees")
         if merge and kind_of(out) != "missing":
@@ -89,6 +100,8 @@ def profiles_synthesize(
             "gpu": gpu_card.name,
             "gpu_type": label,
             "requests": source.name,
+            "model_card": describe(card),
+            "engine_model": {f"tp{t}": timer.describe() for t, timer in timers.items() if timer} or "builtin",
             "mean_prompt_tokens": round(source.mean_prompt_tokens, 1),
             "mean_completion_tokens": round(source.mean_completion_tokens, 1),
             "rows": int(len(frame)),
@@ -98,6 +111,8 @@ def profiles_synthesize(
         emit_json(summary, None, json_output)
         if not json_output:
             stdout.print(f"wrote {out}: {len(frame)} rows ({card.name} on {label}, requests {source.name})")
+            for timer in (t for t in timers.values() if t):
+                stdout.print(f"  engine model: {timer.describe()}", markup=False, highlight=False)
             for key, capacity in capacities.items():
                 stdout.print(f"  {key}: capacity_rps {capacity:.4g}")
             for s in skipped:
@@ -195,13 +210,13 @@ def profile(
 
 @profiles_app.command("import")
 def profiles_import(
-    files: Annotated[list[Path], typer.Argument(help="vllm bench serve result JSON files and/or sglang.bench_serving JSONL files.", show_default=False)],
+    files: Annotated[list[Path], typer.Argument(help="vllm bench serve result JSON files, vllm bench sweep serve result directories and/or sglang.bench_serving JSONL files.", show_default=False)],
     gpu_type: GpuTypeOpt,
     out: Annotated[Path, typer.Option("--out", help="Profile CSV; rows of other (gpu_type, tp, fraction) already in it are kept.")],
     tp: TpOpt = 1,
     fraction: FractionOpt = 1.0,
 ) -> None:
-    """Import benchmark results (one row per run) into the profile CSV format."""
+    """Import benchmark results (one row per run; --max-concurrency runs as closed-loop points) into the profile CSV format."""
     from scepsy.tracing.profiling.benchimport import import_bench_results
 
     with errors():

@@ -10,7 +10,10 @@ import typer
 
 from scepsy.cli.app import app
 from scepsy.cli.common import (
+    DatabaseVersionOpt,
     DurationOpt,
+    EngineBackendOpt,
+    EngineModelOpt,
     InstanceArg,
     JsonOpt,
     OutOpt,
@@ -40,6 +43,9 @@ def simulate(
     arrivals: Annotated[Optional[Path], typer.Option("--arrivals", help="Arrival timestamps: JSONL {workflow, arrival_s} or an Azure-format CSV.")] = None,
     calls_out: Annotated[Optional[Path], typer.Option("--calls-out", help="Write every LLM call as JSONL (input of profiles synthesize --requests).")] = None,
     routing: Annotated[str, typer.Option("--routing", help="cache_aware (SGLang-like: least outstanding with prefix affinity) or least_outstanding.")] = "cache_aware",
+    engine_model: EngineModelOpt = "builtin",
+    backend: EngineBackendOpt = "vllm",
+    database_version: DatabaseVersionOpt = "current",
     seed: SeedOpt = 0,
     json_output: JsonOpt = False,
     out: OutOpt = None,
@@ -62,7 +68,7 @@ def simulate(
             raise InputError(None, "--rates", "both --rate and --rates given", "use one of them")
         points = number_list(rates, "--rates") if rates is not None else [rate]
         timestamps = load_arrivals(arrivals, [w.name for w in loaded.workflows]) if arrivals is not None else None
-        settings = api.simulation_settings(duration_s, warmup_s, seed, routing)
+        settings = api.simulation_settings(duration_s, warmup_s, seed, routing, engine_model, backend, database_version)
         with progress("simulating", len(points)) as advance:
             runs = api.simulate_rates(loaded, allocation, points, settings, timestamps, calls_out is not None, advance)
         if calls_out is not None:

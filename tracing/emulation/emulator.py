@@ -17,6 +17,15 @@ Endpoints (the request and response shapes of vLLM's OpenAI-compatible server):
     POST /v1/rerank (/rerank, /v2/rerank)        encoders: Jina/Cohere format
     POST /v1/score (/score)                      encoders: text_1/text_2 pairs
 
+Personality (`--personality`): `vllm` (default) serves only the endpoints above, as vLLM does (no
+`/server_info`); `sglang` adds SGLang's metadata endpoints `GET /server_info`, `/model_info` (and
+their deprecated `/get_server_info`, `/get_model_info`), which the SGLang model gateway reads when
+it registers a worker (fields as SGLang's `http_server.py` returns them: the server arguments with
+`model_path` and `served_model_name`; `model_path`, `tokenizer_path`, `is_generation`), and answers
+`/v1/rerank` in SGLang's shape (a bare list of `{score, document, index, meta_info}`, best first)
+instead of vLLM's (`{results: [{index, document, relevance_score}]}`); and, like SGLang, it serves a
+request whatever its `model` field names (vLLM answers 404 for a model it does not serve).
+
 Output length of a sequence. The cap is `max_tokens` (or `max_completion_tokens`), else what the
 context leaves (`max_model_len - prompt`). The sequence runs to the cap unless an end of sequence
 is drawn first: with `--mean-output-tokens N` (and for every request without a cap) each
@@ -52,8 +61,10 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from scepsy.models.catalog import catalog
-from scepsy.models.catalog.catalog import GpuCard, ModelCard
-from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
+from scepsy.models.catalog.catalog import GpuCard, ModelCard, encoder_task
+from scepsy.models.catalog.model_config import resolve_model
+from scepsy.models.performance.aiconfigurator import make_timer
+from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings, IterationTimer
 from scepsy.models.errors import InputError
 
 from scepsy.tracing.emulation.livereplica import BLOCK_TOKENS, LiveReplica, LiveSequence
@@ -72,19 +83,11 @@ UNCAPPED_MEAN_OUTPUT_TOKENS = 256.0
 ENCODER_SPECIAL_TOKENS = 2  # [CLS] text [SEP]
 PAIR_SPECIAL_TOKENS = 4  # <s> query </s></s> document </s> (XLM-RoBERTa cross-encoders)
 MAX_CHOICES = 128
+PERSONALITIES = ("vllm", "sglang")
 
 
 # ----------------------------------------------------------------------------------------------
 # Configuration
-
-
-def encoder_task(card: ModelCard) -> str:
-    """What an encoder serves: `score` for cross-encoders (rerankers: a query-document pair in,
-    a relevance score out), `embed` for embedders (which also score and rerank, by the cosine of
-    embeddings, as vLLM does). Cross-encoders are recognised by "rerank" or "cross-encoder" in
-    their catalog or Hugging Face name."""
-    names = f"{card.name} {card.hf_id} {' '.join(card.aliases)}".lower()
-    return "score" if "rerank" in names or "cross-encoder" in names else "embed"
 
 
 @dataclass(frozen=True)
@@ -101,10 +104,12 @@ class EmulatorConfig:
     mean_output_tokens: float = 0.0  # 0: sequences with a cap run to it
     prefix_caching: bool = True
     settings: EngineSettings = DEFAULT_SETTINGS
+    timer: IterationTimer | None = None  # another engine model (models/performance/aiconfigurator.py); None: the roofline
+    personality: str = "vllm"  # which engine's extra endpoints to serve (PERSONALITIES)
 
     @property
     def engine(self) -> Engine:
-        return Engine(self.model, self.gpu, self.tp, self.fraction, self.settings)
+        return Engine(self.model, self.gpu, self.tp, self.fraction, self.settings, timer=self.timer)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -120,8 +125,9 @@ class EmulatorConfig:
             timing = f"single-stream decode {engine.decode_step_time_s(1, 512) * 1e3:.2f} ms/token at 512 tokens of context"
             memory = f"KV cache {engine.kv_capacity_gib:.2f} GiB = {engine.kv_capacity_tokens} tokens"
         caching = "prefix caching" if self.prefix_caching and not self.model.encoder else "no prefix caching"
+        timed_by = f"; timed by {self.timer.describe()}" if self.timer is not None else ""
         return (f"{what}: {memory}, max_model_len {self.max_model_len}, {timing}, {caching}, "
-                f"speedup {self.speedup:g}x; served as {', '.join(self.names)}")
+                f"speedup {self.speedup:g}x; served as {', '.join(self.names)}{timed_by}")
 
 
 def emulator_config(
@@ -135,9 +141,15 @@ def emulator_config(
     mean_output_tokens: float = 0.0,
     prefix_caching: bool = True,
     settings: EngineSettings = DEFAULT_SETTINGS,
+    weights: str | None = None,
+    engine_model: str = "builtin",
+    backend: str = "vllm",
+    database_version: str = "current",
+    personality: str = "vllm",
 ) -> EmulatorConfig:
-    """Resolve catalog names and check that the replica can run (InputError naming the option)."""
-    card, gpu_card = catalog.model(model), catalog.gpu(gpu)
+    """Resolve catalog names (or a config.json) and check that the replica can run (InputError
+    naming the option); `engine_model` aiconfigurator times iterations from its database."""
+    card, gpu_card = resolve_model(model, weights), catalog.gpu(gpu)
     if tp < 1 or card.heads % tp:
         raise InputError(None, "--tp", f"{tp} does not divide the {card.heads} attention heads of {card.name}",
                          f"use one of: {', '.join(str(d) for d in range(1, card.heads + 1) if card.heads % d == 0 and d <= 8)}")
@@ -145,6 +157,8 @@ def emulator_config(
         raise InputError(None, "--fraction", f"{fraction:g} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
     if not (speedup > 0 and math.isfinite(speedup)):
         raise InputError(None, "--speedup", f"{speedup:g} is not a positive number", "give e.g. 1 (real time) or 10")
+    if personality not in PERSONALITIES:
+        raise InputError(None, "--personality", f"unknown personality {personality!r}", f"use one of: {', '.join(PERSONALITIES)}")
     if not mean_output_tokens >= 0:
         raise InputError(None, "--mean-output-tokens", f"{mean_output_tokens:g} is negative", "give 0 (off) or a mean length")
     engine = Engine(card, gpu_card, tp, fraction, settings)
@@ -170,8 +184,9 @@ def emulator_config(
             why, fix = "the tokens the KV cache holds", f"give at most {limit}, or a larger --fraction or --tp"
         raise InputError(None, "--max-model-len", f"{max_model_len} is outside 2..{limit} ({why})", fix)
     names = tuple(dict.fromkeys(n for n in served_model_names if n))
+    timer = make_timer(engine_model, card, gpu_card, tp, backend, database_version)
     return EmulatorConfig(card, gpu_card, tp, fraction, names, max_model_len, speedup, mean_output_tokens,
-                          prefix_caching, settings)
+                          prefix_caching, settings, timer, personality)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,7 +350,9 @@ class Emulator:
             body: Any = schema.model_validate(payload)
         except ValidationError as error:
             raise HttpError(400, _validation_message(error)) from None
-        if body.model is not None and body.model not in self.config.names:
+        # vLLM answers 404 for a model it does not serve; SGLang serves whatever `model` says
+        # (the field "is only for compatibility with OpenAI API", sgl-project/sglang#4293)
+        if self.config.personality == "vllm" and body.model is not None and body.model not in self.config.names:
             raise HttpError(404, f"The model `{body.model}` does not exist. Served: {', '.join(self.config.names)}.",
                             "NotFoundError", "model")
         return body, payload
@@ -523,6 +540,10 @@ class Emulator:
         order = sorted(range(len(documents)), key=lambda i: (-scores[i], i))
         if body.top_n:
             order = order[: body.top_n]
+        if self.config.personality == "sglang":
+            # SGLang's /v1/rerank answers with a bare list, best first (serving_rerank.py)
+            return JSONResponse([{"score": scores[i], "document": documents[i], "index": i,
+                                  "meta_info": {"prompt_tokens": tokens}} for i in order])
         results = [{"index": i, "document": {"text": documents[i]}, "relevance_score": scores[i]} for i in order]
         return JSONResponse({"id": f"rerank-{uuid.uuid4().hex}", "model": self._model_name(body),
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}, "results": results})
@@ -554,6 +575,19 @@ class Emulator:
                  "root": self.config.model.hf_id, "parent": None, "max_model_len": self.config.max_model_len}
                 for name in self.config.names]
         return JSONResponse({"object": "list", "data": data})
+
+    async def server_info(self, request: Request) -> Response:
+        """SGLang's server arguments (a subset, same field names) as `GET /server_info` returns them."""
+        config = self.config
+        return JSONResponse({
+            "model_path": config.model.hf_id, "tokenizer_path": config.model.hf_id, "served_model_name": self._name,
+            "tp_size": config.tp, "dp_size": 1, "mem_fraction_static": config.settings.memory_utilization,
+            "context_length": config.max_model_len, "is_embedding": config.model.encoder, "version": "scepsy-emulator",
+        })
+
+    async def model_info(self, request: Request) -> Response:
+        model = self.config.model
+        return JSONResponse({"model_path": model.hf_id, "tokenizer_path": model.hf_id, "is_generation": not model.encoder})
 
     async def health(self, request: Request) -> Response:
         return Response(status_code=200)
@@ -756,6 +790,9 @@ def create_app(config: EmulatorConfig) -> Starlette:
         Route("/health", emulator.health, methods=get),
         Route("/metrics", emulator.metrics, methods=get),
     ]
+    if config.personality == "sglang":
+        routes += [Route(p, emulator.server_info, methods=get) for p in ("/server_info", "/get_server_info")]
+        routes += [Route(p, emulator.model_info, methods=get) for p in ("/model_info", "/get_model_info")]
 
     async def not_found(request: Request, exc) -> Response:
         status = getattr(exc, "status_code", 404)

@@ -31,6 +31,11 @@ U_rm / sum_m' U_rm'. Their coefficients of variation (std / mean) across request
 each is; `stability_ratio` = cv(absolute) / cv(share) > 1 means the relative share is the more
 stable statistic, the premise of the pipeline.
 
+Critical path (models/instance/statistic.py): per request, the time C_rm of m on the request's critical
+path; f_wm = sum_r C_rm / sum_r U_rm (`critical_path` of a stage; 1 when the request's LLMs never
+run at the same time, so serial workflows predict as before). Tails: `latency_ratios`, the p50,
+p90 and p99 of the requests' end-to-end latency over its mean (docs/model.md, section 3).
+
 Only completed calls (outcome ok, HTTP 2xx) count; calls without a workflow request id cannot be
 grouped and are skipped. Both are counted in the result.
 """
@@ -45,7 +50,7 @@ from typing import Iterable
 import numpy as np
 
 from scepsy.models.instance.instance import Stage
-from scepsy.models.instance.statistic import InvocationStatistic, request_use, union_length
+from scepsy.models.instance.statistic import InvocationStatistic, critical_time_s, request_use, union_length
 
 from scepsy.tracing.capture.records import CallRecord
 
@@ -87,6 +92,7 @@ class LlmStats:
     time_share_cv: float | None
     prompt_tokens_mean: float | None
     completion_tokens_mean: float | None
+    critical_path: float = 1.0  # f_wm: share of U_rm on the request's critical path (models/instance/statistic.py)
 
     @property
     def stability_ratio(self) -> float | None:
@@ -95,7 +101,19 @@ class LlmStats:
         return self.busy_time_cv / self.time_share_cv
 
     def stage(self) -> Stage:
-        return Stage(self.llm, self.invocations, max(self.parallelism, 1.0))
+        return Stage(self.llm, self.invocations, self.stage_parallelism, self.stage_critical_path)
+
+    @property
+    def stage_critical_path(self) -> float:
+        """f for an instance's stage, to 6 digits: exactly 1 where the LLMs never overlap."""
+        return float(f"{self.critical_path:.6g}")
+
+    @property
+    def stage_parallelism(self) -> float:
+        """p for an instance's stage: at least 1, and at most max(n, 1) (what models/instance.py
+        accepts). The pooled p exceeds n only when requests that skip the LLM sit beside requests
+        that fan out to it; capping it there keeps n/p >= 1 call's latency, a slight overestimate."""
+        return min(max(self.parallelism, 1.0), max(self.invocations, 1.0))
 
 
 @dataclass(frozen=True)
@@ -106,6 +124,7 @@ class WorkflowStats:
     latency_s: dict  # end-to-end per request (first call start to last call end): mean, std, min, max
     llm_time_fraction: float | None  # mean over requests of union of all LLM calls / end-to-end
     llms: tuple[LlmStats, ...]
+    latency_ratios: dict | None = None  # p50, p90, p99 of the end-to-end latency over its mean
 
     def stages(self) -> tuple[Stage, ...]:
         return tuple(s.stage() for s in self.llms)
@@ -132,7 +151,7 @@ def _round(value):
 
 def _llm_stats(llm: str, all_requests: list[list[CallRecord]]) -> LlmStats:
     statistic = InvocationStatistic()
-    counts, unions, parallel, shares, durations = [], [], [], [], []
+    counts, unions, parallel, shares, durations, critical = [], [], [], [], [], []
     prompt, completion = [], []
     for calls in all_requests:
         mine = [c for c in calls if c.llm == llm]
@@ -149,6 +168,7 @@ def _llm_stats(llm: str, all_requests: list[list[CallRecord]]) -> LlmStats:
         for c in calls:
             per_llm[c.llm].append((c.start_s, c.end_s))
         busy_all = sum(union_length(v) for v in per_llm.values())
+        critical.append(critical_time_s(per_llm)[llm])
         if busy_all > 0:
             shares.append(union / busy_all)
         durations += [c.latency_s for c in mine]
@@ -176,7 +196,17 @@ def _llm_stats(llm: str, all_requests: list[list[CallRecord]]) -> LlmStats:
         time_share_cv=_cv(np.asarray(shares, dtype=float)),
         prompt_tokens_mean=float(np.mean(prompt)) if prompt else None,
         completion_tokens_mean=float(np.mean(completion)) if completion else None,
+        critical_path=min(sum(critical) / statistic.busy_s, 1.0) if statistic.busy_s > 0 else 1.0,
     )
+
+
+def latency_ratios(latencies: np.ndarray) -> dict | None:
+    """A workflow's request latency percentiles over their mean (the pipeline's tail estimate,
+    docs/model.md section 3)."""
+    if len(latencies) < 2 or not latencies.mean() > 0:
+        return None
+    mean = float(latencies.mean())
+    return {q: float(np.percentile(latencies, int(q[1:]))) / mean for q in ("p50", "p90", "p99")}
 
 
 def aggregate(calls: Iterable[CallRecord], default_workflow: str = DEFAULT_WORKFLOW) -> TraceStats:
@@ -205,6 +235,7 @@ def aggregate(calls: Iterable[CallRecord], default_workflow: str = DEFAULT_WORKF
                 latency_s=_summary(np.asarray(e2e)),
                 llm_time_fraction=float(np.mean(coverage)) if coverage else None,
                 llms=tuple(_llm_stats(m, requests) for m in llms),
+                latency_ratios=latency_ratios(np.asarray(e2e)),
             )
         )
     return TraceStats(
@@ -225,9 +256,12 @@ def stats_to_dict(stats: TraceStats) -> dict:
                 "requests": w.requests,
                 "calls": w.calls,
                 "stages": [
-                    {"llm": s.llm, "invocations": _round(s.invocations), "parallelism": _round(max(s.parallelism, 1.0))}
+                    {"llm": s.llm, "invocations": _round(s.invocations), "parallelism": _round(s.stage_parallelism),
+                     # only where LLMs of a request run at the same time (1 is the default)
+                     **({"critical_path": s.stage_critical_path} if s.stage_critical_path < 1 else {})}
                     for s in w.llms
                 ],
+                **({"latency_ratios": _round(w.latency_ratios)} if w.latency_ratios else {}),
                 "latency_s": _round(w.latency_s),
                 "llm_time_fraction": _round(w.llm_time_fraction),
                 "statistics": [

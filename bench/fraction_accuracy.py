@@ -1,0 +1,193 @@
+"""Curves of unprofiled GPU fractions against measured ones, and plans from sparse profiles.
+
+    python bench/fraction_accuracy.py [--out-dir DIR]
+
+1. Leave one fraction out: for every shipped profile (instances/profiles/*.csv) and two more models
+   synthesized here (Mistral-7B on RTX A6000, Qwen2.5-7B on H100-SXM; tp 1 and 2, fractions
+   0.1..1.0, `scepsy profiles synthesize` with fixed 512/128-token requests), drop each measured
+   fraction of each (gpu_type, tp) in turn, derive its curve from the others (models/profile.py
+   `derive_curve`) and compare the derived mean latency with the measured one at 15 rates from 10%
+   to 80% of the measured capacity (worst relative error per case), and the capacities.
+2. Sparse profiles: plan every shipped instance with its profiles cut to the fractions 0.2, 0.5
+   and 1.0 (the README's `profiles synthesize` example), evaluate that allocation on the full
+   profiles (models/alp.py) and compare its latency with the full-profile optimum.
+
+Prints markdown tables (docs/evidence.md carries them). Deterministic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from scepsy.models.catalog import catalog
+from scepsy.models.performance.alp import predict
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.instance.profile import LlmProfile, load_profile
+from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
+from scepsy.models.instance.profile import write_profile
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.allocation.planning import make_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED_PROFILES = sorted((ROOT / "instances" / "profiles").glob("*.csv"))
+INSTANCES = sorted((ROOT / "instances").glob("*.yaml"))
+EXTRA_MODELS = (("mistral-7b", "A6000", 48.0), ("qwen2.5-7b", "H100-SXM", 80.0))
+FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+SPARSE = (0.2, 0.5, 1.0)
+LOADS = np.linspace(0.1, 0.8, 15)
+MEMORY_GIB = {"A6000": 48.0, "H100": 80.0, "H100-SXM": 80.0}
+
+
+def synthesized_profiles(directory: Path) -> list[tuple[Path, float]]:
+    """(profile CSV, weights GiB) of the two extra models."""
+    out = []
+    source = load_request_source("fixed:512,128")
+    for name, gpu, _ in EXTRA_MODELS:
+        model = catalog.model(name)
+        frame, _ = synthesize(model, catalog.gpu(gpu), [1, 2], FRACTIONS, source, SynthesisSettings(seed=0))
+        path = directory / f"{name}-{gpu}.csv"
+        write_profile(frame, path)
+        out.append((path, model.weights_gib))
+    return out
+
+
+def shipped_weights_gib() -> dict[str, float]:
+    """Weights of each shipped profile's model, from the instances that use it."""
+    weights = {}
+    for path in INSTANCES:
+        for llm in load_instance(path).llms:
+            weights[Path(llm.profile_path).name] = llm.weights_gib
+    return weights
+
+
+def without(profile: LlmProfile, key, fraction: float) -> LlmProfile:
+    kept = tuple(c for c in profile.curves[key] if c.fraction != fraction)
+    return replace(profile, curves={**profile.curves, key: kept})
+
+
+def leave_one_out(path: Path, weights_gib: float) -> list[dict]:
+    profile = load_profile(path)
+    rows = []
+    for key, curves in sorted(profile.curves.items()):
+        if len(curves) < 2:
+            continue
+        gpu_type, tp = key
+        memory = MEMORY_GIB[gpu_type]
+        for measured in curves:
+            derived = without(profile, key, measured.fraction).curve(gpu_type, tp, measured.fraction, memory, weights_gib)
+            if derived is None:
+                continue
+            rates = LOADS * measured.capacity_rps
+            truth = measured.latency_s(rates)
+            got = derived.latency_s(rates)
+            old = old_rule_latency(without(profile, key, measured.fraction).curves[key], measured.fraction, rates,
+                                   lambda f: tp * f * memory - weights_gib)
+            rows.append({
+                "profile": path.stem, "gpu_type": gpu_type, "tp": tp, "fraction": measured.fraction,
+                "max_error": float(np.max(np.abs(got - truth) / truth)),
+                "old_max_error": float(np.max(np.abs(old - truth) / truth)),
+                "capacity_error": derived.capacity_rps / measured.capacity_rps - 1,
+            })
+    return rows
+
+
+def old_rule_latency(curves, fraction: float, rates, kv) -> np.ndarray:
+    """The rule before issue 13: borrow the smallest measured share f0 >= f (else the largest) and
+    scale its rate axis by kappa = min(f/f0, kv(f)/kv(f0)): L_f(r) = L_f0(r / kappa)."""
+    larger = [c for c in curves if c.fraction >= fraction]
+    base = larger[0] if larger else curves[-1]
+    kappa = min(fraction / base.fraction, kv(fraction) / kv(base.fraction))
+    return base.latency_s(np.asarray(rates) / kappa)
+
+
+def sparse_instance(instance, directory: Path):
+    """The instance with every LLM's profile cut to the fractions SPARSE."""
+    llms = []
+    for llm in instance.llms:
+        curves = {k: tuple(c for c in v if any(abs(c.fraction - f) < 1e-9 for f in SPARSE)) for k, v in llm.profile.curves.items()}
+        llms.append(replace(llm, profile=replace(llm.profile, curves={k: v for k, v in curves.items() if v})))
+    return replace(instance, llms=tuple(llms))
+
+
+def sparse_plans() -> list[dict]:
+    rows = []
+    for path in INSTANCES:
+        full = load_instance(path)
+        settings = PlanSettings(time_limit_s=60)
+        best = make_plan(full, settings)
+        sparse = make_plan(sparse_instance(full, path.parent), settings)
+        on_full = predict(full, sparse.allocation)
+        value = _objective_value(full, best, on_full)
+        rows.append({
+            "instance": path.stem, "full_optimum": best.objective_value, "sparse_plan_on_full": value,
+            "sparse_predicted": sparse.objective_value, "regret": value / best.objective_value - 1,
+            "derived_llms": sum(1 for p in sparse.prediction.llms if p.profile_derived_from),
+        })
+    return rows
+
+
+def _objective_value(instance, best, prediction) -> float:
+    """The plan's first objective stage evaluated on `prediction` (latency, or the egalitarian
+    max ratio with the full-profile plan's references)."""
+    if len(instance.workflows) == 1:
+        return prediction.workflows[0].latency_s
+    # egalitarian: the full plan's value is max_w L_w / ref_w; recover ref_w from its own latencies
+    ratios = {}
+    for w in best.prediction.workflows:
+        ratios[w.name] = w.latency_s
+    refs = {name: latency / best.objective_value for name, latency in ratios.items()}  # upper bounds of ref_w
+    return max(w.latency_s / refs[w.name] for w in prediction.workflows) if refs else float("nan")
+
+
+def markdown(rows: list[dict], columns: list[str]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row[c]) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out-dir", type=Path, default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = args.out_dir or Path(tmp)
+        weights = shipped_weights_gib()
+        cases = [(p, weights[p.name]) for p in SHIPPED_PROFILES] + synthesized_profiles(directory)
+        detail = [row for path, w in cases for row in leave_one_out(path, w)]
+    summary = []
+    for name in sorted({r["profile"] for r in detail}):
+        mine = [r for r in detail if r["profile"] == name]
+        worst = max(mine, key=lambda r: r["max_error"])
+        summary.append({
+            "profile": name, "cases": len(mine),
+            "within_10%": sum(1 for r in mine if r["max_error"] <= 0.10),
+            "old_rule_within_10%": sum(1 for r in mine if r["old_max_error"] <= 0.10),
+            "old_rule_median_%": 100 * float(np.median([r["old_max_error"] for r in mine])),
+            "median_error_%": 100 * float(np.median([r["max_error"] for r in mine])),
+            "worst_error_%": 100 * worst["max_error"],
+            "worst_case": f"{worst['gpu_type']} tp{worst['tp']} f={worst['fraction']:g}",
+            "worst_capacity_error_%": 100 * max(abs(r["capacity_error"]) for r in mine),
+        })
+    print("Leave one fraction out (mean latency at 10-80% of the measured capacity, worst per case):\n")
+    print(markdown(summary, list(summary[0])))
+    plans = sparse_plans()
+    print("\nPlans from the fractions 0.2, 0.5 and 1.0 alone, evaluated on the full profiles:\n")
+    for row in plans:
+        row["regret_%"] = 100 * row.pop("regret")
+    print(markdown(plans, list(plans[0])))
+
+
+if __name__ == "__main__":
+    main()

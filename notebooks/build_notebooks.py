@@ -26,7 +26,8 @@ team asks with scepsy's planner:
 1. What latency do we get at today's load, and with which allocation?
 2. How much load can the cluster take while meeting a latency SLO?
 3. How many GPUs do we need for a target load?
-4. What if we add nodes? What is the cheapest cluster per target rate?
+4. What if we add nodes? What is the cheapest cluster per target rate? What if one workflow grows
+   and the other does not? In which month does each cluster run out?
 5. A6000 nodes or an H100 node for both workflows together?
 
 Every number below is computed; nothing is typed in. Set `SCEPSY_NOTEBOOK_SHORT=1` for a quick run."""),
@@ -34,11 +35,12 @@ Every number below is computed; nothing is typed in. Set `SCEPSY_NOTEBOOK_SHORT=
 from pathlib import Path
 
 import pandas as pd
+from IPython.display import Image, display
 
 from scepsy.models.instance.instance import load_instance
-from scepsy.planner.allocation.search import PlanSettings
 from scepsy.planner.allocation.planning import make_plan
-from scepsy.planner.studies.whatif import cheapest_clusters, run_grid
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.studies.whatif import Axes, cheapest_clusters, forecast_table, frontier, plot_grid, run_study
 
 SHORT = os.environ.get("SCEPSY_NOTEBOOK_SHORT") == "1"
 ROOT = Path.cwd() if (Path.cwd() / "instances").exists() else Path.cwd().parent
@@ -88,17 +90,48 @@ for factor in factors:
     except Exception as error:  # an infeasible target is an answer too
         rows.append({"rate_rps": instance.workflows[0].arrival_rate, "gpus": None, "latency_s": None, "status": str(error)})
 pd.DataFrame(rows)"""),
-    ("md", "## 4. What if we add nodes?"),
+    ("md", """## 4. What if we add nodes?
+
+`run_study` plans every scenario of a capacity study (docs/capacity.md): here total rates against
+cluster sizes. Scenarios on one cluster are planned as a family that reuses what they share, with
+the same answers as independent plans; the `method` column says how each was found."""),
     ("code", """rates = [2.0, 6.0, 12.0] if SHORT else [2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 16.0, 20.0]
 sizes = [4, 8] if SHORT else [4, 8, 16]
-grid = run_grid(beam, rates, sizes, PlanSettings(), workers=1 if SHORT else 2)
-points = grid.drop_duplicates(["rate_rps", "cluster_gpus"])
+grid = run_study(beam, Axes(total_rates=rates, clusters=sizes), PlanSettings(), workers=1 if SHORT else 2)
+points = grid.drop_duplicates("scenario")
 points.pivot(index="rate_rps", columns="cluster_gpus", values="workflow_latency_s")"""),
-    ("code", """ax = points[points.feasible == True].pivot(index="rate_rps", columns="cluster_gpus", values="workflow_latency_s").plot(marker="o")
-ax.set_xlabel("arrival rate (req/s)")
-ax.set_ylabel("predicted latency (s)")
-ax.set_title("Beam search: latency against rate per cluster size (GPUs)");"""),
+    ("code", """points[["rate_rps", "cluster_gpus", "feasible", "method", "gpus_used", "replicas_moved_total"]]"""),
+    ("code", """plots = plot_grid(grid, Path("capacity_plots"))
+Image(filename=str(plots[0]))"""),
     ("code", "cheapest_clusters(grid)"),
+    ("md", """## 4b. One workflow fixed, the other varied (the paper's Fig. 9)
+
+Both workflows share one H100 node: beam search stays at 10 req/s while RAG grows. GPUs per LLM
+show how the planner moves capacity from beam search to RAG; the latency-cost frontier shows which
+cluster sizes are worth their price at each RAG rate."""),
+    ("code", """combined_h100 = load_instance(INSTANCES / "combined-8xh100.yaml")
+rag_rates = [2.0, 20.0] if SHORT else [2.0, 6.0, 10.0, 14.0, 18.0, 22.0, 26.0, 30.0]
+fig9 = run_study(
+    combined_h100, Axes(workflow_rates={"beam": [10.0], "rag": rag_rates}, clusters=[8] if SHORT else [8, 16],
+                        prices={"H100": [3.0]}),
+    PlanSettings(), workers=1 if SHORT else 2,
+)
+fig9.pivot_table(index="rate_rag_rps", columns="llm", values="llm_gpus", aggfunc="first")"""),
+    ("code", """fig9_plots = plot_grid(fig9, Path("capacity_plots/fig9"))
+display(Image(filename=str(fig9_plots[1])), Image(filename=str(fig9_plots[3])))
+frontier(fig9)"""),
+    ("md", """## 4c. A growth forecast: when does each cluster run out?
+
+Today's beam-search load growing 25% a month: the month each cluster size stops serving it, the
+cost of a thousand requests along the way, and how many replicas each month's re-plan moves."""),
+    ("code", """months = 4 if SHORT else 12
+forecast = run_study(beam, Axes(clusters=[4, 8] if SHORT else [4, 8, 16], growth_per_month=0.25, months=months,
+                                prices={"A6000": [0.8]}), PlanSettings(), workers=1 if SHORT else 2)
+forecast_table(forecast)"""),
+    ("code", """monthly = forecast.drop_duplicates("scenario")
+monthly.pivot(index="month", columns="cluster_gpus", values="cost_per_1k_requests")"""),
+    ("code", """forecast_plots = plot_grid(forecast, Path("capacity_plots/forecast"))
+Image(filename=str(forecast_plots[-1]))"""),
     ("md", """## 5. Both workflows together: four A6000 nodes or one H100 node?
 
 Both workflows at today's rates, each within twice today's latency, priced per GPU hour
@@ -127,7 +160,8 @@ for label, instance in candidates.items():
                  "beam_latency_s": latency["beam"], "rag_latency_s": latency["rag"], "status": plan.status})
 pd.DataFrame(rows)"""),
     ("md", """The same questions can be asked from the shell: `scepsy plan --objective max_throughput`,
-`scepsy plan --objective min_gpus`, `scepsy whatif INSTANCE --rates 1:20:1 --clusters 4,8,16`."""),
+`scepsy plan --objective min_gpus`, `scepsy whatif INSTANCE --rates 1:20:1 --clusters 4,8,16`
+(`--rate beam=10 --rate rag=2:40:2`, `--growth-per-month 0.25 --months 12`, `--plots DIR`)."""),
 ]
 
 

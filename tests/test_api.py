@@ -91,8 +91,8 @@ def test_the_core_install_leaves_the_optional_dependencies_out():
     for optional in ("langgraph", "openai", "kubernetes", "llama-cpp-python"):
         assert optional not in core
     extras = project["optional-dependencies"]
-    assert {"tracing", "k8s", "examples", "engine", "test"} <= set(extras)
-    assert "scepsy[tracing,k8s,examples]" in extras["test"]  # the README's test command sets up everything
+    assert {"tracing", "k8s", "examples", "dask", "engine", "test"} <= set(extras)
+    assert "scepsy[tracing,k8s,examples,dask]" in extras["test"]  # the README's test command sets up everything
 
 
 def test_the_api_is_typed_for_static_tools():

@@ -231,6 +231,15 @@ def _stage_grid(options, weight_of, resolution: float = GRID_RESOLUTION) -> floa
     return grid([min(weight_of(m) * o.latency_s for o in opts) for m, opts in options.items() if opts], resolution)
 
 
+def latency_step(options, stage, resolution: float = GRID_RESOLUTION) -> float:
+    """The integer grid of a latency stage (LatencySum or MaxLatencySum) on these options, as
+    _stage_expr builds it: each option's term is rounded to the nearest multiple, so two
+    allocations whose true values differ by more than |M| steps keep their order after rounding."""
+    if isinstance(stage, LatencySum):
+        return _stage_grid(options, lambda m: stage.weights.get(m, 0.0), resolution)
+    return min(_stage_grid(options, lambda m, row=row: row.get(m, 0.0), resolution) for row in stage.weights.values())
+
+
 def _stage_expr(model, options, x, gpus, stage, resolution: float = GRID_RESOLUTION) -> StageExpr:
     """One objective stage as an integer expression, with the value of one integer step.
 

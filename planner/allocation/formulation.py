@@ -53,8 +53,9 @@ def capacity_rows(cluster: Cluster, options: dict[str, list[Option]]) -> list[Ro
             inside = [(m, i, o) for m, i, o in all_items if o.gpu_type == gpu_type and o.tp >= t]
             rows.append(Row(f"units[{gpu_type},tp>={t}]", tuple((o.units, (m, i)) for m, i, o in inside), sum(free)))
             gpus_by_free = Counter(free)
+            shards = [(o.share, o.tp * o.replicas, (m, i)) for m, i, o in inside]  # read once, not per weight
             for k, weight in enumerate(weights):
-                terms = tuple((o.tp * o.replicas * weight[o.share], (m, i)) for m, i, o in inside if weight[o.share])
+                terms = tuple([(count * weight[share], key) for share, count, key in shards if weight[share]])
                 if terms:
                     limit = sum(n * gpu_weight_capacity(weight, c) for c, n in gpus_by_free.items())
                     rows.append(Row(f"packing{k}[{gpu_type},tp>={t}]", terms, limit))

@@ -113,11 +113,13 @@ def _check_deadline(deadline: float | None, instance: Instance, llm: Llm) -> Non
 
 def llm_options(
     instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0,
-    deadline: float | None = None, kinds: DomainKinds | None = None,
+    deadline: float | None = None, kinds: DomainKinds | None = None, shapes: dict | None = None,
 ) -> list[Option]:
     """All feasible options of one LLM (memory, profile, throughput), dominance-pruned if `prune`
     (within a latency factor 1/(1 - epsilon) if epsilon > 0). Past `deadline` (perf_counter
-    seconds) it raises TimeLimitError: the time limit covers building the options too."""
+    seconds) it raises TimeLimitError: the time limit covers building the options too. `shapes`
+    keeps each replica shape's profile curve and most replicas, which do not depend on the rates
+    (valid for one cluster)."""
     cluster = instance.cluster
     kinds = domain_kinds(cluster) if kinds is None else kinds
     offered = instance.offered_rate_rps(llm.name)
@@ -128,12 +130,11 @@ def llm_options(
             capacities: dict[int, float] = {}
             for share in shares_for(cluster, space):
                 _check_deadline(deadline, instance, llm)
-                curve = replica_curve(instance, llm, gpu_type, tp, share)
+                curve, d_max = _shape(instance, llm, gpu_type, tp, share, shapes, kinds)
                 if curve is None:
                     continue
                 usable = instance.max_utilization * curve.capacity_rps
                 d_min = max(1, math.ceil(offered / usable * (1 - 1e-9)))
-                d_max = max_replicas(cluster, gpu_type, tp, share, kinds)
                 if d_min > d_max:
                     continue
                 replicas = np.arange(d_min, d_max + 1)
@@ -146,6 +147,19 @@ def llm_options(
             options += [Option(llm.name, gpu_type, tp, s, d, lat, capacities[s]) for s, d, lat in points]
     options.sort(key=lambda o: (o.gpu_type, o.tp, o.share, o.replicas))
     return options
+
+
+def _shape(instance: Instance, llm: Llm, gpu_type: str, tp: int, share: int, shapes: dict | None,
+           kinds: DomainKinds | None = None):
+    """(profile curve or None, most replicas on the cluster) of one replica shape of `llm`."""
+    key = (llm.name, gpu_type, tp, share)
+    if shapes is not None and key in shapes:
+        return shapes[key]
+    curve = replica_curve(instance, llm, gpu_type, tp, share)
+    found = (curve, max_replicas(instance.cluster, gpu_type, tp, share, kinds) if curve is not None else 0)
+    if shapes is not None:
+        shapes[key] = found
+    return found
 
 
 def all_options(

@@ -29,7 +29,7 @@ from scepsy.planner.allocation.bruteforce import solve_bruteforce
 from scepsy.planner.allocation.diagnose import explain_infeasible
 from scepsy.planner.allocation.enumerate import solve_enumerate
 from scepsy.planner.allocation.objective import GpuCount, Objective, Usage, build_objective, needs_references
-from scepsy.planner.allocation.options import Option, SearchSpace, all_options, options_allocation
+from scepsy.planner.allocation.options import Option, SearchSpace, all_options, llm_options, options_allocation
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, fewest_gpus_placement, gpus_by_type
 
 BACKENDS = ("cpsat", "milp", "enumerate", "bruteforce")
@@ -102,25 +102,35 @@ def references(instance: Instance, settings: PlanSettings, placer: Placer) -> di
     by side (CP-SAT releases the interpreter while it searches)."""
     if not needs_references(instance, instance.objective):
         return None
-    backend = settings.backend if settings.backend in EXACT_BACKENDS else "cpsat"
-    # each solo solve gets a share of the time limit, leaving the largest share to the joint solve
-    exact = replace(settings, backend=backend, time_limit_s=settings.time_limit_s / (len(instance.workflows) + 1))
+    exact = solo_settings(instance, settings)
     alone = [w.name for w in instance.workflows if w.latency_slo_s is None]
     with ThreadPoolExecutor(max_workers=REFERENCE_THREADS) as pool:
         latencies = pool.map(lambda name: _solo_latency(instance, name, exact, placer), alone)
         return dict(zip(alone, latencies))
 
 
-def _solo_latency(instance: Instance, workflow: str, settings: PlanSettings, placer: Placer) -> float:
-    """The optimal latency of one workflow alone on the cluster (the latency stage only)."""
+def solo_settings(instance: Instance, settings: PlanSettings) -> PlanSettings:
+    """The settings of the solo problems: an exact backend, and a share of the time limit that
+    leaves the largest share to the joint solve."""
+    backend = settings.backend if settings.backend in EXACT_BACKENDS else "cpsat"
+    return replace(settings, backend=backend, time_limit_s=settings.time_limit_s / (len(instance.workflows) + 1))
+
+
+def solo_problem(instance: Instance, workflow: str) -> tuple[Instance, Objective]:
+    """One workflow alone on the cluster, with the latency stage of min_latency only."""
     alone = replace(instance.only_workflow(workflow), objective="min_latency")
     objective = build_objective(alone)
-    objective = replace(objective, stages=objective.stages[:1])
+    return alone, replace(objective, stages=objective.stages[:1])
+
+
+def _solo_latency(instance: Instance, workflow: str, settings: PlanSettings, placer: Placer) -> float:
+    """The optimal latency of one workflow alone on the cluster (the latency stage only)."""
+    alone, objective = solo_problem(instance, workflow)
     deadline = time.perf_counter() + settings.time_limit_s
     return solve_at_load(alone, objective, settings, placer, deadline).values[0]
 
 
-def _placer_for(objective: Objective, placer: Placer) -> Placer:
+def placer_for(objective: Objective, placer: Placer) -> Placer:
     """GPU-count objectives need the placement of fewest (cheapest) GPUs to be exact."""
     stage = next((s for s in objective.stages if isinstance(s, GpuCount)), None)
     if stage is None:
@@ -132,7 +142,7 @@ def _usage(cluster: Cluster, allocation: Allocation, placement) -> Usage:
     return Usage(allocation.units, gpus_by_type(cluster, placement))
 
 
-def _values(objective: Objective, options, cluster: Cluster, allocation: Allocation, placement) -> tuple[float, ...]:
+def stage_values(objective: Objective, options, cluster: Cluster, allocation: Allocation, placement) -> tuple[float, ...]:
     latencies = {m: _latency_of(options, allocation, m) for m in options}
     return objective.values(latencies, _usage(cluster, allocation, placement))
 
@@ -161,6 +171,7 @@ class _CutLoop:
     deadline: float
     solves: int = 0
     unproven: bool = False
+    unplaceable: list | None = None  # proven unplaceable allocations are added here (shared cuts)
 
     def _broken_slo(self, allocation: Allocation) -> str | None:
         """The first workflow whose SLO the allocation misses in floating point, if any."""
@@ -185,6 +196,8 @@ class _CutLoop:
             if check.placeable:
                 return result, allocation, check
             self.unproven |= not check.proven
+            if check.proven and self.unplaceable is not None:
+                self.unplaceable.append(allocation)
             self.add_cut(self.model, allocation)
             if time.perf_counter() >= self.deadline:
                 return result, None, None
@@ -212,9 +225,19 @@ def _in_options(options, allocation: Allocation) -> bool:
     )
 
 
-def _warm_start(instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float):
-    """A placeable plan to hint the solver and fall back on: from a coarse model on large
-    instances, the paper's enumeration if asked for, else the cheapest placeable plan."""
+def _warm_start(
+    instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float,
+    hint: Allocation | None = None,
+):
+    """A placeable plan to hint the solver and fall back on: a given hint (a neighbouring
+    scenario's optimum in a what-if grid) if it is among the options, places and meets the limits;
+    else from a coarse model on large instances, the paper's enumeration if asked for, else the
+    cheapest placeable plan."""
+    if hint is not None and set(options) == {c.llm for c in hint.llms} and _in_options(options, hint):
+        if objective.within_limits({m: _latency_of(options, hint, m) for m in options}):
+            check = placer(instance.cluster, hint)
+            if check.placeable:
+                return hint, check
     if sum(map(len, options.values())) > COARSE_OPTIONS:
         coarse = all_options(instance, settings.space, epsilon=COARSE_EPSILON, deadline=deadline)
         budget = time.perf_counter() + COARSE_TIME_SHARE * max(deadline - time.perf_counter(), 0.0)
@@ -234,22 +257,26 @@ def _warm_start(instance, options, objective: Objective, settings: PlanSettings,
 
 def _solve_model(
     instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float,
-    epsilon: float = 0.0, coarse: bool = True,
+    epsilon: float = 0.0, coarse: bool = True, hint: Allocation | None = None, unplaceable: list | None = None,
 ):
-    """CP-SAT or MILP: lexicographic stages with the lazy cut loop, from a warm start."""
+    """CP-SAT or MILP: lexicographic stages with the lazy cut loop, from a warm start. Allocations
+    in `unplaceable` (proven on this cluster, e.g. by a neighbouring scenario of a what-if grid)
+    are cut off from the start, and the ones found here are added to it."""
     backend = cpsat if settings.backend == "cpsat" else milp
     counts = cpsat.counts_model_size(instance.cluster, options) <= settings.placement_counts_limit
     warm = (
-        _warm_start(instance, options, objective, settings, placer, deadline)
+        _warm_start(instance, options, objective, settings, placer, deadline, hint)
         if coarse
         else cheapest_placeable(instance, options, placer)
     )
     model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
     hint = warm[0] if warm is not None else None
     solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h)  # noqa: E731
+    for allocation in unplaceable or ():
+        backend.add_placement_cut(model, allocation)  # valid at any rates: placement ignores them
     loop = _CutLoop(
         model, solve, backend.add_placement_cut, backend.add_combination_cut, objective, options, instance.cluster,
-        placer, deadline,
+        placer, deadline, unplaceable=unplaceable,
     )
     best = first = None
     first_exact = True  # the first stage's optimum is exact in floating point (not only on its grid)
@@ -276,7 +303,7 @@ def _solve_model(
     notes: tuple[str, ...] = ()
     if best is None and warm is not None:  # time limit before the solver's first plan: the warm start
         notes = ("time limit reached before the solver's first plan; returning the warm start",)
-        values = _values(objective, options, instance.cluster, warm[0], warm[1].placement)
+        values = stage_values(objective, options, instance.cluster, warm[0], warm[1].placement)
         return Outcome(warm[0], warm[1], "feasible", values, math.nan, loop.solves, model.cuts, notes)
     if best is None:
         raise SolveTimeoutError(
@@ -285,7 +312,7 @@ def _solve_model(
     assert first is not None  # set together with best
     if loop.unproven:
         notes = ("a placement check hit its time limit and was treated as unplaceable",)
-    values = _values(objective, options, instance.cluster, best[0], best[1].placement)
+    values = stage_values(objective, options, instance.cluster, best[0], best[1].placement)
     status = "optimal" if first.status == "optimal" and not loop.unproven and epsilon == 0 else "feasible"
     bound = _lower_bound(backend, model.stages[0], first.bound)
     if epsilon > 0:  # kept options are within 1/(1 - epsilon) of the dropped ones
@@ -391,30 +418,56 @@ def _stage_value(objective: Objective, options, index: int, allocation: Allocati
     return objective.values(latencies)[index]
 
 
-def _options(
-    instance: Instance, settings: PlanSettings, objective: Objective, deadline: float | None = None
+def plan_options(
+    instance: Instance, settings: PlanSettings, objective: Objective, cache: OptionsCache | None = None,
+    deadline: float | None = None,
 ) -> tuple[dict[str, list[Option]], float]:
     """The options and the pruning epsilon used (bruteforce: every option, unpruned). Latency
     limits (SLOs) or GPU stages turn the automatic epsilon off: a slightly slower kept option
-    could miss an SLO that a dropped one meets."""
+    could miss an SLO that a dropped one meets. `cache` keeps each LLM's options per offered rate
+    (valid for one cluster and search space: what-if grids pass one per cluster)."""
+    options_at = lambda **kw: _cached_options(instance, settings.space, cache, deadline=deadline, **kw)  # noqa: E731
     if settings.backend == "bruteforce":
-        return all_options(instance, settings.space, prune=False, deadline=deadline), 0.0
+        return options_at(prune=False), 0.0
     if settings.epsilon is not None:
-        return all_options(instance, settings.space, epsilon=settings.epsilon, deadline=deadline), settings.epsilon
-    options = all_options(instance, settings.space, deadline=deadline)
+        return options_at(epsilon=settings.epsilon), settings.epsilon
+    options = options_at()
     if sum(map(len, options.values())) > AUTO_EPSILON_OPTIONS and objective.latency_only and not objective.latency_limits:
-        return all_options(instance, settings.space, epsilon=AUTO_EPSILON, deadline=deadline), AUTO_EPSILON
+        return options_at(epsilon=AUTO_EPSILON), AUTO_EPSILON
     return options, 0.0
 
 
-def solve_at_load(instance: Instance, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float) -> Outcome:
-    """Search the allocation of `instance` (at its own rates) for `objective`."""
-    placer = _placer_for(objective, placer)
-    options, epsilon = _options(instance, settings, objective, deadline)
+OptionsCache = dict  # (llm, offered rate, prune, epsilon) -> list[Option]; "shapes" -> llm_options' shapes
+
+
+def _cached_options(
+    instance: Instance, space: SearchSpace, cache: OptionsCache | None, prune: bool = True, epsilon: float = 0.0,
+    deadline: float | None = None,
+) -> dict[str, list[Option]]:
+    if cache is None:
+        return all_options(instance, space, prune=prune, epsilon=epsilon, deadline=deadline)
+    options = {}
+    for llm in instance.llms:
+        key = (llm.name, instance.offered_rate_rps(llm.name), prune, epsilon)
+        if key not in cache:
+            cache[key] = llm_options(instance, llm, space, prune, epsilon, deadline=deadline, shapes=cache.setdefault("shapes", {}))
+        options[llm.name] = cache[key]
+    return options
+
+
+def solve_at_load(
+    instance: Instance, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float,
+    hint: Allocation | None = None, cache: OptionsCache | None = None, unplaceable: list | None = None,
+) -> Outcome:
+    """Search the allocation of `instance` (at its own rates) for `objective`; `hint` (CP-SAT and
+    MILP) is tried first as the warm start; `cache` as in plan_options; `unplaceable` as in
+    _solve_model (what-if grids share it between the scenarios of one cluster)."""
+    placer = placer_for(objective, placer)
+    options, epsilon = plan_options(instance, settings, objective, cache, deadline)
     outcome = None
     if all(options.values()):
         if settings.backend in ("cpsat", "milp"):
-            outcome = _solve_model(instance, options, objective, settings, placer, deadline, epsilon)
+            outcome = _solve_model(instance, options, objective, settings, placer, deadline, epsilon, hint=hint, unplaceable=unplaceable)
         elif settings.backend == "enumerate":
             found = solve_enumerate(instance, objective, settings.space, placer)
             if found is not None:

@@ -62,6 +62,7 @@ EXTRAS = {
     "kubernetes": "k8s", "kubernetes_validate": "k8s",
     "langgraph": "examples", "openai": "examples",
     "llama_cpp": "engine",
+    "dask": "dask", "distributed": "dask",
 }
 
 

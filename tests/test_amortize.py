@@ -1,0 +1,117 @@
+"""Amortized what-if families: every scenario equals an independent make_plan of it (objective and
+allocation), the certificates reject a candidate that is not the optimum, and the shortcuts fire
+where they should (so that the equality tests exercise them)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from scepsy.models.instance.instance import load_instance
+from scepsy.planner.studies import amortize
+from scepsy.planner.studies.amortize import Problem, plan_family
+from scepsy.planner.allocation.objective import build_objective
+from scepsy.planner.allocation.search import PlanSettings, plan_options, references
+from scepsy.planner.allocation.planning import make_plan
+
+from conftest import INSTANCES
+
+COMBINED = load_instance(INSTANCES / "combined-8xh100.yaml")
+BEAM = load_instance(INSTANCES / "beam-4xa6000.yaml")
+
+
+def assert_equal_to_independent(instances, answers):
+    for instance, answer in zip(instances, answers):
+        plan = make_plan(instance)
+        assert answer.plan is not None, answer.error
+        assert answer.plan.allocation == plan.allocation, (answer.method, instance.workflows)
+        assert answer.plan.objective_value == pytest.approx(plan.objective_value, rel=1e-9)
+        assert answer.plan.status == plan.status
+
+
+@pytest.mark.slow
+def test_combined_rate_line_equals_independent_plans():
+    """The bench instance on 8 GPUs: a line of total rates planned once with reuse, each compared
+    with its own make_plan; the line holds certified blocks and solves."""
+    base = COMBINED.with_cluster_size(8)
+    instances = [base.with_total_rate(r) for r in (2.0, 8.0, 12.0, 16.0, 20.0, 24.0, 36.0, 40.0)]
+    answers = plan_family(instances, PlanSettings())
+    assert {"solved", "certified"} <= {a.method for a in answers}
+    assert_equal_to_independent(instances, answers)
+
+
+@pytest.mark.slow
+def test_per_workflow_rates_and_the_unconstrained_optimum():
+    """Fig. 9's axis (beam fixed, rag varied) on 64 GPUs: the shared beam reference is solved once,
+    and at low rates every LLM gets its fastest option without a solve."""
+    base = COMBINED.with_cluster_size(64).with_arrival_rates({"beam": 5.0})
+    instances = [base.with_arrival_rates({"rag": r}) for r in (2.0, 6.0, 30.0, 60.0)]
+    answers = plan_family(instances, PlanSettings())
+    assert answers[0].method == "unconstrained"
+    assert_equal_to_independent(instances, answers)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    gpus=st.sampled_from([4, 8]),
+    rates=st.lists(st.floats(min_value=0.5, max_value=12.0).map(lambda r: round(r, 2)), min_size=2, max_size=6, unique=True),
+)
+def test_random_lines_equal_independent_plans(gpus, rates):
+    """Random rate lines (sorted, as a grid orders them) on small clusters, infeasible rates
+    included: the same answers as independent plans."""
+    base = BEAM.with_cluster_size(gpus)
+    instances = [base.with_arrival_rates({"beam": r}) for r in sorted(rates)]
+    for instance, answer in zip(instances, plan_family(instances, PlanSettings())):
+        try:
+            plan = make_plan(instance)
+        except Exception as error:  # infeasible: the family reports the same reason
+            assert answer.plan is None and str(answer.error) == str(error)
+            continue
+        assert answer.plan is not None and answer.plan.allocation == plan.allocation
+        assert answer.plan.objective_value == pytest.approx(plan.objective_value, rel=1e-9)
+
+
+def _problem(instance):
+    refs = references(instance, PlanSettings(placement_counts_limit=0), amortize.check_placement)
+    return Problem(instance, build_objective(instance, refs))
+
+
+def test_certificate_rejects_an_optimum_of_another_rate():
+    """Where independent plans at two rates differ, the certificate must refuse the other rate's
+    optimum (and accept each rate's own)."""
+    base = COMBINED.with_cluster_size(8)
+    low, high = base.with_total_rate(2.0), base.with_total_rate(40.0)
+    plans = [make_plan(low), make_plan(high)]
+    assert plans[0].allocation != plans[1].allocation
+    problems = [_problem(low), _problem(high)]
+    fast = PlanSettings(placement_counts_limit=0)
+    options_at = amortize.ScenarioOptions(problems, fast, {})
+    certify = lambda k, allocation: amortize._certify(problems, [k], allocation, options_at, fast, amortize.check_placement)  # noqa: E731
+    if amortize._holds(options_at(1)[0], plans[0].allocation):
+        assert not certify(1, plans[0].allocation)
+    if amortize._holds(options_at(0)[0], plans[1].allocation):
+        assert not certify(0, plans[1].allocation)
+    assert certify(1, plans[1].allocation)
+
+
+def test_unconstrained_needs_room_for_every_fastest_option():
+    """On 8 GPUs the fastest options of all five LLMs cannot be placed together: no shortcut."""
+    instance = COMBINED.with_cluster_size(8)
+    problem = _problem(instance)
+    options, _ = plan_options(instance, PlanSettings(), problem.objective)
+    assert amortize._unconstrained(problem, options, amortize.check_placement) is None
+
+
+def test_without_reuse_every_scenario_is_an_independent_plan():
+    instances = [BEAM.with_arrival_rates({"beam": r}) for r in (1.0, 2.0)]
+    answers = plan_family(instances, PlanSettings(), reuse=False)
+    assert [a.method for a in answers] == ["independent", "independent"]
+    assert_equal_to_independent(instances, answers)
+
+
+def test_objectives_outside_the_certificate_plan_independently():
+    instance = replace(BEAM, objective="min_gpus").with_latency_slos({"beam": 5.0})
+    answers = plan_family([instance], PlanSettings())
+    assert answers[0].method == "independent"

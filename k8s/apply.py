@@ -13,13 +13,13 @@ The API calls go through an `Applier` (get, apply); `KubeApplier` is the officia
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import yaml
-
 from scepsy.models.errors import InputError
+from scepsy.models.inputs import kind_of, load_yaml, load_yaml_documents
 
 FIELD_MANAGER = "scepsy"
 APPLY_ORDER = (
@@ -65,25 +65,20 @@ class Applier(Protocol):
 
 def load_manifests(directory: Path) -> list[dict]:
     """The objects of the files kustomization.yaml lists, in listed order."""
+    fix = "pass a directory written by `scepsy manifests --out`"
+    if kind_of(directory) != "dir":
+        raise InputError(str(directory), None, "directory not found" if kind_of(directory) == "missing" else "not a directory", fix)
     kustomization = directory / "kustomization.yaml"
-    try:
-        listing = yaml.safe_load(kustomization.read_text())
-    except FileNotFoundError:
-        raise InputError(str(kustomization), None, "file not found", "pass a directory written by `scepsy manifests --out`") from None
-    except yaml.YAMLError as exc:
-        raise InputError(str(kustomization), None, f"malformed YAML ({exc})", "regenerate the directory with `scepsy manifests`") from None
+    listing = load_yaml(kustomization, fix)
     resources = listing.get("resources") if isinstance(listing, dict) else None
     if not isinstance(resources, list) or not resources:
         raise InputError(str(kustomization), "resources", "missing or empty list", "regenerate the directory with `scepsy manifests`")
     objects = []
     for name in resources:
         path = directory / str(name)
-        try:
-            docs = list(yaml.safe_load_all(path.read_text()))
-        except FileNotFoundError:
-            raise InputError(str(kustomization), "resources", f"listed file {name} is missing", "regenerate the directory with `scepsy manifests`") from None
-        except yaml.YAMLError as exc:
-            raise InputError(str(path), None, f"malformed YAML ({exc})", "regenerate the directory with `scepsy manifests`") from None
+        if kind_of(path) == "missing":
+            raise InputError(str(kustomization), "resources", f"listed file {name} is missing", "regenerate the directory with `scepsy manifests`")
+        docs = load_yaml_documents(path, "regenerate the directory with `scepsy manifests`")
         for doc in docs:
             if doc is None:
                 continue
@@ -170,12 +165,16 @@ def _load_config(kubeconfig: Path | None, context: str | None):
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
+    if kubeconfig is not None:
+        parsed = load_yaml(kubeconfig, "pass --kubeconfig a kubeconfig file (kubectl config view --raw)")
+        if not isinstance(parsed, dict):
+            raise InputError(str(kubeconfig), None, "not a kubeconfig (no YAML mapping)", "pass --kubeconfig a kubeconfig file")
     try:
         return config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None, context=context)
     except ConfigException as exc:
         problem = str(exc)
-    except (OSError, yaml.YAMLError) as exc:
-        problem = f"cannot read it ({exc})"
+    except Exception as exc:  # noqa: BLE001 - the client's loader fails in many ways on a garbled file
+        problem = f"cannot read it ({type(exc).__name__}: {exc})"
     if kubeconfig is None and context is None:
         try:  # running inside a pod: its service account
             config.load_incluster_config()
@@ -192,6 +191,12 @@ def _load_config(kubeconfig: Path | None, context: str | None):
 
 def connect(kubeconfig: Path | None = None, context: str | None = None, timeout_s: float = 5.0):
     """An ApiClient for the kubeconfig/context, checked to reach its API server (exit 2 if not)."""
+    with warnings.catch_warnings():  # the client's deprecation notes would break the one-line answer
+        warnings.simplefilter("ignore")
+        return _connect(kubeconfig, context, timeout_s)
+
+
+def _connect(kubeconfig: Path | None, context: str | None, timeout_s: float):
     from kubernetes import client
 
     api_client = _load_config(kubeconfig, context)

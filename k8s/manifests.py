@@ -12,7 +12,7 @@ ConfigMap):
   its workers, and the Service `<llm>` clients call (gateway.py; a vLLM reranker has no gateway);
 - the PriorityClass, PodDisruptionBudgets and, with `prometheus`, PodMonitors (operations.py);
 - the GPU sharing objects of `sharing.realise`;
-- the Namespace, a ConfigMap holding the plan JSON, and a kustomization.yaml listing every file.
+- the Namespace, a ConfigMap holding the plan JSON's decisions (no solver times or bounds), and a kustomization.yaml listing every file.
 
 Memory flag (vLLM `--gpu-memory-utilization`, SGLang `--mem-fraction-static`) of a replica with
 share s, for the fraction U (`--gpu-memory-utilization`, default 0.9) of its slice the engine may
@@ -26,6 +26,7 @@ GPU reports (sharing.GpuAccess.slice_mib), else exit code 2.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,6 +76,24 @@ def parse_kubernetes_version(text: str) -> tuple[int, int]:
         raise InputError(None, "--kubernetes-version", f"{text!r} is not MAJOR.MINOR", "write e.g. 1.33") from None
 
 
+# An image reference, per the grammar of github.com/distribution/reference (reference.go):
+# [domain[:port]/]path-component[/path-component]*[:tag][@digest]
+_DOMAIN = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])(?:\.(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]))*(?::[0-9]+)?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[_.]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE = re.compile(
+    rf"^(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*(?::[\w][\w.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+
+
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def _check_image(option: str, image: str | None) -> None:
+    if image is not None and (len(image) > 255 or not IMAGE_REFERENCE.match(image)):
+        raise InputError(None, option, f"{image!r} is not an image reference", "write e.g. vllm/vllm-openai:v0.11.0")
+
+
 def check_settings(settings: ManifestSettings) -> None:
     if settings.engine not in ENGINES:
         raise InputError(None, "--engine", f"unknown engine {settings.engine!r}", f"use one of: {', '.join(ENGINES)}")
@@ -85,6 +104,12 @@ def check_settings(settings: ManifestSettings) -> None:
     if settings.shm_gib < 1:
         raise InputError(None, "--shm-gib", f"{settings.shm_gib} is below 1", "give the /dev/shm size of TP > 1 engines in GiB, e.g. 16")
     parse_kubernetes_version(settings.kubernetes_version)
+    _check_image("--image", settings.image)
+    _check_image("--gateway-image", settings.gateway_image)
+    for option, value in (("--hf-token-secret", settings.hf_token_secret), ("--hf-cache-pvc", settings.hf_cache_pvc),
+                          ("--device-plugin-namespace", settings.device_plugin_namespace)):
+        if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
+            raise InputError(None, option, f"{value!r} is not a Kubernetes object name", "use lower-case letters, digits, '-' and '.'")
 
 
 def engine_memory_fraction(settings: ManifestSettings, share: float, access: GpuAccess) -> float:
@@ -249,12 +274,26 @@ def namespace_object(settings: ManifestSettings) -> dict:
     }
 
 
+# How the solvers ran (times, iterations, proof status, bounds, gaps) is not a decision: left out of the plan
+# ConfigMap, so that re-planning the same input gives byte-identical manifests (no GitOps diff).
+SOLVER_RUN_KEYS = frozenset({"solver", "placement_solver", "status", "bound", "gap", "wall_time_s"})
+
+
+def plan_decisions(raw: object) -> object:
+    """The plan JSON without SOLVER_RUN_KEYS, at any depth."""
+    if isinstance(raw, dict):
+        return {k: plan_decisions(v) for k, v in raw.items() if k not in SOLVER_RUN_KEYS}
+    if isinstance(raw, list):
+        return [plan_decisions(v) for v in raw]
+    return raw
+
+
 def plan_configmap(plan: PlacedPlan, settings: ManifestSettings) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": PLAN_CONFIGMAP, "namespace": settings.namespace, "labels": names.labels("scepsy", PLAN_CONFIGMAP, "plan")},
-        "data": {"plan.json": json.dumps(plan.raw, sort_keys=True, separators=(",", ":"))},
+        "data": {"plan.json": json.dumps(plan_decisions(plan.raw), sort_keys=True, separators=(",", ":"))},
     }
 
 

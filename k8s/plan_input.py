@@ -20,6 +20,7 @@ from pathlib import Path
 
 from scepsy.models.catalog.catalog import reported_memory_mib
 from scepsy.models.errors import InputError
+from scepsy.models.inputs import kind_of
 from scepsy.models.instance.allocation import ReplicaPlacement
 from scepsy.models.instance.instance import Instance, load_instance
 from scepsy.models.plan.document import parse_replica, parse_units, read_json
@@ -83,7 +84,7 @@ def resolve_instance_path(plan_path: Path, recorded: object, override: Path | No
     """The instance file: `--instance`, else the plan's `instance` relative to the current
     directory, else relative to the plan file's directory."""
     if override is not None:
-        if not override.is_file():
+        if kind_of(override) != "file":
             raise InputError(str(override), None, "instance file not found", "pass an existing file to --instance")
         return override
     if not isinstance(recorded, str) or not recorded:
@@ -92,7 +93,7 @@ def resolve_instance_path(plan_path: Path, recorded: object, override: Path | No
         )
     candidates = [Path(recorded)] if Path(recorded).is_absolute() else [Path(recorded), plan_path.parent / recorded]
     for candidate in candidates:
-        if candidate.is_file():
+        if kind_of(candidate) == "file":
             return candidate
     tried = " and ".join(str(c) for c in candidates)
     raise InputError(
@@ -161,7 +162,7 @@ def _parse_workflows(source: str, raw: dict, llm_names: set[str]) -> tuple[Plann
             raise InputError(source, f"{where}.stages", "missing or empty list", "fix the plan")
         called = []
         for s, stage in enumerate(stages):
-            llm = stage.get("llm") if isinstance(stage, dict) else None
+            llm = stage.get("llm") if isinstance(stage, dict) and isinstance(stage.get("llm"), str) else None
             if llm not in llm_names:
                 raise InputError(source, f"{where}.stages[{s}].llm", f"llm {llm!r} has no allocation in the plan", "fix the plan")
             called.append(llm)

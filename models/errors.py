@@ -35,3 +35,10 @@ class InfeasibleError(ScepsyError):
     def __init__(self, reason: str):
         self.reason = reason
         super().__init__(reason)
+
+
+class TimeLimitError(ScepsyError):
+    """The time limit passed before a result was found (or before the search could start: the
+    instance is too large for the limit). The CLI exits with code 3."""
+
+    exit_code = 3

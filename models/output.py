@@ -1,13 +1,50 @@
-"""The one writer of output files: every path a command writes goes through `writing` (or
-`write_text`), so an unwritable path is one line and exit code 2, never a traceback."""
+"""The one writer of output files, and the checks of output paths, used by every command.
+
+An output is never one of the command's inputs (`traces export X.db --out X.db` would replace the
+trace store) and never a directory where a file is wanted; an OSError while writing is an input
+error naming the path and the option (exit code 2), never a traceback.
+"""
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from scepsy.models.errors import InputError
+from scepsy.models.inputs import kind_of
+
+
+def same_file(a: Path | str, b: Path | str) -> bool:
+    """Whether two paths name one file (links and relative paths resolved; a missing file: by path)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return Path(a).resolve() == Path(b).resolve()
+
+
+def check_output(out: Path | str, inputs: Iterable[Path | str | None] = (), option: str = "--out") -> Path:
+    """Refuse an output file that is a directory or one of the inputs (writing would destroy it)."""
+    out = Path(out)
+    if kind_of(out) == "dir":
+        raise InputError(str(out), option, "is a directory", f"give {option} a file path")
+    for given in inputs:
+        if given is not None and same_file(out, given):
+            raise InputError(str(out), option, f"is also an input ({given}); writing it would destroy that input",
+                             f"give {option} another path")
+    return out
+
+
+def check_output_dir(out: Path | str, inputs: Iterable[Path | str | None] = (), option: str = "--out") -> Path:
+    """Refuse an output directory that is an existing file or an input."""
+    out = Path(out)
+    if kind_of(out) not in ("dir", "missing"):
+        raise InputError(str(out), option, "is a file, not a directory", f"give {option} a directory path")
+    for given in inputs:
+        if given is not None and same_file(out, given):
+            raise InputError(str(out), option, f"is also an input ({given})", f"give {option} another path")
+    return out
 
 
 @contextmanager
@@ -23,6 +60,8 @@ def writing(path: Path | str, option: str = "--out") -> Iterator[Path]:
 
 
 def write_text(path: Path | str, text: str, option: str = "--out") -> Path:
+    """Write a text output (after check_output, when the caller has inputs to protect)."""
+    check_output(path, (), option)
     with writing(path, option) as target:
         target.write_text(text)
     return target

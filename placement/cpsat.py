@@ -121,8 +121,20 @@ def _sum(terms: list[tuple[int, Var]]) -> cp_model.LinearExprT:
     return cp_model.LinearExpr.WeightedSum([v for _, v in terms], [k for k, _ in terms]) if terms else 0
 
 
-def build_placement_model(cluster: Cluster, allocation: Allocation, current: Placement | None = None) -> PlacementModel:
-    """Data -> variables -> constraints -> objective stages (module docstring)."""
+class ModelTooLargeError(Exception):
+    """Building the model passed its deadline: the cluster is too large for the time limit."""
+
+
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise ModelTooLargeError()
+
+
+def build_placement_model(
+    cluster: Cluster, allocation: Allocation, current: Placement | None = None, deadline: float | None = None
+) -> PlacementModel:
+    """Data -> variables -> constraints -> objective stages (module docstring). Past `deadline`
+    (perf_counter seconds) it raises ModelTooLargeError: the time limit covers building too."""
     # data
     f = cluster.fractions_per_gpu
     llms = [m for m in allocation.llms if m.replicas > 0]
@@ -141,6 +153,8 @@ def build_placement_model(cluster: Cluster, allocation: Allocation, current: Pla
     upper: dict[tuple[Gpu, str], int] = {}
     x: dict[Gpu, Var] = {}
     for j, domain in enumerate(domains):
+        if j % 256 == 0:
+            _check_deadline(deadline)
         gpus = [(domain.node, g) for g in domain.gpus]
         for choice in llms:
             if domain.gpu_type != choice.gpu_type or domain.size < choice.tp:
@@ -244,9 +258,12 @@ def build_placement_model(cluster: Cluster, allocation: Allocation, current: Pla
             <= _sum([(share[m] * upper[(i, m)], e[(i, m)]) for m, _ in terms] + [(free[i], h[i])])
         )
 
+    _check_deadline(deadline)
     _add_packing_cuts(model, cluster, domains, loads, u, v)
+    _check_deadline(deadline)
     classes = symmetry_classes(cluster, domains, candidates, modelled)
     _break_symmetry(model, cluster, domains, classes, loads)
+    _check_deadline(deadline)
 
     pm = PlacementModel(cluster, allocation, model, domains, candidates, n, c, x, u, v, e, h, k, classes)
     if current is not None:

@@ -1,9 +1,10 @@
 """Re-planning: the placement that runs now (`--current`), and which of its replicas may stay.
 
 A current placement is a previous plan JSON (its `placement` list is used) or the list alone:
-`[{llm, replica, node, shards: [{gpu, fraction}]}]`. Structural problems are input errors (exit 2);
-replicas that no longer fit the new plan or cluster (another shape, a node that is gone, a GPU now
-reserved) are not errors: they simply cannot stay.
+`[{llm, replica, node, shards: [{gpu, fraction}]}]` (read by models/plan/document.load_placement).
+Structural problems are input errors (exit 2), and so is a replica on a node or GPU the cluster does
+not have; replicas that no longer fit the new plan (another shape, a GPU now reserved) are not
+errors: they simply cannot stay.
 
 A current replica is a *keep candidate* when the new allocation gives its LLM the same shape
 (gpu type of its node, tp = its number of shards, the same share per shard) and its GPUs still

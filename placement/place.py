@@ -21,13 +21,13 @@ import time
 from dataclasses import dataclass
 
 from scepsy.models.instance.allocation import Allocation, Placement
-from scepsy.models.errors import InfeasibleError
+from scepsy.models.errors import InfeasibleError, TimeLimitError
 from scepsy.models.plan.fragmentation import GpuTypeFragmentation, fragmentation_report
 from scepsy.models.instance.instance import Cluster
 from scepsy.models.plan.plan import PlacementInfo
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, exact_placement, validate_placement
 
-from .cpsat import CpsatOutcome, build_placement_model, solve_placement
+from .cpsat import CpsatOutcome, ModelTooLargeError, build_placement_model, solve_placement
 from .diagnose import explain_unplaceable, necessary_condition_violated
 from .heuristic import heuristic_placement
 from .objective import evaluate
@@ -91,7 +91,17 @@ def _heuristic_method(cluster, allocation, settings, heuristic, hint, notes) -> 
 
 
 def _cpsat_method(cluster, allocation, settings, current, heuristic, hint, notes, deadline):
-    model = build_placement_model(cluster, allocation, current)
+    try:
+        model = build_placement_model(cluster, allocation, current, deadline)
+    except ModelTooLargeError:
+        seed = heuristic.placement if heuristic.placement is not None else hint
+        if seed is None:
+            raise TimeLimitError(
+                f"the placement model of {cluster.gpu_count()} GPUs did not finish building within the placement time "
+                f"limit of {settings.time_limit_s:g} s and the heuristic found no placement; raise --placement-time-limit-s"
+            ) from None
+        notes.append("the exact model did not finish building within the time limit; kept the heuristic's placement")
+        return seed, "heuristic", (), None, None
     seed = heuristic.placement if heuristic.placement is not None else hint
     outcome = solve_placement(model, settings.time_limit_s, settings.workers, seed, deadline, current)
     if outcome.status == "infeasible":

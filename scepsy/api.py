@@ -11,6 +11,7 @@ raises scepsy's typed errors (models/errors.py) with the line that says how to f
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -65,7 +66,7 @@ def placement_settings(method: str = "cpsat", time_limit_s: float = 10.0, worker
 def _current(instance: Instance, current: PlacementLike | None) -> Placement | None:
     if current is None or isinstance(current, Placement):
         return current
-    return load_placement(current, instance.cluster.fractions_per_gpu)
+    return load_placement(current, instance.cluster.fractions_per_gpu, instance.cluster)
 
 
 def plan(
@@ -80,10 +81,12 @@ def plan(
     current: PlacementLike | None = None,
     workers: int = 1,
 ) -> Plan:
-    """The optimal allocation, placed (`scepsy plan`); `current` re-plans keeping replicas in place."""
+    """The optimal allocation, placed (`scepsy plan`); `current` re-plans keeping replicas in place.
+    The time limit counts from this call: loading the instance and building the options are in it."""
+    started_s = time.perf_counter()
     placing = placement_settings(placement, placement_time_limit_s, workers)
     loaded = load(instance, objective, welfare)
-    settings = PlanSettings(backend=backend, time_limit_s=time_limit_s, workers=workers)
+    settings = PlanSettings(backend=backend, time_limit_s=time_limit_s, workers=workers, started_s=started_s)
     return plan_and_place(loaded, settings, placing, _current(loaded, current))
 
 

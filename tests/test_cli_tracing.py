@@ -139,26 +139,36 @@ def test_proxy_terminated_mid_stream_finishes_the_streams_and_keeps_their_record
     """
     import asyncio
     import signal
+    import threading
 
     import httpx
 
     from scepsy.tracing.capture.store import read_store
 
-    engine = ScriptedEngine(token_delay_s=0.03)
+    engine = ScriptedEngine(token_delay_s=0.001)
+    engine.gate = threading.Event()  # every stream holds its tokens after the first until SIGTERM is sent
     with ServerThread(engine.app()) as server:
         store = tmp_path / "traces.db"
         process, url = _start_proxy_process(server.url, store)
 
-        async def one(client: httpx.AsyncClient, i: int) -> bytes:
+        async def one(client: httpx.AsyncClient, i: int, first: asyncio.Queue) -> bytes:
             body = {"model": "gen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "stream": True}
+            chunks = []
             async with client.stream("POST", url + "/v1/chat/completions", json=body, headers={"X-Workflow-Id": f"w{i}"}) as response:
-                return b"".join([chunk async for chunk in response.aiter_raw()])
+                async for chunk in response.aiter_raw():
+                    if not chunks:
+                        first.put_nowait(i)
+                    chunks.append(chunk)
+            return b"".join(chunks)
 
         async def streams_then_sigterm() -> list[bytes]:
-            async with httpx.AsyncClient(timeout=20) as client:
-                tasks = [asyncio.create_task(one(client, i)) for i in range(8)]
-                await asyncio.sleep(0.15)  # every stream has started; none has ended (10 tokens x 30 ms)
+            first: asyncio.Queue = asyncio.Queue()
+            async with httpx.AsyncClient(timeout=60) as client:
+                tasks = [asyncio.create_task(one(client, i, first)) for i in range(8)]
+                for _ in range(8):  # every stream is in flight: its first bytes arrived, its tokens are held
+                    await first.get()
                 process.send_signal(signal.SIGTERM)
+                engine.gate.set()
                 return await asyncio.gather(*tasks)
 
         try:

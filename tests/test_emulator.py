@@ -47,13 +47,16 @@ from scepsy.tracing.emulation.tokenizer import (
 from tracing_fixtures import Recorder, wait_for
 
 runner = CliRunner()
-SLACK_S, SLACK_REL, EARLY_S = 0.040, 0.05, 0.001
+EARLY_S = 0.001
 # llama-3.2-1b on a quarter of an L4: 43 ms per decode iteration alone, 44 ms with 16 sequences
 GEN = dict(model="llama-3.2-1b", gpu="L4", fraction=0.25, served_model_names=["gen"])
 
 
 def within(measured: float, modelled: float, early_s: float = EARLY_S) -> bool:
-    return modelled - early_s <= measured <= modelled * (1 + SLACK_REL) + SLACK_S
+    """The emulator is never early: a measured time is at least the modelled one. How late it may
+    be depends on the machine's load, so that side is a speed target of bench/emulator_e2e.py (run
+    side by side with the engine model there), not a test assertion (no wall-clock upper bounds)."""
+    return modelled - early_s <= measured
 
 
 # Times measured from the first token on can look early by as much as that first token was late

@@ -57,7 +57,12 @@ def test_unreachable_cluster_exits_2_with_a_clear_line(tmp_path, command):
 
 def test_missing_kubeconfig_and_unknown_context_exit_2(tmp_path):
     result = runner.invoke(app, ["deploy", str(DRA), "--kubeconfig", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "none: file not found" in result.output
+    (tmp_path / "garbage").write_text("clusters: 7\ncontexts: [1, 2]\n")
+    result = runner.invoke(app, ["deploy", str(DRA), "--kubeconfig", str(tmp_path / "garbage")])
     assert result.exit_code == 2 and "no usable cluster configuration" in result.output
+    result = runner.invoke(app, ["deploy", str(DRA / "kustomization.yaml")])
+    assert result.exit_code == 2 and "not a directory" in result.output
     kubeconfig = tmp_path / "kubeconfig"
     _kubeconfig(kubeconfig, "http://127.0.0.1:1")
     result = runner.invoke(app, ["deploy", str(DRA), "--kubeconfig", str(kubeconfig), "--context", "other"])

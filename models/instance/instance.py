@@ -9,6 +9,7 @@ the field and the fix.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal, Mapping
@@ -17,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scepsy.models.errors import InputError
+from scepsy.models.inputs import kind_of, load_yaml
 from scepsy.models.instance.profile import LlmProfile, load_profile
 from scepsy.models.instance.workflow import Program, ProgramSpec, program_llms
 
@@ -25,24 +27,39 @@ ObjectiveName = Literal["min_latency", "max_throughput", "min_gpus", "min_cost"]
 Welfare = Literal["egalitarian", "social"]
 
 
+# Largest values accepted: beyond them lies no real cluster or workload, and arithmetic on them
+# overflows (1e308 requests/s times 8 invocations is inf). Strict types: YAML `true` is not a 1.
+MAX_RATE = 1e9  # requests/s
+MAX_COUNT = 1e6  # invocations, parallelism, weights, GPUs per node, nodes per entry
+MAX_GIB = 1e6  # memory and weights
+MAX_HARDWARE = 1e9  # TFLOP/s, GB/s, price per hour
+MAX_SECONDS = 1e9
+MAX_GPUS_PER_NODE = 1024
+MAX_CLUSTER_GPUS = 1_000_000
+# A node name becomes the value of the kubernetes.io/hostname label in the manifests: a
+# Kubernetes node name (RFC 1123 subdomain) of at most 63 characters.
+NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+
+
 class _Spec(BaseModel):
-    # numbers must be finite: `.inf` or `.nan` in YAML is never a meaningful statistic or size
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    # numbers must be finite: `.inf` or `.nan` in YAML is never a meaningful statistic or size;
+    # strict types: YAML `true` is not a 1, `1.5` is not a whole number
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class GpuTypeSpec(_Spec):
-    memory_gib: float = Field(gt=0, description="HBM per GPU")
-    tflops: float | None = Field(default=None, gt=0, description="dense bf16 TFLOP/s")
-    bandwidth_gbps: float | None = Field(default=None, gt=0, description="HBM bandwidth, GB/s")
-    nvlink_gbps: float | None = Field(default=None, gt=0, description="NVLink bandwidth per GPU, GB/s")
-    cost_per_hour: float | None = Field(default=None, ge=0, description="price of one GPU for one hour")
+    memory_gib: float = Field(gt=0, le=MAX_GIB, description="HBM per GPU")
+    tflops: float | None = Field(default=None, gt=0, le=MAX_HARDWARE, description="dense bf16 TFLOP/s")
+    bandwidth_gbps: float | None = Field(default=None, gt=0, le=MAX_HARDWARE, description="HBM bandwidth, GB/s")
+    nvlink_gbps: float | None = Field(default=None, gt=0, le=MAX_HARDWARE, description="NVLink bandwidth per GPU, GB/s")
+    cost_per_hour: float | None = Field(default=None, ge=0, le=MAX_HARDWARE, description="price of one GPU for one hour")
 
 
 class NodeSpec(_Spec):
     name: str = Field(min_length=1)
-    count: int | None = Field(default=None, ge=1, description="expand to name-0 .. name-{count-1}")
+    count: int | None = Field(default=None, ge=1, le=MAX_COUNT, description="expand to name-0 .. name-{count-1}")
     gpu_type: str
-    gpus: int = Field(ge=1)
+    gpus: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     nvlink_domains: list[list[int]] = Field(default_factory=list)
     gpu_uuids: list[str] | None = None
 
@@ -63,16 +80,16 @@ class ClusterSpec(_Spec):
 class LlmSpec(_Spec):
     name: str = Field(min_length=1)
     model: str = Field(min_length=1)
-    weights_gib: float = Field(gt=0)
-    min_kv_gib: float = Field(default=0.0, ge=0)
+    weights_gib: float = Field(gt=0, le=MAX_GIB)
+    min_kv_gib: float = Field(default=0.0, ge=0, le=MAX_GIB)
     tp_degrees: list[int] | None = None
     profile: str
 
 
 class StageSpec(_Spec):
     llm: str
-    invocations: float = Field(gt=0, description="mean calls of this LLM per workflow request (n)")
-    parallelism: float = Field(ge=1, description="mean request-level parallelism of those calls (p)")
+    invocations: float = Field(gt=0, le=MAX_COUNT, description="mean calls of this LLM per workflow request (n)")
+    parallelism: float = Field(ge=1, le=MAX_COUNT, description="mean request-level parallelism of those calls (p)")
     critical_path: float = Field(
         default=1.0, ge=0, le=1,
         description="share of the LLM's busy time on the request's critical path (f; 1 for serial stages)",
@@ -81,9 +98,9 @@ class StageSpec(_Spec):
 
 class WorkflowSpec(_Spec):
     name: str = Field(min_length=1)
-    arrival_rate: float = Field(gt=0, description="workflow requests per second")
-    latency_slo_s: float | None = Field(default=None, gt=0)
-    weight: float = Field(default=1.0, gt=0, description="importance of this workflow when several share a cluster")
+    arrival_rate: float = Field(gt=0, le=MAX_RATE, description="workflow requests per second")
+    latency_slo_s: float | None = Field(default=None, gt=0, le=MAX_SECONDS)
+    weight: float = Field(default=1.0, gt=0, le=MAX_COUNT, description="importance of this workflow when several share a cluster")
     stages: list[StageSpec] = Field(min_length=1)
     # optional: a request's latency percentiles over its mean in the traces (`scepsy aggregate`),
     # for latency_metric p50/p90/p99 (docs/model.md, section 3)
@@ -325,6 +342,13 @@ _FIXES = {
     "greater_than": "use a larger value",
     "greater_than_equal": "use a larger value",
     "less_than_equal": "use a smaller value",
+    "finite_number": "write a finite number",
+    "int_type": "write a whole number",
+    "float_type": "write a number",
+    "string_type": "write a string",
+    "bool_type": "write true or false",
+    "list_type": "write a list",
+    "dict_type": "write a mapping",
     "literal_error": "use one of the allowed values",
     "too_short": "add at least one entry",
     "finite_number": "write a finite number",
@@ -341,23 +365,15 @@ def _validation_error(source: str, exc: ValidationError, raw: dict | None) -> In
 
 
 def parse_yaml(path: Path) -> object:
-    source = str(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(source, None, "file not found", "check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(source, None, f"cannot read the file ({exc})", "pass a readable YAML file") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
-        problem = getattr(exc, "problem", None) or "malformed YAML"
-        raise InputError(source, where, f"malformed YAML: {problem}", "fix the YAML syntax there") from None
+    """Read one YAML input: bounded, regular files only, duplicate keys refused (models/files.py)."""
+    return load_yaml(path, "pass a readable YAML file")
 
 
 def _expand_nodes(source: str, spec: ClusterSpec) -> tuple[Node, ...]:
+    total = sum((node.count or 1) * node.gpus for node in spec.nodes)
+    if total > MAX_CLUSTER_GPUS:
+        raise InputError(source, "cluster.nodes", f"{total:,} GPUs, more than the {MAX_CLUSTER_GPUS:,} scepsy plans for",
+                         "plan a smaller cluster (or its partitions one by one)")
     nodes: list[Node] = []
     for i, node in enumerate(spec.nodes):
         where = f"cluster.nodes[{i}] ({node.name})"
@@ -393,7 +409,16 @@ def _expand_nodes(source: str, spec: ClusterSpec) -> tuple[Node, ...]:
                 raise InputError(
                     source, f"{where}.gpu_uuids", f"{len(node.gpu_uuids)} UUIDs for {node.gpus} GPUs", "list one per GPU"
                 )
+            if len(set(node.gpu_uuids)) != len(node.gpu_uuids):
+                twice = next(u for u in node.gpu_uuids if node.gpu_uuids.count(u) > 1)
+                raise InputError(source, f"{where}.gpu_uuids", f"UUID {twice!r} is listed twice", "list each GPU's own UUID once")
         names = [node.name] if node.count is None else [f"{node.name}-{k}" for k in range(node.count)]
+        for name in (names[0], names[-1]):
+            if not NODE_NAME.match(name):
+                raise InputError(
+                    source, f"{where}.name", f"{name!r} is not a Kubernetes node name (it labels the pods' node)",
+                    "use the node's name as `kubectl get nodes` shows it: lowercase letters, digits, '-' and '.', at most 63",
+                )
         uuids = tuple(node.gpu_uuids) if node.gpu_uuids is not None else None
         nodes += [Node(name, node.gpu_type, node.gpus, tuple(domains), uuids) for name in names]
     names_seen: set[str] = set()
@@ -466,7 +491,7 @@ def _default_tp_degrees(cluster: Cluster) -> tuple[int, ...]:
     return tuple(degrees)
 
 
-def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Cluster) -> Llm:
+def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Cluster, profiles: dict[Path, LlmProfile]) -> Llm:
     where = f"llms[{index}] ({spec.name})"
     largest = max(cluster.largest_domain(g) for g in cluster.used_gpu_types())
     if spec.tp_degrees is not None:
@@ -486,9 +511,11 @@ def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Clus
     else:
         tp_degrees = _default_tp_degrees(cluster)
     profile_path = (base / spec.profile).resolve() if not Path(spec.profile).is_absolute() else Path(spec.profile)
-    if not profile_path.is_file():
+    if kind_of(profile_path) != "file":
         raise InputError(source, f"{where}.profile", f"profile file {spec.profile} not found", "give a path relative to the instance file")
-    profile = load_profile(profile_path)
+    if profile_path not in profiles:  # LLMs sharing a profile file read it once
+        profiles[profile_path] = load_profile(profile_path)
+    profile = profiles[profile_path]
     usable = [
         (g, t)
         for g in cluster.used_gpu_types()
@@ -578,7 +605,8 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
     for i, name in enumerate(llm_names):
         if name not in used:
             raise InputError(source, f"llms[{i}] ({name})", "no workflow calls this llm", "add it to a workflow's stages or remove it")
-    llms = tuple(_build_llm(source, base, i, m, cluster) for i, m in enumerate(spec.llms))
+    profiles: dict[Path, LlmProfile] = {}
+    llms = tuple(_build_llm(source, base, i, m, cluster, profiles) for i, m in enumerate(spec.llms))
     _check_latency_metric(source, spec.latency_metric, llms)
     return Instance(
         cluster=cluster,

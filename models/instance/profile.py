@@ -25,6 +25,7 @@ faster than the next larger measured share (docs/model.md, "Profiles").
 from __future__ import annotations
 
 import csv
+import io
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Mapping
 import numpy as np
 
 from scepsy.models.errors import InputError
+from scepsy.models.inputs import read_text
 
 PROFILE_COLUMNS = (
     "gpu_type",
@@ -330,12 +332,10 @@ def read_profile_table(path: Path | str) -> dict[str, np.ndarray]:
 
     Plain `csv` + numpy: loading instances stays fast (no pandas import on the planning path)."""
     source = str(path)
+    text = read_text(path, "check the llm's `profile:` path")
     try:
-        with open(path, newline="") as handle:
-            rows = [row for row in csv.reader(handle, skipinitialspace=True) if any(cell.strip() for cell in row)]
-    except FileNotFoundError:
-        raise InputError(source, None, "profile file not found", "check the llm's `profile:` path") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
+        rows = [row for row in csv.reader(io.StringIO(text), skipinitialspace=True) if any(cell.strip() for cell in row)]
+    except csv.Error as exc:
         raise InputError(source, None, f"not a readable CSV ({exc})", "write a CSV with a header row") from None
     if not rows:
         raise InputError(source, None, "not a readable CSV (empty file)", "write a CSV with a header row")

@@ -6,28 +6,34 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+# Largest values accepted: a simulated request this large never ends.
+MAX_FANOUT = 1024  # beams, beam width, passages
+MAX_TOKENS = 10_000_000
+MAX_ITERATIONS = 100_000
 
 
 class BeamSearchProgram(_Spec):
     kind: Literal["beam_search"]
     generator: str
     verifier: str
-    beams: int = Field(default=4, ge=1, description="n: beams kept per iteration")
-    beam_width: int = Field(default=4, ge=1, description="M: each survivor forks into M beams")
-    max_iterations: int = Field(default=40, ge=1)
-    question_tokens: int = Field(default=200, ge=1, description="system prompt + problem")
-    step_tokens: float = Field(default=100.0, gt=0, description="mean tokens of one reasoning step")
-    final_tokens: float = Field(default=200.0, gt=0, description="mean tokens generated in the last iteration")
+    beams: int = Field(default=4, ge=1, le=MAX_FANOUT, description="n: beams kept per iteration")
+    beam_width: int = Field(default=4, ge=1, le=MAX_FANOUT, description="M: each survivor forks into M beams")
+    max_iterations: int = Field(default=40, ge=1, le=MAX_ITERATIONS)
+    question_tokens: int = Field(default=200, ge=1, le=MAX_TOKENS, description="system prompt + problem")
+    step_tokens: float = Field(default=100.0, gt=0, le=MAX_TOKENS, description="mean tokens of one reasoning step")
+    final_tokens: float = Field(default=200.0, gt=0, le=MAX_TOKENS, description="mean tokens generated in the last iteration")
     finish_probability: float = Field(default=0.2, ge=0, le=1, description="a step ends the solution")
     duplicate_probability: float = Field(default=0.0, ge=0, le=1, description="a step repeats a sibling's")
     verify_unique: bool = Field(default=True, description="score identical beams once")
-    score_tokens: int = Field(default=1, ge=1, description="tokens the verifier returns")
-    length_cv: float = Field(default=0.5, ge=0)
+    score_tokens: int = Field(default=1, ge=1, le=MAX_TOKENS, description="tokens the verifier returns")
+    length_cv: float = Field(default=0.5, ge=0, le=100)
 
 
 class RagProgram(_Spec):
@@ -35,15 +41,23 @@ class RagProgram(_Spec):
     embedder: str
     reranker: str | None = None
     generator: str
-    query_tokens: int = Field(default=32, ge=1)
-    passages: int = Field(default=10, ge=1, description="k: passages retrieved and reranked")
-    passage_tokens: int = Field(default=128, ge=1)
-    context_passages: int = Field(default=3, ge=1, description="top passages in the generator prompt")
-    system_tokens: int = Field(default=64, ge=0)
-    output_tokens: float = Field(default=96.0, gt=0, description="mean answer tokens")
-    retrieve_s: float = Field(default=0.005, ge=0)
+    query_tokens: int = Field(default=32, ge=1, le=MAX_TOKENS)
+    passages: int = Field(default=10, ge=1, le=MAX_FANOUT, description="k: passages retrieved and reranked")
+    passage_tokens: int = Field(default=128, ge=1, le=MAX_TOKENS)
+    context_passages: int = Field(default=3, ge=1, le=MAX_FANOUT, description="top passages in the generator prompt")
+    system_tokens: int = Field(default=64, ge=0, le=MAX_TOKENS)
+    output_tokens: float = Field(default=96.0, gt=0, le=MAX_TOKENS, description="mean answer tokens")
+    retrieve_s: float = Field(default=0.005, ge=0, le=3600)
     rerank_batched: bool = Field(default=True, description="one reranker call for all k pairs")
-    length_cv: float = Field(default=0.5, ge=0)
+    length_cv: float = Field(default=0.5, ge=0, le=100)
+
+    @field_validator("context_passages")
+    @classmethod
+    def _within_passages(cls, value: int, info: ValidationInfo) -> int:
+        passages = info.data.get("passages")
+        if passages is not None and value > passages:
+            raise ValueError(f"context_passages {value} is more than the {passages} passages retrieved")
+        return value
 
 
 class EnsembleProgram(_Spec):
@@ -58,14 +72,14 @@ class EnsembleProgram(_Spec):
 
 class StageCallSpec(_Spec):
     llm: str
-    prompt_tokens: int | None = Field(default=None, ge=1)
-    completion_tokens: int | None = Field(default=None, ge=0)
+    prompt_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    completion_tokens: int | None = Field(default=None, ge=0, le=MAX_TOKENS)
 
 
 class StagesProgram(_Spec):
     kind: Literal["stages"]
     calls: list[StageCallSpec] = Field(default_factory=list, description="call lengths per stage llm")
-    length_cv: float = Field(default=0.0, ge=0)
+    length_cv: float = Field(default=0.0, ge=0, le=100)
 
 
 ProgramSpec = Annotated[Union[BeamSearchProgram, RagProgram, EnsembleProgram, StagesProgram], Field(discriminator="kind")]

@@ -14,74 +14,75 @@ An allocation may also be a YAML file with the same `llms:` list. Every problem 
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Sequence
 
 from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
-from scepsy.models.instance.instance import Instance, parse_yaml
+from scepsy.models.inputs import load_json
+from scepsy.models.instance.instance import Cluster, Instance, parse_yaml
 from scepsy.models.plan.fragmentation import GpuTypeFragmentation
 from scepsy.models.plan.plan import PlacementInfo
 
 TOLERANCE = 1e-6
-MAX_BYTES = 64 * 1024 * 1024  # a plan of thousands of replicas is a few MiB
 
 
 def read_json(path: Path | str, fix: str) -> object:
-    """The parsed JSON of a plan file; `fix` says what to pass instead when it cannot be read."""
-    path = Path(path)
-    source = str(path)
-    try:
-        with path.open("rb") as handle:
-            data = handle.read(MAX_BYTES + 1)
-        if len(data) > MAX_BYTES:
-            raise InputError(source, None, f"larger than {MAX_BYTES // 2**20} MiB", "pass a plan JSON written by `scepsy plan --out`")
-        text = data.decode()
-    except FileNotFoundError:
-        raise InputError(source, None, "file not found", fix) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise InputError(source, None, f"cannot read the file ({exc})", fix) from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", fix) from None
+    """The parsed JSON of a plan file (bounded, strict: models/inputs.py); `fix` says what to pass
+    instead when it cannot be read."""
+    return load_json(path, fix)
 
 
 def parse_units(source: str, where: str, fraction: object, f: int) -> int:
     """A fraction of a GPU as units of 1/F: a number, a multiple of 1/F, in (0, 1]."""
     if not isinstance(fraction, (int, float)) or isinstance(fraction, bool):
         raise InputError(source, where, f"fraction {fraction!r} is not a number", "write a number in (0, 1]")
-    units = round(fraction * f)
+    units = round(fraction * f) if 0 < fraction <= 1 + TOLERANCE else 0  # round(inf) would raise
     if not 0 < fraction <= 1 + TOLERANCE or abs(units - fraction * f) > TOLERANCE:
         raise InputError(source, where, f"fraction {fraction:g} is not a multiple of 1/{f} in (0, 1]", f"use k/{f} for an integer k")
     return units
 
 
+# What an allocation record may hold: its own fields, plus those of a plan JSON's `llms` entries
+# (models/plan/plan.py, prediction_to_json), so that a plan is an allocation too.
+ALLOCATION_FIELDS = ("name", "gpu_type", "tp", "fraction", "replicas")
+RECORD_FIELDS = frozenset(ALLOCATION_FIELDS + ("llm", "model", "gpus", "per_replica_rate", "offered_rate_rps", "latency_s",
+                                               "capacity_rps", "utilization", "overloaded"))
+MAX_REPLICAS = 1_000_000
+
+
 def parse_allocation(records: list, fractions_per_gpu: int, source: str, known: dict[str, set[str]]) -> Allocation:
     """An allocation from `llms:` records ({name|llm, gpu_type, tp, fraction, replicas}); `known`
-    maps each LLM name of the instance to its usable gpu types."""
+    maps each LLM name of the instance to its usable gpu types. Strict: whole numbers stay whole
+    (replicas: 1.5 is refused, not truncated), unknown fields are refused."""
     choices = []
     for i, record in enumerate(records):
         where = f"llms[{i}]"
         if not isinstance(record, dict):
             raise InputError(source, where, "expected a mapping", "write {name, gpu_type, tp, fraction, replicas}")
         name = record.get("name", record.get("llm"))
-        if name not in known:
+        if not isinstance(name, str) or name not in known:
             raise InputError(source, f"{where}.name", f"unknown llm {name!r}", f"use one of: {', '.join(sorted(known))}")
+        unknown = sorted(str(k) for k in record if k not in RECORD_FIELDS)
+        if unknown:
+            raise InputError(source, f"{where} ({name}).{unknown[0]}", "unknown field",
+                             "remove it or correct its spelling: name, gpu_type, tp, fraction, replicas")
         missing = [k for k in ("gpu_type", "tp", "fraction", "replicas") if k not in record]
         if missing:
             raise InputError(source, f"{where} ({name}).{missing[0]}", "missing field", "add it")
-        if record["gpu_type"] not in known[name]:
+        if not isinstance(record["gpu_type"], str) or record["gpu_type"] not in known[name]:
             raise InputError(
                 source, f"{where} ({name}).gpu_type", f"unknown gpu type {record['gpu_type']!r}", f"use one of: {', '.join(sorted(known[name]))}"
             )
-        try:
-            tp, replicas, fraction = int(record["tp"]), int(record["replicas"]), float(record["fraction"])
-        except (TypeError, ValueError):
-            raise InputError(source, f"{where} ({name})", "tp, replicas and fraction must be numbers", "fix the values") from None
-        if tp < 1 or replicas < 1:
-            raise InputError(source, f"{where} ({name})", "tp and replicas must be >= 1", "fix the values")
+        tp, replicas = record["tp"], record["replicas"]
+        for key, value in (("tp", tp), ("replicas", replicas)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_REPLICAS:
+                raise InputError(source, f"{where} ({name}).{key}", f"{value!r} is not a whole number in 1..{MAX_REPLICAS}",
+                                 "write a whole number such as 1 or 2")
+        fraction = record["fraction"]
+        if isinstance(fraction, float) and not math.isfinite(fraction):
+            raise InputError(source, f"{where} ({name}).fraction", f"{fraction!r} is not a number", "write e.g. 0.5")
         share = parse_units(source, f"{where} ({name}).fraction", fraction, fractions_per_gpu)
         choices.append(LlmAllocation(name, record["gpu_type"], tp, share, replicas))
     names = [c.llm for c in choices]
@@ -132,14 +133,32 @@ def parse_placement(records: list, f: int, source: str) -> Placement:
     return Placement(f, tuple(parse_replica(source, i, r, f) for i, r in enumerate(records)))
 
 
-def load_placement(path: Path | str, fractions_per_gpu: int) -> Placement:
-    """A previous plan JSON (or its placement list alone) as a Placement in units of 1/F."""
+def load_placement(path: Path | str, fractions_per_gpu: int, cluster: Cluster | None = None) -> Placement:
+    """A previous plan JSON (or its placement list alone) as a Placement in units of 1/F; with
+    `cluster`, a replica on a node or GPU the cluster does not have is an input error (it would
+    otherwise be dropped silently: a removed node must be removed from the file too)."""
     source = str(path)
     raw = read_json(path, "pass a plan JSON written by `scepsy plan --out`, or its placement list")
     records = raw.get("placement") if isinstance(raw, dict) else raw
     if not isinstance(records, list):
         raise InputError(source, "placement", "no placement list", "pass a plan JSON (with `placement`) or the list itself")
-    return parse_placement(records, fractions_per_gpu, source)
+    placement = parse_placement(records, fractions_per_gpu, source)
+    if cluster is not None:
+        _check_on_cluster(source, placement, cluster)
+    return placement
+
+
+def _check_on_cluster(source: str, placement: Placement, cluster: Cluster) -> None:
+    gpus = {n.name: n.gpus for n in cluster.nodes}
+    for i, replica in enumerate(placement.replicas):
+        where = f"placement[{i}]"
+        if replica.node not in gpus:
+            raise InputError(source, f"{where}.node", f"node {replica.node!r} is not in the instance's cluster",
+                             "remove the replicas of nodes that are gone from the file, or add the node to the cluster")
+        for s, shard in enumerate(replica.shards):
+            if shard.gpu >= gpus[replica.node]:
+                raise InputError(source, f"{where}.shards[{s}].gpu", f"node {replica.node} has GPUs 0..{gpus[replica.node] - 1}",
+                                 "fix the GPU index or the cluster")
 
 
 def allocation_records(allocation: Allocation) -> list[dict]:

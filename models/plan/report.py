@@ -13,6 +13,19 @@ from scepsy.models.plan.fragmentation import GpuTypeFragmentation
 from scepsy.models.plan.plan import PlacementInfo, Plan
 
 
+MAX_NAME_CHARS = 48
+
+
+def name_cell(name: str | None, limit: int = MAX_NAME_CHARS) -> str:
+    """A user-given name (workflow, LLM, node) as a table cell: one line, at most `limit`
+    characters. Rich lays a cell out in time that grows faster than its length, and a traced
+    workflow name comes from any client."""
+    if name is None:
+        return "-"
+    text = " ".join(str(name).split())
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
     if value is None:
         return "-"

@@ -42,6 +42,7 @@ independently, with their traced "cached_tokens" replayed as hits.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import random
@@ -56,6 +57,7 @@ import simpy
 from scepsy.models.catalog.catalog import GpuCard, ModelCard
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings, IterationTimer
 from scepsy.models.errors import InputError
+from scepsy.models.inputs import check_input, read_text
 from scepsy.models.instance.profile import PROFILE_COLUMNS, STABLE_THROUGHPUT_RATIO
 from scepsy.models.performance.replica import ReplicaSim, Request
 
@@ -104,6 +106,9 @@ class RequestSource:
     name: str
     shapes: tuple[RequestShape, ...]
     sessions: tuple[Session, ...] = ()
+    # a public trace of other models' requests (Azure) is clipped to the model's context; the
+    # user's own lengths (fixed:P,C, a calls JSONL) must fit it (check_context)
+    clip_to_context: bool = False
 
     def sample(self, rng: random.Random, n: int) -> list[RequestShape]:
         if len(self.shapes) == 1:
@@ -131,9 +136,10 @@ def find_azure_trace(kind: str, start: Path | None = None) -> Path | None:
 
 
 def _azure_source(path: Path, name: str) -> RequestSource:
+    text = read_text(path, "check the --requests path")
     try:
-        frame = pd.read_csv(path, usecols=["ContextTokens", "GeneratedTokens"])
-    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        frame = pd.read_csv(io.StringIO(text), usecols=["ContextTokens", "GeneratedTokens"])
+    except (ValueError, pd.errors.ParserError) as exc:
         raise InputError(str(path), None, f"not an Azure trace CSV ({exc})", "give a CSV with ContextTokens,GeneratedTokens") from None
     shapes = tuple(
         RequestShape(int(max(p, 1)), int(max(c, 1)))
@@ -141,7 +147,7 @@ def _azure_source(path: Path, name: str) -> RequestSource:
     )
     if not shapes:
         raise InputError(str(path), None, "the trace has no rows", "give a non-empty trace")
-    return RequestSource(name, shapes)
+    return RequestSource(name, shapes, clip_to_context=True)
 
 
 def _sessions(records: list[dict]) -> tuple[Session, ...]:
@@ -196,10 +202,7 @@ SESSION_FIELDS = ("request", "call", "start_s", "end_s")
 
 def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
     records = []
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise InputError(str(path), None, f"cannot read ({exc.strerror})", "check the --requests path") from None
+    lines = read_text(path, "check the --requests path").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -280,8 +283,7 @@ def load_request_source(spec: str, llm: str | None = None) -> RequestSource:
             )
         return _azure_source(path, spec)
     path = Path(spec)
-    if not path.is_file():
-        raise InputError(spec, None, "file not found", "give fixed:P,C, azure:conv|code, a .csv or a .jsonl path")
+    check_input(path, "give fixed:P,C, azure:conv|code, a .csv or a .jsonl path")
     if path.suffix == ".csv":
         return _azure_source(path, path.name)
     return _jsonl_source(path, llm)
@@ -295,6 +297,23 @@ class SynthesisSettings:
     min_sessions: int = 300  # traced requests replayed per rate point, at least
     seed: int = 0
     engine: EngineSettings = DEFAULT_SETTINGS
+
+
+def check_context(source: RequestSource, model: ModelCard) -> None:
+    """Refuse a request of the user's own whose tokens exceed the model's context (it could never
+    run; clipping it silently would profile another workload)."""
+    if source.clip_to_context:
+        return
+    shapes = list(source.shapes) + [c.shape for s in source.sessions for w in s.waves for c in w]
+    for shape in shapes:
+        per_sequence = math.ceil(shape.prompt_tokens / max(shape.sequences, 1))
+        tokens = per_sequence if model.encoder else shape.prompt_tokens + shape.completion_tokens
+        if tokens > model.max_context:
+            what = "prompt tokens per sequence" if model.encoder else "prompt + completion tokens"
+            raise InputError(
+                source.name, "--requests", f"a request of {tokens} {what} exceeds {model.name}'s context of {model.max_context}",
+                "give lengths within the model's context, or pick a model with a longer one",
+            )
 
 
 def fit_shape(shape: RequestShape, engine: Engine) -> RequestShape:
@@ -506,6 +525,7 @@ def synthesize(
     """Profile rows for every (tp, fraction) that fits, labelled `gpu_type` (default gpu.name).
     `timer_for(tp)` gives another engine model's iteration times (None: the roofline)."""
     label = gpu_type or gpu.name
+    check_context(source, model)
     rows, skipped = [], []
     for tp in tps:
         timer = timer_for(tp) if timer_for else None

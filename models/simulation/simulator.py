@@ -108,13 +108,24 @@ def replica_engine(instance: Instance, llm: str, gpu_type: str, tp: int, fractio
 # Runtime
 
 
+@dataclass(frozen=True, slots=True)
+class _FinishedCall:
+    """What the summary needs of a finished request's call (a tenth of a Request's memory)."""
+
+    tag: str
+    arrival_s: float
+    finish_s: float | None
+    prompt_tokens: int
+    hit_tokens: int
+
+
 @dataclass
 class _WorkflowRequest:
     workflow: str
     index: int
     arrival_s: float
     finish_s: float | None = None
-    calls: list[Request] = field(default_factory=list)
+    calls: list = field(default_factory=list)  # Requests; _FinishedCalls once the request is done
     links: list[tuple[int | None, int]] = field(default_factory=list)  # (prefix call index, prefix tokens)
     stored: dict = field(default_factory=dict)  # store key -> call index
 
@@ -127,6 +138,8 @@ class SimCluster:
         self.engines = dict(engines)
         self.routers = {llm: Router(llm, routing) for llm in self.engines}
         self.counter = 0
+        self.calls_made = 0  # bounded by MAX_SIMULATED_CALLS: a workflow program may call without end
+        self.clipped = 0  # calls cut to the KV cache, over the whole run
 
     def add_replica(self, llm: str, engine: Engine | None = None) -> ReplicaSim:
         if engine is not None:
@@ -159,10 +172,14 @@ class RequestContext:
     def call(self, llm: str, prompt_tokens: int, completion_tokens: int, *, prefix_key=None, prefix_tokens: int = 0,
              store_key=None, sequences: int = 1) -> simpy.Event:
         engine = self.cluster.engines[llm]
+        self.cluster.calls_made += 1
+        if self.cluster.calls_made > MAX_SIMULATED_CALLS:
+            raise CallBudgetExceeded()  # SimPy re-raises it from env.run; simulate() says what to do
         if not engine.model.encoder:
             limit = engine.kv_capacity_tokens
             if prompt_tokens + completion_tokens > limit:  # what max_model_len would cut
                 self.clipped += 1
+                self.cluster.clipped += 1
                 completion_tokens = min(completion_tokens, limit // 2)
                 prompt_tokens = max(limit - completion_tokens, 1)
         uid = (self.record.workflow, self.record.index)
@@ -400,6 +417,32 @@ def _replica_window_time(replica: ReplicaSim, start: float, end: float) -> float
     return max(min(alive_to, end) - max(replica.started_s, start), 0.0)
 
 
+class CallBudgetExceeded(Exception):
+    """A run made more than MAX_SIMULATED_CALLS calls (a plain exception: SimPy re-creates it)."""
+
+
+# The simulator keeps every request's calls until it summarises the run; beyond this many expected
+# calls a run would hold gigabytes, and the statistics converge long before it.
+MAX_SIMULATED_CALLS = 2_000_000
+
+
+def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mapping[str, Sequence[float]] | None = None) -> None:
+    """Refuse a run whose expected number of LLM calls exceeds MAX_SIMULATED_CALLS (InputError)."""
+    expected = 0.0
+    for workflow in instance.workflows:
+        if arrivals is not None and workflow.name in arrivals:
+            requests = float(sum(1 for t in arrivals[workflow.name] if t < settings.duration_s))
+        else:
+            requests = workflow.arrival_rate * settings.duration_s
+        expected += requests * sum(s.invocations for s in workflow.stages)
+    if not expected <= MAX_SIMULATED_CALLS:
+        raise InputError(
+            None, "--duration-s", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to simulate, "
+            f"more than the {MAX_SIMULATED_CALLS:,} the simulator holds in memory",
+            "shorten --duration-s or lower the rates (the statistics settle within minutes of simulated time)",
+        )
+
+
 def simulate(
     instance: Instance,
     allocation: Allocation,
@@ -411,6 +454,7 @@ def simulate(
 ) -> SimulationResult:
     """Simulate the instance's workflows (at their arrival rates, or at the given arrival
     timestamps per workflow) on `allocation`; `controller` may change replicas while it runs."""
+    check_size(instance, settings, arrivals)
     env = simpy.Environment()
     engines = {}
     for choice in allocation.llms:
@@ -425,14 +469,14 @@ def simulate(
         env.process(controller(env, cluster))
 
     records: dict[str, list[_WorkflowRequest]] = {w.name: [] for w in instance.workflows}
-    contexts: list[RequestContext] = []
-
     def run_request(workflow: Workflow, record: _WorkflowRequest):
         rng = random.Random(f"{settings.seed}/{workflow.name}/{record.index}")
         ctx = RequestContext(env, cluster, workflow, record, rng)
-        contexts.append(ctx)
         yield from run_program(ctx, workflow.program or default_program())
         record.finish_s = env.now
+        if not record_calls:  # keep what the summary needs: memory per call drops about tenfold
+            record.calls = [_FinishedCall(c.tag, c.arrival_s, c.finish_s, c.prompt_tokens, c.hit_tokens) for c in record.calls]
+            record.links, record.stored = [], {}
 
     def source(workflow: Workflow, times: Sequence[float]):
         for index, at in enumerate(times):
@@ -460,6 +504,20 @@ def simulate(
                 busy_at_warm[id(replica)] = replica.busy_s
 
     env.process(snapshot())
+    try:
+        return _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records, busy_at_warm)
+    except CallBudgetExceeded:
+        raise InputError(
+            None, "--duration-s", f"the simulation made more than {MAX_SIMULATED_CALLS:,} LLM calls, what it holds in memory "
+            "(the workflows' programs call more often than their stages say)",
+            "shorten --duration-s, lower the rates, or check the program's beams, passages and iterations",
+        ) from None
+
+
+def _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records,
+         busy_at_warm) -> SimulationResult:
+    """Run the prepared simulation to its end and summarise it."""
+    warm, end = settings.warmup, settings.duration_s
     steps = 100
     for k in range(1, steps + 1):
         env.run(until=end * k / steps)
@@ -537,6 +595,6 @@ def simulate(
         workflows=workflows,
         llms=tuple(llm_stats),
         gpus_mean=gpus,
-        clipped_calls=sum(ctx.clipped for ctx in contexts),
+        clipped_calls=cluster.clipped,
         calls=calls_out,
     )

@@ -22,6 +22,7 @@ and GPUs may hold which shape); each solver (CP-SAT, MILP) states the constraint
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from scepsy.models.instance.allocation import Allocation
@@ -52,12 +53,24 @@ def fit_in_domain(slots: list[int], tp: int) -> int:
     return n
 
 
-def max_replicas(cluster: Cluster, gpu_type: str, tp: int, share: int) -> int:
-    """Most replicas of one shape that fit the cluster alone (exact per NVLink domain)."""
+DomainKinds = list[tuple[str, tuple[int, ...], int]]
+
+
+def domain_kinds(cluster: Cluster) -> DomainKinds:
+    """The NVLink domains grouped by (gpu_type, free units of each GPU), with their counts: a
+    cluster of a million GPUs has a handful of kinds, so counting per kind keeps option building
+    independent of the cluster's size."""
+    counts = Counter((d.gpu_type, tuple(cluster.free_units(d.node, g) for g in d.gpus)) for d in cluster.domains())
+    return [(gpu_type, free, count) for (gpu_type, free), count in sorted(counts.items())]
+
+
+def max_replicas(cluster: Cluster, gpu_type: str, tp: int, share: int, kinds: DomainKinds | None = None) -> int:
+    """Most replicas of one shape that fit the cluster alone (exact per NVLink domain); `kinds`:
+    domain_kinds(cluster), when the caller asks for many shapes."""
     return sum(
-        fit_in_domain([cluster.free_units(domain.node, g) // share for g in domain.gpus], tp)
-        for domain in cluster.domains()
-        if domain.gpu_type == gpu_type and domain.size >= tp
+        fit_in_domain([units // share for units in free], tp) * count
+        for kind_type, free, count in (domain_kinds(cluster) if kinds is None else kinds)
+        if kind_type == gpu_type and len(free) >= tp
     )
 
 

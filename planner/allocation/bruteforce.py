@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance
 
@@ -24,8 +25,12 @@ from scepsy.placement.feasibility.placeability import check_placement, fewest_gp
 MAX_COMBINATIONS = 5_000_000
 
 
-class TooLargeError(ValueError):
-    pass
+class TooLargeError(InputError):
+    """More combinations than the brute force walks through (bad input for this backend: exit 2)."""
+
+    def __init__(self, combinations: int):
+        super().__init__(None, "--backend", f"{combinations} combinations exceed the brute-force limit {MAX_COMBINATIONS}",
+                         "use --backend cpsat")
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ def solve_bruteforce(
     if total == 0:
         return None
     if total > MAX_COMBINATIONS:
-        raise TooLargeError(f"{total} combinations exceed the brute-force limit {MAX_COMBINATIONS}; use --backend cpsat")
+        raise TooLargeError(total)
     cluster = instance.cluster
     f = cluster.fractions_per_gpu
     index = np.indices(sizes).reshape(len(llms), -1)  # one column per combination

@@ -46,7 +46,7 @@ def _feasibility(instance: Instance) -> Objective:
 
 
 def plan_max_throughput(instance: Instance, settings: PlanSettings, placer: Placer) -> Plan:
-    start = time.perf_counter()
+    start = time.perf_counter() if settings.started_s is None else settings.started_s
     deadline = start + settings.time_limit_s
     unproven = False
 

@@ -12,15 +12,17 @@ shape are never harder to place and use no more GPU, so some optimal plan avoids
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
 
+from scepsy.models.errors import TimeLimitError
 from scepsy.models.performance.alp import replica_curve
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.instance import Cluster, Instance, Llm
-from scepsy.placement.feasibility.packing import max_replicas
+from scepsy.placement.feasibility.packing import DomainKinds, domain_kinds, max_replicas
 
 LATENCY_TOLERANCE = 1e-12
 
@@ -100,14 +102,26 @@ def _pareto(candidates: dict[int, tuple[np.ndarray, np.ndarray]], epsilon: float
     return kept
 
 
+def _check_deadline(deadline: float | None, instance: Instance, llm: Llm) -> None:
+    if deadline is not None and time.perf_counter() > deadline:
+        raise TimeLimitError(
+            f"the time limit passed while building the configurations of llm {llm.name} "
+            f"({len(instance.llms)} LLMs, {instance.cluster.gpu_count()} GPUs): the instance is too large for "
+            "the limit; raise --time-limit-s or plan a smaller instance"
+        )
+
+
 def llm_options(
     instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0,
-    shapes: dict | None = None,
+    deadline: float | None = None, kinds: DomainKinds | None = None, shapes: dict | None = None,
 ) -> list[Option]:
     """All feasible options of one LLM (memory, profile, throughput), dominance-pruned if `prune`
-    (within a latency factor 1/(1 - epsilon) if epsilon > 0). `shapes` keeps each replica shape's
-    profile curve and most replicas, which do not depend on the rates (valid for one cluster)."""
+    (within a latency factor 1/(1 - epsilon) if epsilon > 0). Past `deadline` (perf_counter
+    seconds) it raises TimeLimitError: the time limit covers building the options too. `shapes`
+    keeps each replica shape's profile curve and most replicas, which do not depend on the rates
+    (valid for one cluster)."""
     cluster = instance.cluster
+    kinds = domain_kinds(cluster) if kinds is None else kinds
     offered = instance.offered_rate_rps(llm.name)
     options: list[Option] = []
     for gpu_type in gpu_types_for(instance, space):
@@ -115,7 +129,8 @@ def llm_options(
             candidates: dict[int, tuple[np.ndarray, np.ndarray]] = {}
             capacities: dict[int, float] = {}
             for share in shares_for(cluster, space):
-                curve, d_max = _shape(instance, llm, gpu_type, tp, share, shapes)
+                _check_deadline(deadline, instance, llm)
+                curve, d_max = _shape(instance, llm, gpu_type, tp, share, shapes, kinds)
                 if curve is None:
                     continue
                 usable = instance.max_utilization * curve.capacity_rps
@@ -134,28 +149,32 @@ def llm_options(
     return options
 
 
-def _shape(instance: Instance, llm: Llm, gpu_type: str, tp: int, share: int, shapes: dict | None):
+def _shape(instance: Instance, llm: Llm, gpu_type: str, tp: int, share: int, shapes: dict | None,
+           kinds: DomainKinds | None = None):
     """(profile curve or None, most replicas on the cluster) of one replica shape of `llm`."""
     key = (llm.name, gpu_type, tp, share)
     if shapes is not None and key in shapes:
         return shapes[key]
     curve = replica_curve(instance, llm, gpu_type, tp, share)
-    found = (curve, max_replicas(instance.cluster, gpu_type, tp, share) if curve is not None else 0)
+    found = (curve, max_replicas(instance.cluster, gpu_type, tp, share, kinds) if curve is not None else 0)
     if shapes is not None:
         shapes[key] = found
     return found
 
 
 def all_options(
-    instance: Instance, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0
+    instance: Instance, space: SearchSpace = SearchSpace(), prune: bool = True, epsilon: float = 0.0,
+    deadline: float | None = None,
 ) -> dict[str, list[Option]]:
-    return {llm.name: llm_options(instance, llm, space, prune, epsilon) for llm in instance.llms}
+    kinds = domain_kinds(instance.cluster)
+    return {llm.name: llm_options(instance, llm, space, prune, epsilon, deadline, kinds) for llm in instance.llms}
 
 
 def max_servable(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace()) -> tuple[float, str]:
     """The most requests/s the whole cluster could serve for this LLM alone (at max_utilization),
     and the configuration that does it; (0.0, "") when no configuration holds the model."""
     cluster = instance.cluster
+    kinds = domain_kinds(cluster)
     best_rate, best_config = 0.0, ""
     for gpu_type in gpu_types_for(instance, space):
         for tp in tp_degrees_for(instance, llm, gpu_type, space):
@@ -163,7 +182,7 @@ def max_servable(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(
                 curve = replica_curve(instance, llm, gpu_type, tp, share)
                 if curve is None:
                     continue
-                replicas = max_replicas(cluster, gpu_type, tp, share)
+                replicas = max_replicas(cluster, gpu_type, tp, share, kinds)
                 rate = replicas * curve.capacity_rps * instance.max_utilization
                 if rate > best_rate:
                     fraction = share / cluster.fractions_per_gpu

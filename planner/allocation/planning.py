@@ -23,7 +23,7 @@ def make_plan(instance: Instance, settings: PlanSettings = PlanSettings(), place
     check_backend(instance, settings)
     if instance.objective == "max_throughput":
         return plan_max_throughput(instance, settings, placer)
-    start = time.perf_counter()
+    start = time.perf_counter() if settings.started_s is None else settings.started_s
     deadline = start + settings.time_limit_s
     objective = build_objective(instance, references(instance, settings, placer))
     outcome = solve_at_load(instance, objective, settings, placer, deadline)

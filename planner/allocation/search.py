@@ -20,7 +20,7 @@ from typing import Callable
 
 from scepsy.models.instance.allocation import Allocation
 from scepsy.models.performance.alp import predict
-from scepsy.models.errors import InfeasibleError, InputError, ScepsyError
+from scepsy.models.errors import InfeasibleError, InputError, TimeLimitError
 from scepsy.models.instance.instance import Cluster, Instance
 from scepsy.models.plan.plan import Plan, SolverInfo
 
@@ -48,10 +48,8 @@ REFERENCE_THREADS = 2
 
 
 
-class SolveTimeoutError(ScepsyError):
+class SolveTimeoutError(TimeLimitError):
     """The time limit passed before any placeable plan was found (exit code 3)."""
-
-    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -72,6 +70,9 @@ class PlanSettings:
     # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
     # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
     epsilon: float | None = None
+    # perf_counter() when the command started: the time limit counts from there, so that loading
+    # the instance and building the options are inside it (None: from the call of make_plan)
+    started_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,7 @@ def _warm_start(
             if check.placeable:
                 return hint, check
     if sum(map(len, options.values())) > COARSE_OPTIONS:
-        coarse = all_options(instance, settings.space, epsilon=COARSE_EPSILON)
+        coarse = all_options(instance, settings.space, epsilon=COARSE_EPSILON, deadline=deadline)
         budget = time.perf_counter() + COARSE_TIME_SHARE * max(deadline - time.perf_counter(), 0.0)
         try:
             found = _solve_model(instance, coarse, objective, settings, placer, budget, epsilon=COARSE_EPSILON, coarse=False)
@@ -423,13 +424,14 @@ def _stage_value(objective: Objective, options, index: int, allocation: Allocati
 
 
 def plan_options(
-    instance: Instance, settings: PlanSettings, objective: Objective, cache: OptionsCache | None = None
+    instance: Instance, settings: PlanSettings, objective: Objective, cache: OptionsCache | None = None,
+    deadline: float | None = None,
 ) -> tuple[dict[str, list[Option]], float]:
     """The options and the pruning epsilon used (bruteforce: every option, unpruned). Latency
     limits (SLOs) or GPU stages turn the automatic epsilon off: a slightly slower kept option
     could miss an SLO that a dropped one meets. `cache` keeps each LLM's options per offered rate
     (valid for one cluster and search space: what-if grids pass one per cluster)."""
-    options_at = lambda **kw: _cached_options(instance, settings.space, cache, **kw)  # noqa: E731
+    options_at = lambda **kw: _cached_options(instance, settings.space, cache, deadline=deadline, **kw)  # noqa: E731
     if settings.backend == "bruteforce":
         return options_at(prune=False), 0.0
     if settings.epsilon is not None:
@@ -444,15 +446,16 @@ OptionsCache = dict  # (llm, offered rate, prune, epsilon) -> list[Option]; "sha
 
 
 def _cached_options(
-    instance: Instance, space: SearchSpace, cache: OptionsCache | None, prune: bool = True, epsilon: float = 0.0
+    instance: Instance, space: SearchSpace, cache: OptionsCache | None, prune: bool = True, epsilon: float = 0.0,
+    deadline: float | None = None,
 ) -> dict[str, list[Option]]:
     if cache is None:
-        return all_options(instance, space, prune=prune, epsilon=epsilon)
+        return all_options(instance, space, prune=prune, epsilon=epsilon, deadline=deadline)
     options = {}
     for llm in instance.llms:
         key = (llm.name, instance.offered_rate_rps(llm.name), prune, epsilon)
         if key not in cache:
-            cache[key] = llm_options(instance, llm, space, prune, epsilon, shapes=cache.setdefault("shapes", {}))
+            cache[key] = llm_options(instance, llm, space, prune, epsilon, deadline=deadline, shapes=cache.setdefault("shapes", {}))
         options[llm.name] = cache[key]
     return options
 
@@ -465,7 +468,7 @@ def solve_at_load(
     MILP) is tried first as the warm start; `cache` as in plan_options; `unplaceable` as in
     _solve_model (what-if grids share it between the scenarios of one cluster)."""
     placer = placer_for(objective, placer)
-    options, epsilon = plan_options(instance, settings, objective, cache)
+    options, epsilon = plan_options(instance, settings, objective, cache, deadline)
     outcome = None
     if all(options.values()):
         if settings.backend in ("cpsat", "milp"):

@@ -17,9 +17,11 @@ from rich.console import Console
 from scepsy.models.errors import InputError, ScepsyError
 from scepsy.models.output import write_text
 
-# Wide enough for the tables when piped; a terminal keeps its own width.
-stdout = Console() if sys.stdout.isatty() else Console(width=160)
-stderr = Console(stderr=True)
+# Wide enough for the tables when piped; a terminal keeps its own width. User-given text (names,
+# paths) is printed as it is: no markup, emoji codes or highlighting; stderr lines never wrap.
+stdout = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False, highlight=False)
+stderr = Console(stderr=True, soft_wrap=True, markup=False, emoji=False, highlight=False)
+MAX_OPTION_VALUE = 1e9  # rates, load factors, seconds: beyond it lies no real workload, only overflow
 
 # Shared options, defined once
 InstanceArg = Annotated[Path, typer.Argument(help="Instance YAML (cluster, llms, workflows).", show_default=False)]
@@ -29,7 +31,7 @@ BackendOpt = Annotated[str, typer.Option("--backend", help="Allocation search: c
 ObjectiveOpt = Annotated[Optional[str], typer.Option("--objective", help="Override the instance's objective: min_latency, max_throughput, min_gpus or min_cost.")]
 WelfareOpt = Annotated[Optional[str], typer.Option("--welfare", help="Override how several workflows combine: egalitarian or social.")]
 TimeLimitOpt = Annotated[float, typer.Option("--time-limit-s", min=0.01, help="Stop searching after this many seconds and return the best plan with its gap.")]
-WorkersOpt = Annotated[int, typer.Option("--workers", min=1, help="Solver threads (results stay deterministic).")]
+WorkersOpt = Annotated[int, typer.Option("--workers", min=1, max=256, help="Solver threads, 1 to 256 (results stay deterministic).")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Random seed (same seed, same result).")]
 DurationOpt = Annotated[float, typer.Option("--duration-s", min=1.0, help="Simulated seconds of arrivals.")]
 WarmupOpt = Annotated[Optional[float], typer.Option("--warmup-s", min=0.0, help="Requests arriving before this are not measured (default: 10% of the duration).")]
@@ -64,8 +66,13 @@ EXTRAS = {
 }
 
 
+def say(line: str) -> None:
+    """One plain line on stderr (no console layout at all: nothing to interpret or wrap)."""
+    sys.stderr.write(" ".join(line.splitlines()) + "\n")
+
+
 def fail(error: ScepsyError) -> None:
-    stderr.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+    say(f"error: {error}")
     raise typer.Exit(error.exit_code)
 
 
@@ -85,7 +92,7 @@ def errors() -> Iterator[None]:
                             f"pip install 'scepsy[{EXTRAS[missing]}]'"))
         if os.environ.get("SCEPSY_DEBUG"):
             raise
-        stderr.print(f"internal error: {type(error).__name__}: {error} (set SCEPSY_DEBUG=1 for details)", markup=False)
+        say(f"internal error: {type(error).__name__}: {error} (set SCEPSY_DEBUG=1 for details)")
         raise typer.Exit(1)
 
 
@@ -138,9 +145,24 @@ def number_list(value: str, option: str, example: str = "1,2,4") -> list[float]:
         values = [float(x) for x in split_list(value)]
     except ValueError:
         raise InputError(None, option, f"{value!r} is not a comma-separated list of numbers", f"write e.g. {example}") from None
-    if not values or any(not v > 0 for v in values):
-        raise InputError(None, option, "values must be positive", f"write e.g. {example}")
+    if not values or not all(0 < v <= MAX_OPTION_VALUE for v in values):
+        raise InputError(None, option, f"values must be positive finite numbers up to {MAX_OPTION_VALUE:g}", f"write e.g. {example}")
     return values
+
+
+def finite(value: float | None, option: str) -> None:
+    """Refuse nan, inf and numbers too large to compute with for a numeric option."""
+    if value is not None and not -MAX_OPTION_VALUE <= value <= MAX_OPTION_VALUE:
+        raise InputError(None, option, f"{value!r} is not a finite number up to {MAX_OPTION_VALUE:g}", "give a finite value")
+
+
+def tp_list(value: str) -> list[int]:
+    """Tensor-parallel degrees: whole numbers up to 64."""
+    degrees = number_list(value, "--tp")
+    for degree in degrees:
+        if degree != int(degree) or degree > 64:
+            raise InputError(None, "--tp", f"{degree:g} is not a tensor-parallel degree", "write whole numbers up to 64, e.g. 1,2,4")
+    return [int(d) for d in degrees]
 
 
 def emit_json(data: object, out: Optional[Path], to_stdout: bool, option: str = "--out") -> None:

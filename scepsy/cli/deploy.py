@@ -19,7 +19,7 @@ from scepsy.cli.common import (
     stdout,
 )
 from scepsy.models.errors import InputError
-from scepsy.models.output import writing
+from scepsy.models.output import check_output_dir, writing
 
 
 @app.command()
@@ -60,6 +60,7 @@ def manifests(
             kubernetes_version=kubernetes_version,
             device_plugin_namespace=device_plugin_namespace,
         )
+        check_output_dir(out, [plan_file, instance])
         placed = load_placed_plan(plan_file, instance)
         objects = emit(placed, settings)
         with writing(out / "kustomization.yaml"):

@@ -25,11 +25,12 @@ from scepsy.cli.common import (
     WeightsOpt,
     emit_json,
     errors,
+    finite,
     stderr,
     stdout,
 )
 from scepsy.models.errors import InputError
-from scepsy.models.output import write_text, writing
+from scepsy.models.output import check_output, write_text, writing
 
 
 def _parse_upstreams(values: list[str]) -> dict[str, str]:
@@ -64,12 +65,15 @@ def proxy(
     store: Annotated[Path, typer.Option("--store", help="SQLite trace store (WAL mode).")] = Path("traces.db"),
     no_bodies: Annotated[bool, typer.Option("--no-bodies", help="Do not record request/response bodies (traces then cannot be replayed).")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Answer 504 when an upstream sends nothing for this long.")] = 600.0,
+    max_body_mib: Annotated[float, typer.Option("--max-body-mib", min=0.0, help="Store request/response bodies up to this size, MiB (larger ones: only their sizes).")] = 16.0,
 ) -> None:
     """Run the tracing proxy in front of OpenAI-compatible engines (until Ctrl-C)."""
     from scepsy.tracing.capture.proxy import ProxyConfig, serve
     from scepsy.tracing.capture.store import TraceStore
 
     with errors():
+        finite(timeout_s, "--timeout-s")
+        finite(max_body_mib, "--max-body-mib")
         upstreams = _parse_upstreams(upstream)
         try:
             trace_store = TraceStore(store)
@@ -78,7 +82,9 @@ def proxy(
         routes = ", ".join(f"{name}={url} (/{name}/v1/...)" for name, url in sorted(upstreams.items()))
         stderr.print(f"scepsy proxy on http://{host}:{port}: {routes}; recording to {store}", markup=False, highlight=False)
         try:
-            serve(ProxyConfig(upstreams, store=trace_store, record_bodies=not no_bodies, timeout_s=timeout_s), host=host, port=port)
+            config = ProxyConfig(upstreams, store=trace_store, record_bodies=not no_bodies, timeout_s=timeout_s,
+                                 max_body_bytes=int(max_body_mib * 2**20))
+            serve(config, host=host, port=port)
         finally:
             trace_store.close()
             stderr.print(f"recorded {trace_store.written} calls to {store}" + (f" ({trace_store.write_errors} failed to write)" if trace_store.write_errors else ""), markup=False)
@@ -127,6 +133,7 @@ def traces_export(
     with errors():
         if fmt not in ("jsonl", "parquet"):
             raise InputError(None, "--format", f"unknown format {fmt!r}", "use jsonl or parquet")
+        check_output(out, traces)
         calls = load_traces(traces)
         with writing(out):
             count = export_traces(calls, out, fmt, bodies=not no_bodies)
@@ -149,6 +156,8 @@ def aggregate(
     from scepsy.tracing.statistics.stats import stats_to_dict, stats_view
 
     with errors():
+        if out is not None:
+            check_output(out, traces)
         stats = run_aggregate(load_traces(traces, _parse_llm_names(llm_name)), default_workflow=workflow)
         if not stats.workflows:
             raise InputError(", ".join(map(str, traces)), None, "no completed call carries a workflow request id",
@@ -176,6 +185,9 @@ def topology(
     from scepsy.tracing.discovery.topology import record as record_answers
 
     with errors():
+        for path, option in ((out, "--out"), (record, "--record")):
+            if path is not None:
+                check_output(path, [replay], option)
         nvml = RecordedNvml.from_file(replay) if replay is not None else real_nvml()
         found = discover(nvml, node_name, gpu_type)
         if record is not None:

@@ -24,12 +24,13 @@ from scepsy.cli.common import (
     WorkersOpt,
     emit_json,
     errors,
+    finite,
     progress,
     stderr,
     stdout,
     working,
 )
-from scepsy.models.output import writing
+from scepsy.models.output import check_output, check_output_dir, writing
 
 
 @app.command()
@@ -51,6 +52,10 @@ def plan(
     from scepsy.models.plan.report import plan_view
 
     with errors():
+        finite(time_limit_s, "--time-limit-s")
+        finite(placement_time_limit_s, "--placement-time-limit-s")
+        if out is not None:
+            check_output(out, [instance, current])
         with working(f"planning {instance} with {backend}, placing with {placement}"):
             result = api.plan(instance, backend=backend, objective=objective, welfare=welfare, time_limit_s=time_limit_s,
                               placement=placement, placement_time_limit_s=placement_time_limit_s, current=current,
@@ -77,6 +82,9 @@ def place(
     from scepsy.models.plan.report import placement_view
 
     with errors():
+        finite(placement_time_limit_s, "--placement-time-limit-s")
+        if out is not None:
+            check_output(out, [instance, allocation, current])
         loaded = api.load(instance)
         chosen = api.allocation_of(loaded, allocation)
         with working(f"placing {allocation} with {placement}"):
@@ -101,6 +109,8 @@ def predict(
     from scepsy.models.plan.report import prediction_view
 
     with errors():
+        if out is not None:
+            check_output(out, [instance, allocation])
         prediction = api.predict(instance, allocation)
         emit_json(prediction_to_json(prediction), out, json_output)
         if not json_output:
@@ -123,7 +133,7 @@ def whatif(
     objective: ObjectiveOpt = None,
     backend: BackendOpt = "cpsat",
     time_limit_s: TimeLimitOpt = 60.0,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Processes (local) or Dask workers of a local cluster.")] = 1,
+    workers: Annotated[int, typer.Option("--workers", min=1, max=256, help="Processes (local) or Dask workers of a local cluster, 1 to 256.")] = 1,
     executor: Annotated[str, typer.Option("--executor", help="local, or dask (a LocalCluster of --workers processes, or --address).")] = "local",
     address: Annotated[Optional[str], typer.Option("--address", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786.")] = None,
     reuse: Annotated[bool, typer.Option("--reuse/--no-reuse", help="Reuse what scenarios share (docs/capacity.md); --no-reuse plans each one from scratch.")] = True,
@@ -145,6 +155,11 @@ def whatif(
     )
 
     with errors():
+        finite(time_limit_s, "--time-limit-s")
+        if out is not None:
+            check_output(out, [instance])
+        if plots is not None:
+            check_output_dir(plots, [instance], "--plots")
         loaded = api.load(instance, objective)
         axes = study_axes(loaded, rates, rate or [], clusters, mix or [], price or [], growth_per_month, months)
         settings = PlanSettings(backend=backend, time_limit_s=time_limit_s)

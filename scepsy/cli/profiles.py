@@ -22,13 +22,16 @@ from scepsy.cli.common import (
     WeightsOpt,
     emit_json,
     errors,
+    finite,
     number_list,
     progress,
     stderr,
     stdout,
+    tp_list,
 )
 from scepsy.models.errors import InputError
-from scepsy.models.output import writing
+from scepsy.models.inputs import kind_of
+from scepsy.models.output import check_output, writing
 
 
 @profiles_app.command("synthesize")
@@ -66,8 +69,9 @@ def profiles_synthesize(
     )
 
     with errors():
+        check_output(out, [requests] if kind_of(requests) != "missing" else [])
         card, gpu_card = resolve_model(model, weights), catalog.gpu(gpu)
-        tps = [int(x) for x in number_list(tp, "--tp", "1,2,4")]
+        tps = tp_list(tp)
         fracs = number_list(fractions, "--fractions", "0.2,0.5,1.0")
         if any(f > 1 for f in fracs):
             raise InputError(None, "--fractions", "fractions must lie in (0, 1]", "write e.g. 0.2,0.5,1.0")
@@ -80,7 +84,7 @@ def profiles_synthesize(
                                         progress=lambda text: advance(None, text), timer_for=timers.get)
         if frame.empty:
             raise InputError(None, "--fractions", "no (tp, fraction) fits the model", "use larger fractions or TP degrees")
-        if merge and out.is_file():
+        if merge and kind_of(out) != "missing":
             old = read_profile_frame(out)
             keep = ~old.set_index(["gpu_type", "tp"]).index.isin(frame.set_index(["gpu_type", "tp"]).index)
             frame = pd.concat([old[keep], frame], ignore_index=True)
@@ -126,7 +130,8 @@ def _write_profile_rows(rows, out: Path) -> None:
     from scepsy.models.instance.profile import read_profile_frame, write_profile
     from scepsy.tracing.profiling.replay import merge_profile_rows
 
-    existing = read_profile_frame(out) if out.is_file() else None
+    check_output(out)
+    existing = read_profile_frame(out) if kind_of(out) != "missing" else None
     with writing(out):
         write_profile(merge_profile_rows(existing, rows), out)
 
@@ -167,6 +172,9 @@ def profile(
             raise InputError(None, "--fraction", f"{fraction} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
         if arrivals not in ("poisson", "uniform"):
             raise InputError(None, "--arrivals", f"unknown arrival process {arrivals!r}", "use poisson or uniform")
+        finite(duration_s, "--duration-s")
+        finite(timeout_s, "--timeout-s")
+        check_output(out, traces)
         settings = SweepSettings(rates_rps=_parse_rates(rates), duration_s=duration_s, min_requests=min_requests,
                                  seed=seed, timeout_s=timeout_s, model=model, arrivals=arrivals)
         calls = load_traces(traces)
@@ -214,6 +222,7 @@ def profiles_import(
     with errors():
         if not 0 < fraction <= 1:
             raise InputError(None, "--fraction", f"{fraction} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
+        check_output(out, files)
         result = import_bench_results(files, gpu_type, tp, fraction)
         _write_profile_rows(result.rows, out)
         for line in result.notes + [f"skipped {s}" for s in result.skipped]:

@@ -21,6 +21,7 @@ from scepsy.cli.common import (
     WarmupOpt,
     emit_json,
     errors,
+    finite,
     number_list,
     progress,
     split_list,
@@ -28,7 +29,7 @@ from scepsy.cli.common import (
     working,
 )
 from scepsy.models.errors import InputError
-from scepsy.models.output import writing
+from scepsy.models.output import check_output, writing
 
 
 @app.command()
@@ -55,6 +56,11 @@ def simulate(
     from scepsy.models.simulation.arrivals import load_arrivals
 
     with errors():
+        for value, option in ((rate, "--rate"), (duration_s, "--duration-s"), (warmup_s, "--warmup-s")):
+            finite(value, option)
+        for path, option in ((out, "--out"), (calls_out, "--calls-out")):
+            if path is not None:
+                check_output(path, [instance, plan, arrivals], option)
         loaded = api.load(instance)
         with working(f"planning {instance}"):
             allocation = api.allocation_of(loaded, plan)
@@ -105,6 +111,10 @@ def sweep(
     from scepsy.planner.studies.sweep import sweep as run_sweep
 
     with errors():
+        finite(duration_s, "--duration-s")
+        finite(warmup_s, "--warmup-s")
+        for path, option in ((out_csv, "--out-csv"), (out_png, "--out-png")):
+            check_output(path, [instance, allocation], option)
         loaded = api.load(instance)
         if (rates is None) == (load_factors is None):
             raise InputError(None, "--rates", "give exactly one of --rates and --load-factors", "e.g. --rates 1,2,4")

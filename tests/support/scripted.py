@@ -10,6 +10,10 @@ every case the proxy must pass through unchanged:
     X-Script-Break-After: 3     stream this many events, then drop the connection
     X-Script-Usage: 0           streams carry no usage chunk even when asked for one
 
+With `gate` set to a threading.Event, every stream sends its first token and then waits until the
+gate is opened (at most `gate_timeout_s`; `gate_waits` records for each wait whether the gate was
+opened rather than timed out): tests order events with it instead of timing them.
+
 With `serial=True` non-streamed generations are served one at a time (an asyncio lock), so the
 server saturates at 1 / service time like a single llama.cpp slot.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -42,6 +47,9 @@ class ScriptedEngine:
         self.model = model
         self.serial = serial  # serve one generation at a time, like llama.cpp (capacity 1 / service time)
         self._lock: asyncio.Lock | None = None
+        self.gate: threading.Event | None = None  # streams hold every token after the first until it is set
+        self.gate_timeout_s = 30.0
+        self.gate_waits: list[bool] = []  # per held stream: True when the gate opened, False on timeout
         self.received: list[dict] = []  # (path, headers, body, time) of every request, in arrival order
 
     def app(self) -> Starlette:
@@ -110,6 +118,8 @@ class ScriptedEngine:
             for i, token in enumerate(tokens):
                 if i == break_after:
                     raise ConnectionResetError("scripted break")
+                if i == 1 and self.gate is not None:
+                    self.gate_waits.append(await asyncio.to_thread(self.gate.wait, self.gate_timeout_s))
                 if i:
                     await asyncio.sleep(self.token_delay_s)
                 choice = {"index": 0, "delta": {"content": token}} if chat else {"index": 0, "text": token}

@@ -19,7 +19,12 @@ Recording. Every traced call -- whatever its outcome, including client disconnec
 `CallRecord` handed to the store's queue when the call ends. The workflow request id is the
 `X-Workflow-Id` header, else the trace id of a W3C `traceparent` header, else none; the workflow
 name is the `X-Workflow-Name` header. No header is recorded other than these two; in particular
-Authorization and API keys never reach the store.
+Authorization and API keys never reach the store. Both are read as UTF-8 (HTTP carries header
+values as bytes; a server hands them over as Latin-1) and capped: a value that is not UTF-8, holds
+control characters or is longer than MAX_WORKFLOW_HEADER_CHARS is answered 400 without being
+forwarded, so one client cannot store a name that slows every later report down.
+Bodies are stored up to `max_body_bytes` each (default 16 MiB); a larger one is left out of the
+record, whose `request_bytes` and `response_bytes` still give the sizes.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import os
 import re
 import threading
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Mapping, Protocol
@@ -53,6 +59,8 @@ HOP_BY_HOP = frozenset(
 RESPONSE_DROP = frozenset({"connection", "keep-alive", "transfer-encoding", "trailer", "upgrade"})
 WORKFLOW_ID_HEADER = "x-workflow-id"
 WORKFLOW_NAME_HEADER = "x-workflow-name"
+MAX_WORKFLOW_HEADER_CHARS = 256
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 _ENDPOINT = re.compile(r"^/(?:(?P<llm>[^/]+)/)?v1/(?P<endpoint>chat/completions|completions|embeddings|rerank|score|models)/?$")
 
@@ -68,11 +76,33 @@ class Clock:
         return self._wall0 + (time.perf_counter() - self._perf0)
 
 
+class HeaderError(ValueError):
+    """A workflow header the proxy will not record (answered 400)."""
+
+
+def workflow_header(headers: Mapping[str, str], name: str) -> str | None:
+    """The header's value as UTF-8 text (stripped; None when absent or empty); HeaderError when it
+    is not UTF-8, holds control characters or is longer than MAX_WORKFLOW_HEADER_CHARS."""
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    try:
+        text = raw.encode("latin-1").decode("utf-8").strip()
+    except UnicodeError:
+        raise HeaderError(f"{name} is not UTF-8 text") from None
+    if len(text) > MAX_WORKFLOW_HEADER_CHARS:
+        raise HeaderError(f"{name} is longer than {MAX_WORKFLOW_HEADER_CHARS} characters")
+    if any(unicodedata.category(c) == "Cc" for c in text):
+        raise HeaderError(f"{name} holds control characters")
+    return text or None
+
+
 def workflow_request_id(headers: Mapping[str, str]) -> str | None:
-    """X-Workflow-Id, else the trace id of a valid W3C traceparent, else None."""
-    explicit = headers.get(WORKFLOW_ID_HEADER)
+    """X-Workflow-Id, else the trace id of a valid W3C traceparent, else None (HeaderError: see
+    workflow_header)."""
+    explicit = workflow_header(headers, WORKFLOW_ID_HEADER)
     if explicit:
-        return explicit.strip()
+        return explicit
     match = _TRACEPARENT.match((headers.get("traceparent") or "").strip().lower())
     if match and match.group(1) != "0" * 32:
         return match.group(1)
@@ -112,6 +142,7 @@ class ProxyConfig:
     upstreams: dict[str, str]  # llm name -> base URL (without /v1)
     store: RecordSink | None = None  # anything with put(CallRecord): a TraceStore, a queue...
     record_bodies: bool = True
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies are not stored (their sizes are)
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     clock: Clock = field(default_factory=Clock)
@@ -130,7 +161,7 @@ class _Call:
         self.path = path
         self.start_s = start_s
         self.workflow_id = workflow_request_id(headers)
-        self.workflow = (headers.get(WORKFLOW_NAME_HEADER) or "").strip() or None
+        self.workflow = workflow_header(headers, WORKFLOW_NAME_HEADER)
         self.request_body = body
         self.model, self.stream = None, False
         if payload is not None:
@@ -156,6 +187,7 @@ class _Call:
         else:
             summary = summarize_json(body)
         keep = self.config.record_bodies
+        limit = self.config.max_body_bytes
         return CallRecord(
             call_id=os.urandom(16).hex(),
             llm=self.llm,
@@ -172,9 +204,11 @@ class _Call:
             prompt_tokens=summary.prompt_tokens,
             completion_tokens=summary.completion_tokens,
             usage_source=summary.usage_source,
-            request_body=self.request_body if keep else None,
-            response_body=body if keep else None,
+            request_body=self.request_body if keep and len(self.request_body) <= limit else None,
+            response_body=body if keep and len(body) <= limit else None,
             error=self.error,
+            request_bytes=len(self.request_body),
+            response_bytes=len(body),
         )
 
 
@@ -255,7 +289,11 @@ class ProxyEndpoint:
         if upstream_path == "/v1/models":
             await self._forward_untraced(upstream, send)
             return
-        call = _Call(self.config, llm, upstream_path, headers, body, payload, start_s)
+        try:
+            call = _Call(self.config, llm, upstream_path, headers, body, payload, start_s)
+        except HeaderError as exc:
+            await _send_whole(send, *_json_error(400, f"{exc}; send a short UTF-8 workflow name and id", "invalid_workflow_header"))
+            return
         try:
             await self._forward(call, upstream, receive, send)
         finally:

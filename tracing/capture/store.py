@@ -39,6 +39,8 @@ _COLUMN_TYPES = {
     "request_body": "BLOB",
     "response_body": "BLOB",
     "error": "TEXT",
+    "request_bytes": "INTEGER",
+    "response_bytes": "INTEGER",
 }
 _INSERT = f"INSERT OR REPLACE INTO calls ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)})"
 
@@ -54,10 +56,17 @@ def _connect(path: Path | str) -> sqlite3.Connection:
 def init_schema(connection: sqlite3.Connection) -> None:
     columns = ", ".join(f"{name} {_COLUMN_TYPES[name]}" for name in COLUMNS)
     connection.execute(f"CREATE TABLE IF NOT EXISTS calls ({columns})")
+    for name in COLUMNS:  # a store written by an older proxy: add the columns it lacks
+        if name not in _existing_columns(connection):
+            connection.execute(f"ALTER TABLE calls ADD COLUMN {name} {_COLUMN_TYPES[name]}")
     connection.execute("CREATE INDEX IF NOT EXISTS calls_workflow ON calls (workflow, workflow_id, start_s)")
     connection.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
     connection.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
     connection.commit()
+
+
+def _existing_columns(connection: sqlite3.Connection) -> list[str]:
+    return [row[1] for row in connection.execute("PRAGMA table_info(calls)")]
 
 
 _STREAM = COLUMNS.index("stream")
@@ -149,9 +158,10 @@ def read_store(path: Path | str) -> Iterator[CallRecord]:
     """All records of a store, ordered by start time then call id."""
     connection = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
     try:
-        cursor = connection.execute(f"SELECT {', '.join(COLUMNS)} FROM calls ORDER BY start_s, call_id")
+        present = [name for name in COLUMNS if name in _existing_columns(connection)]  # older stores lack some
+        cursor = connection.execute(f"SELECT {', '.join(present)} FROM calls ORDER BY start_s, call_id")
         for values in cursor:
-            yield CallRecord.from_row(dict(zip(COLUMNS, values)))
+            yield CallRecord.from_row(dict(zip(present, values)))
     finally:
         connection.close()
 

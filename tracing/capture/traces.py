@@ -24,10 +24,12 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from scepsy.models.errors import InputError
+from scepsy.models.inputs import check_input, parse_json_text, read_text
 
 from scepsy.tracing.capture.records import COLUMNS, CallRecord
 from scepsy.tracing.capture.store import read_store
 
+_TRACE_FIX = "pass a proxy store (.db), a .jsonl, .json or .parquet export"
 _OTLP_OPERATION_PATHS = {
     "chat": "/v1/chat/completions",
     "text_completion": "/v1/completions",
@@ -56,6 +58,10 @@ def _otlp_status(span: Mapping) -> tuple[int, str, str | None]:
     if code in (2, "STATUS_CODE_ERROR"):
         return 500, "upstream_error", (span.get("status") or {}).get("message")
     return 200, "ok", None
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def otlp_calls(payload: Mapping, source: str, llm_names: Mapping[str, str] | None = None) -> list[CallRecord]:
@@ -90,7 +96,7 @@ def otlp_calls(payload: Mapping, source: str, llm_names: Mapping[str, str] | Non
                         end_s=end_s,
                         status=status,
                         outcome=outcome,
-                        workflow=attrs.get("scepsy.workflow.name") or resource.get("service.name"),
+                        workflow=_text(attrs.get("scepsy.workflow.name") or resource.get("service.name")),
                         workflow_id=str(span.get("traceId")) if span.get("traceId") else None,
                         model=str(model),
                         stream=bool(attrs.get("gen_ai.request.stream", False)),
@@ -105,23 +111,25 @@ def otlp_calls(payload: Mapping, source: str, llm_names: Mapping[str, str] | Non
 
 def _read_jsonl(path: Path, llm_names: Mapping[str, str] | None) -> list[CallRecord]:
     calls = []
-    with path.open() as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise InputError(str(path), f"line {number}", f"not JSON ({exc})", "write one JSON object per line") from None
-            if not isinstance(row, dict):
-                raise InputError(str(path), f"line {number}", "not a JSON object", "write one record per line")
-            if "resourceSpans" in row:
-                calls += otlp_calls(row, f"{path}:{number}", llm_names)
-                continue
-            missing = [c for c in ("call_id", "llm", "path", "start_s", "end_s", "status") if c not in row]
-            if missing:
-                raise InputError(str(path), f"line {number}", f"missing field {missing[0]}", "export traces with `scepsy traces export`")
+    for number, line in enumerate(read_text(path, _TRACE_FIX).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise InputError(str(path), f"line {number}", f"not JSON ({exc})", "write one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise InputError(str(path), f"line {number}", "not a JSON object", "write one record per line")
+        if "resourceSpans" in row:
+            calls += otlp_calls(row, f"{path}:{number}", llm_names)
+            continue
+        missing = [c for c in ("call_id", "llm", "path", "start_s", "end_s", "status") if c not in row]
+        if missing:
+            raise InputError(str(path), f"line {number}", f"missing field {missing[0]}", "export traces with `scepsy traces export`")
+        try:
             calls.append(CallRecord.from_row(row))
+        except ValueError as exc:
+            raise InputError(str(path), f"line {number}", str(exc), "export traces with `scepsy traces export`") from None
     return calls
 
 
@@ -136,8 +144,7 @@ def load_traces(paths: Iterable[Path | str], llm_names: Mapping[str, str] | None
     """Every call record in the given files, sorted by (start_s, call_id)."""
     calls: list[CallRecord] = []
     for path in map(Path, paths):
-        if not path.is_file():
-            raise InputError(str(path), None, "trace file not found", "pass a proxy store (.db), a .jsonl, .json or .parquet export")
+        check_input(path, _TRACE_FIX)
         suffix = path.suffix.lower()
         try:
             if suffix in (".db", ".sqlite", ".sqlite3"):
@@ -145,7 +152,7 @@ def load_traces(paths: Iterable[Path | str], llm_names: Mapping[str, str] | None
             elif suffix == ".jsonl":
                 calls += _read_jsonl(path, llm_names)
             elif suffix == ".json":
-                payload = json.loads(path.read_text())
+                payload = parse_json_text(read_text(path, _TRACE_FIX), str(path), _TRACE_FIX)
                 if not isinstance(payload, dict) or "resourceSpans" not in payload:
                     raise InputError(str(path), None, "not an OTLP JSON export (no resourceSpans)", "pass an OTLP JSON file or a .jsonl export")
                 calls += otlp_calls(payload, str(path), llm_names)
@@ -185,6 +192,7 @@ def export_traces(calls: Iterable[CallRecord], out: Path | str, fmt: str, bodies
                 ("workflow_id", pa.string()), ("model", pa.string()), ("stream", pa.bool_()), ("ttft_s", pa.float64()),
                 ("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()), ("usage_source", pa.string()),
                 ("request_body", pa.string()), ("response_body", pa.string()), ("error", pa.string()),
+                ("request_bytes", pa.int64()), ("response_bytes", pa.int64()),
             ]
         )
         assert tuple(schema.names) == COLUMNS

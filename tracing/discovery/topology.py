@@ -31,7 +31,6 @@ and for reproducing a node's discovery elsewhere (`scepsy topology --record/--re
 
 from __future__ import annotations
 
-import json
 import re
 import socket
 from dataclasses import dataclass
@@ -42,8 +41,11 @@ from typing import NoReturn
 import yaml
 
 from scepsy.models.errors import InputError, ScepsyError
+from scepsy.models.inputs import load_json
 
 MAX_LINKS_FALLBACK = 18  # NVLink 4 (H100) has 18 links per GPU; used if the constant is missing
+MAX_LINKS_REPLAYED = 64  # NVLink links per GPU a replayed file may name (NVLink 5, B200: 18)
+MAX_GPUS_REPLAYED = 1024  # GPUs of one node a replayed file may list
 
 
 class NvmlUnavailableError(ScepsyError):
@@ -181,6 +183,12 @@ def discover(nvml, node_name: str | None = None, gpu_type: str | None = None) ->
     _init(nvml)
     try:
         return _discover(nvml, node_name or socket.gethostname(), gpu_type)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        source = getattr(nvml, "source", None)
+        if source is None:
+            raise  # the real NVML: a bug of ours, not bad input
+        raise InputError(source, None, f"malformed NVML answers ({type(exc).__name__}: {exc})",
+                         "pass a file written by `scepsy topology --record`") from None
     finally:
         try:
             nvml.nvmlShutdown()
@@ -383,9 +391,10 @@ class RecordedNvml:
     (LibraryNotFound, DriverNotLoaded). Constants and error classes are pynvml's own.
     """
 
-    def __init__(self, answers: dict):
+    def __init__(self, answers: dict, source: str = "NVML answers"):
         import pynvml
 
+        self.source = source  # named in the input error of a malformed file
         self._nvml = pynvml
         self.answers = answers
         self.NVMLError = pynvml.NVMLError
@@ -400,15 +409,17 @@ class RecordedNvml:
     @classmethod
     def from_file(cls, path: Path | str) -> "RecordedNvml":
         path = Path(path)
-        try:
-            answers = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise InputError(str(path), None, "file not found", "pass a file written by `scepsy topology --record`") from None
-        except json.JSONDecodeError as exc:
-            raise InputError(str(path), f"line {exc.lineno}", f"malformed JSON: {exc.msg}", "pass a file written by --record") from None
+        answers = load_json(path, "pass a file written by `scepsy topology --record`")
         if not isinstance(answers, dict) or not isinstance(answers.get("gpus", []), list):
             raise InputError(str(path), "gpus", "not an NVML answers file", "pass a file written by `scepsy topology --record`")
-        return cls(answers)
+        links = answers.get("max_links", MAX_LINKS_FALLBACK)
+        if not isinstance(links, int) or isinstance(links, bool) or not 0 <= links <= MAX_LINKS_REPLAYED:
+            raise InputError(str(path), "max_links", f"{links!r} is not a link count in 0..{MAX_LINKS_REPLAYED}",
+                             "pass a file written by `scepsy topology --record`")
+        if len(answers.get("gpus", [])) > MAX_GPUS_REPLAYED:
+            raise InputError(str(path), "gpus", f"more than {MAX_GPUS_REPLAYED} GPUs on one node",
+                             "pass a file written by `scepsy topology --record`")
+        return cls(answers, str(path))
 
     def _raise(self, name: str) -> NoReturn:
         code = getattr(self._nvml, "NVML_ERROR_" + re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper(), self._nvml.NVML_ERROR_UNKNOWN)

@@ -48,6 +48,7 @@ from typing import Iterable
 import pandas as pd
 
 from scepsy.models.errors import InputError
+from scepsy.models.inputs import read_text
 from scepsy.models.instance.profile import PROFILE_COLUMNS
 
 _MEAN = ("mean_e2el_ms", "mean_e2e_latency_ms", "mean_request_latency")
@@ -123,7 +124,22 @@ def result_row(result: dict, where: str, notes: list[str]) -> dict | None:
         rate_value, marked = throughput, float(concurrency)  # closed loop: what arrives is what completes (module doc)
         notes.append(f"{where}: closed-loop run at concurrency {concurrency}: arrival_rate = its throughput {throughput:.4g} req/s")
     latencies = _latencies(result, where, notes)
+    _check_row(where, throughput, latencies)
     return {"arrival_rate": rate_value, "throughput": throughput, **latencies, "concurrency": marked}
+
+
+def _check_row(where: str, throughput: float, latencies_s: dict[str, float]) -> None:
+    """A result a benchmark cannot have produced is refused rather than planned with (percentiles
+    the file lacks are NaN and not compared)."""
+    if throughput < 0:
+        raise InputError(where, "request_throughput", f"negative throughput {throughput:g}", "import an intact result file")
+    for name, value in latencies_s.items():
+        if not math.isnan(value) and value <= 0:
+            raise InputError(where, name, f"latency {value * 1000:g} ms is not positive", "import an intact result file")
+    ordered = [v for v in (latencies_s["latency_p50"], latencies_s["latency_p90"], latencies_s["latency_p99"]) if not math.isnan(v)]
+    if ordered != sorted(ordered):
+        raise InputError(where, "p50/p90/p99", "the latency percentiles are not in increasing order (p50 <= p90 <= p99)",
+                         "import an intact result file")
 
 
 def _latencies(result: dict, where: str, notes: list[str]) -> dict:
@@ -150,21 +166,9 @@ def _latencies(result: dict, where: str, notes: list[str]) -> dict:
     return {"latency_mean": mean / 1000.0, "latency_p50": seconds["p50"], "latency_p90": seconds["p90"], "latency_p99": seconds["p99"]}
 
 
-MAX_RESULT_BYTES = 64 * 1024 * 1024  # a result file with --save-detailed is a few MB per thousand requests
-
-
 def _read_text(path: Path) -> str:
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_RESULT_BYTES + 1)
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        raise InputError(str(path), None, f"cannot read ({type(exc).__name__})", "pass a benchmark result file or a vllm bench sweep directory") from None
-    if len(raw) > MAX_RESULT_BYTES:
-        raise InputError(str(path), None, f"larger than {MAX_RESULT_BYTES // 1024**2} MiB", "pass the benchmark's result file")
-    try:
-        return raw.decode()
-    except UnicodeDecodeError:
-        raise InputError(str(path), None, "not a text file", "pass vLLM result JSON files or SGLang JSONL files") from None
+    """The file's text: a regular file of at most the input bound (models/inputs.py)."""
+    return read_text(path, "pass a benchmark result file or a vllm bench sweep directory")
 
 
 def _results_in(path: Path) -> list[tuple[str, dict]]:

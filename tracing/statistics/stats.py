@@ -299,6 +299,8 @@ def stats_view(stats: TraceStats):
     from rich.console import Group
     from rich.table import Table
 
+    from scepsy.models.plan.report import name_cell
+
     def fmt(value, digits=3):
         return "-" if value is None else f"{value:.{digits}f}"
 
@@ -310,13 +312,13 @@ def stats_view(stats: TraceStats):
     for w in stats.workflows:
         for s in w.llms:
             table.add_row(
-                w.name, str(w.requests), s.llm, fmt(s.invocations, 2), fmt(s.invocations_summary["std"], 2),
+                name_cell(w.name), str(w.requests), name_cell(s.llm), fmt(s.invocations, 2), fmt(s.invocations_summary["std"], 2),
                 fmt(s.parallelism, 2), fmt(s.parallelism_summary["mean"], 2), fmt(s.call_latency_s["mean"]),
                 fmt(s.busy_time_s["mean"]), fmt(s.busy_time_cv, 2), fmt(s.time_share["mean"], 3),
                 fmt(s.time_share_cv, 2), fmt(s.stability_ratio, 2),
             )
     lines = [
-        f"{w.name}: {w.requests} requests, end-to-end latency_s mean {fmt(w.latency_s['mean'])} "
+        f"{name_cell(w.name)}: {w.requests} requests, end-to-end latency_s mean {fmt(w.latency_s['mean'])} "
         f"(std {fmt(w.latency_s['std'])}), LLM time fraction {fmt(w.llm_time_fraction, 3)}"
         for w in stats.workflows
     ]

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import settings
+
+# CI replays the same examples on every run, so that a red CI names a change, not a draw; local runs
+# keep drawing new examples (and keep the failures they find in .hypothesis/).
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
 INSTANCES = REPO / "instances"

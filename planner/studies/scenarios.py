@@ -20,27 +20,37 @@ import math
 from dataclasses import dataclass, replace
 
 from scepsy.models.errors import InputError
-from scepsy.models.instance.instance import Instance
+from scepsy.models.instance.instance import MAX_CLUSTER_GPUS, MAX_RATE, Instance
 
 Rates = tuple[tuple[str, float], ...]  # (workflow, arrival rate in req/s), in instance order
 Prices = tuple[tuple[str, float], ...]  # (gpu type, price per GPU hour)
 
+MAX_GRID_POINTS = 10_000  # values on one axis: beyond it a typo (a step of 1e-9) would run for ever
+MAX_SCENARIOS = 1_000_000  # scenarios of one study, counted before any is built
 
-def parse_values(text: str, option: str, positive: bool = True) -> list[float]:
-    """`a:b:s` (inclusive) or `a,b,c`; every value > 0 (>= 0 if not `positive`)."""
+
+def parse_values(text: str, option: str, positive: bool = True, upper: float = MAX_RATE) -> list[float]:
+    """`a:b:s` (inclusive) or `a,b,c`; every value finite, > 0 (>= 0 if not `positive`) and <= `upper`;
+    at most MAX_GRID_POINTS of them."""
     try:
         if ":" in text:
             start, stop, step = (float(v) for v in text.split(":"))
-            if step <= 0:
+            if not (step > 0 and math.isfinite(start) and math.isfinite(stop) and math.isfinite(step)):
                 raise ValueError
             count = int(math.floor((stop - start) / step + 1e-9)) + 1
+            if count > MAX_GRID_POINTS:
+                raise InputError(None, option, f"{text!r} is {count:,} values, more than {MAX_GRID_POINTS:,}",
+                                 "use a larger step or a shorter range")
             values = [round(start + k * step, 9) for k in range(count)]
         else:
             values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise InputError(None, option, f"cannot read {text!r}", "write start:stop:step (e.g. 1:20:1) or a list 1,2,5") from None
-    if not values or min(values) < 0 or (positive and min(values) == 0):
-        raise InputError(None, option, f"{text!r} has a value out of range", "use values above 0")
+    if len(values) > MAX_GRID_POINTS:
+        raise InputError(None, option, f"{len(values):,} values, more than {MAX_GRID_POINTS:,}", "list fewer values")
+    if not values or not all(math.isfinite(v) and 0 <= v <= upper for v in values) or (positive and min(values) == 0):
+        raise InputError(None, option, f"{text!r} has a value out of range",
+                         f"use finite values {'above' if positive else 'from'} 0 up to {upper:g}")
     return values
 
 
@@ -63,8 +73,9 @@ def parse_clusters(text: str) -> list[int]:
         sizes = sorted({int(v) for v in text.split(",") if v.strip()})
     except ValueError:
         raise InputError(None, "--clusters", f"cannot read {text!r}", "list GPU counts, e.g. 4,8,16") from None
-    if not sizes or sizes[0] <= 0:
-        raise InputError(None, "--clusters", "cluster sizes must be positive", "list GPU counts, e.g. 4,8,16")
+    if not sizes or sizes[0] <= 0 or sizes[-1] > MAX_CLUSTER_GPUS or len(sizes) > MAX_GRID_POINTS:
+        raise InputError(None, "--clusters", f"cluster sizes must be in 1..{MAX_CLUSTER_GPUS:,} GPUs, at most {MAX_GRID_POINTS:,} of them",
+                         "list GPU counts, e.g. 4,8,16")
     return sizes
 
 
@@ -154,12 +165,25 @@ def rate_vectors(base: Instance, axes: Axes) -> list[tuple[Rates, int | None]]:
     return [(tuple(zip(names, combo)), None) for combo in itertools.product(*per)]
 
 
+def rate_count(base: Instance, axes: Axes) -> int:
+    """How many points `rate_vectors` gives, without building them."""
+    if axes.growth_per_month is not None and axes.months is not None:
+        return axes.months + 1
+    if axes.total_rates:
+        return len(axes.total_rates)
+    return math.prod(len((axes.workflow_rates or {}).get(w.name, [w.arrival_rate])) for w in base.workflows)
+
+
 def scenarios(base: Instance, axes: Axes) -> list[Scenario]:
     """Every scenario, in a fixed order: mix, cluster, prices, then rates (neighbours adjacent)."""
     check_axes(base, axes)
     sizes = axes.clusters or [sum(n.gpus for n in base.cluster.nodes)]
     mixes = axes.mixes or [""]
     price_axis = axes.prices or {}
+    count = len(mixes) * len(sizes) * math.prod(len(v) for v in price_axis.values()) * rate_count(base, axes)
+    if count > MAX_SCENARIOS:
+        raise InputError(base.source, "axes", f"{count:,} scenarios, more than {MAX_SCENARIOS:,}",
+                         "use fewer values on the rate, cluster, mix or price axes")
     price_points = [tuple(zip(price_axis, combo)) for combo in itertools.product(*price_axis.values())] or [()]
     out = []
     for mix in mixes:

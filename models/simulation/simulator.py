@@ -30,7 +30,7 @@ means, n and p; latency percentiles from a log-bucket quantile sketch within 0.1
 models/instance/streamed.py), and a request's calls are dropped once it has been counted. What the
 simulator holds is the requests in flight and O(workflows x LLMs + sketch buckets), independent of
 the duration; only `record_calls` (every call, for `--calls-out`) keeps what grows with it, and is
-bounded to MAX_RECORDED_CALLS.
+bounded to MAX_RECORDED_CALLS. MAX_SIMULATED_CALLS bounds a run's work, for its wall time.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class SimCluster:
         self.routers = {llm: Router(llm, routing) for llm in self.engines}
         self.counter = 0
         self.calls_made = 0
-        self.call_budget: float = math.inf  # MAX_RECORDED_CALLS while every call is kept (record_calls)
+        self.call_budget = MAX_SIMULATED_CALLS  # MAX_RECORDED_CALLS while every call is kept (record_calls)
         self.clipped = 0  # calls cut to the KV cache, over the whole run
 
     def add_replica(self, llm: str, engine: Engine | None = None) -> ReplicaSim:
@@ -514,17 +514,21 @@ def _replica_window_time(replica: ReplicaSim, start: float, end: float) -> float
 
 
 class CallBudgetExceeded(Exception):
-    """A run made more than MAX_RECORDED_CALLS calls (a plain exception: SimPy re-creates it)."""
+    """A run made more calls than its budget (a plain exception: SimPy re-creates it)."""
 
 
-# With record_calls (`--calls-out`) the simulator keeps every call until the run ends (about
-# 1 KB a call): beyond this many a run would hold gigabytes. Without it, memory does not grow with
-# the number of calls and nothing is bounded.
+# A bound on the work of one run, for its wall time (memory does not grow with the calls): the
+# simulator runs about 20,000 LLM calls a second, so this is an hour or two, and the statistics
+# settle within minutes of simulated time.
+MAX_SIMULATED_CALLS = 100_000_000
+# With record_calls (`--calls-out`) every call is kept until the run ends (about 1 KB a call):
+# beyond this many a run would hold gigabytes.
 MAX_RECORDED_CALLS = 2_000_000
 
 
-def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mapping[str, Sequence[float]] | None = None) -> None:
-    """Refuse a recording run whose expected number of LLM calls exceeds MAX_RECORDED_CALLS (InputError)."""
+def expected_calls(instance: Instance, settings: SimulationSettings,
+                   arrivals: Mapping[str, Sequence[float]] | None = None) -> float:
+    """LLM calls a run should make: requests times the stages' invocations."""
     expected = 0.0
     for workflow in instance.workflows:
         if arrivals is not None and workflow.name in arrivals:
@@ -532,7 +536,21 @@ def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mappi
         else:
             requests = workflow.arrival_rate * settings.duration_s
         expected += requests * sum(s.invocations for s in workflow.stages)
-    if not expected <= MAX_RECORDED_CALLS:
+    return expected
+
+
+def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mapping[str, Sequence[float]] | None = None,
+               record_calls: bool = False) -> None:
+    """Refuse a run whose expected LLM calls exceed MAX_SIMULATED_CALLS (its wall time), or, when it
+    records every call, MAX_RECORDED_CALLS (its memory) (InputError)."""
+    expected = expected_calls(instance, settings, arrivals)
+    if not expected <= MAX_SIMULATED_CALLS:
+        raise InputError(
+            None, "--duration-s", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to simulate, "
+            f"more than the {MAX_SIMULATED_CALLS:,} a run is bounded to (hours of wall time)",
+            "shorten --duration-s or lower the rates (the statistics settle within minutes of simulated time)",
+        )
+    if record_calls and not expected <= MAX_RECORDED_CALLS:
         raise InputError(
             None, "--calls-out", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to record, "
             f"more than the {MAX_RECORDED_CALLS:,} the simulator holds in memory to write them",
@@ -551,9 +569,9 @@ def simulate(
 ) -> SimulationResult:
     """Simulate the instance's workflows (at their arrival rates, or at the given arrival
     timestamps per workflow) on `allocation`; `controller` may change replicas while it runs.
-    `record_calls` keeps every call for SimulationResult.calls (bounded to MAX_RECORDED_CALLS)."""
-    if record_calls:
-        check_size(instance, settings, arrivals)
+    `record_calls` keeps every call for SimulationResult.calls (bounded to MAX_RECORDED_CALLS);
+    without it, memory does not grow with the duration (the module docstring)."""
+    check_size(instance, settings, arrivals, record_calls)
     env = simpy.Environment()
     engines = {}
     for choice in allocation.llms:
@@ -561,8 +579,7 @@ def simulate(
         engines[choice.llm] = replica_engine(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine,
                                              settings.engine_model, settings.backend, settings.database_version)
     cluster = SimCluster(env, engines, settings.routing)
-    if record_calls:
-        cluster.call_budget = MAX_RECORDED_CALLS
+    cluster.call_budget = MAX_RECORDED_CALLS if record_calls else MAX_SIMULATED_CALLS
     for choice in allocation.llms:
         for _ in range(choice.replicas):
             cluster.add_replica(choice.llm)
@@ -607,11 +624,13 @@ def simulate(
     try:
         return _run(instance, allocation, settings, arrivals, progress, env, cluster, ledger, busy_at_warm)
     except CallBudgetExceeded:
+        option, bound = ("--calls-out", "what it holds in memory to record them") if record_calls else (
+            "--duration-s", "what a run is bounded to")
         raise InputError(
-            None, "--calls-out", f"the simulation made more than {MAX_RECORDED_CALLS:,} LLM calls, what it holds in memory "
-            "to record them (the workflows' programs call more often than their stages say)",
-            "shorten --duration-s, lower the rates, simulate without --calls-out, or check the program's beams, "
-            "passages and iterations",
+            None, option, f"the simulation made more than {cluster.call_budget:,} LLM calls, {bound} "
+            "(the workflows' programs call more often than their stages say)",
+            "shorten --duration-s, lower the rates or check the program's beams, passages and iterations"
+            + (", or simulate without --calls-out" if record_calls else ""),
         ) from None
 
 

@@ -41,7 +41,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Generator, Iterator, Mapping, Sequence, cast
 
-import numpy as np
 import simpy
 
 from scepsy.models.instance.allocation import Allocation

@@ -21,8 +21,8 @@ alpha of numpy's percentile. The smallest and largest values are kept exactly (s
 exact), and estimates are clamped to [min, max], which only moves them closer.
 
 Memory: one counter per occupied bucket, at most ln(max / min) / ln(gamma) + 2 of them for values
-in [min, max] (1 ms to 1 day at alpha = 0.1%: 9,140 buckets at most; a simulation's latencies
-occupy a few hundred), whatever the number of values.
+in [min, max] (1 ms to 1 day at alpha = 0.1%: 9,140 buckets at most; a 1e5-second simulation's
+latencies occupy 1,721), whatever the number of values.
 Determinism: the bucket counts do not depend on the order in which values arrive, so neither do
 the percentiles; a merged sketch equals the sketch of all the values.
 

@@ -520,9 +520,9 @@ class CallBudgetExceeded(Exception):
 # simulator runs about 20,000 LLM calls a second, so this is an hour or two, and the statistics
 # settle within minutes of simulated time.
 MAX_SIMULATED_CALLS = 100_000_000
-# With record_calls (`--calls-out`) every call is kept until the run ends (about 1 KB a call):
-# beyond this many a run would hold gigabytes.
-MAX_RECORDED_CALLS = 2_000_000
+# With record_calls (`--calls-out`) every call is kept until the run ends (about 1.5 KB a call,
+# the Request and its output row): this many is about 1.5 GB.
+MAX_RECORDED_CALLS = 1_000_000
 
 
 def expected_calls(instance: Instance, settings: SimulationSettings,

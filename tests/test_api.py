@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 import scepsy
 from scepsy import place, plan, predict, simulate
 from scepsy.cli import app
+from scepsy.models.plan.document import plan_json
 from scepsy.models.simulation.simulator import SimulationSettings
 from scepsy.tracing.capture.store import write_store
 
@@ -30,7 +31,7 @@ def test_the_api_answers_what_the_commands_answer(tmp_path):
     out = tmp_path / "plan.json"
     assert runner.invoke(app, ["plan", str(DEFAULT), "--out", str(out)]).exit_code == 0
     written = json.loads(out.read_text())
-    assert written["llms"] == planned.to_json()["llms"] and written["placement"] == planned.to_json()["placement"]
+    assert written["llms"] == plan_json(planned)["llms"] and written["placement"] == plan_json(planned)["placement"]
 
     placed = place(DEFAULT, out)  # a plan JSON is an allocation too
     assert placed.placement == planned.placement

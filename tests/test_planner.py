@@ -66,7 +66,7 @@ def outcomes():
 def test_random_instances_cover_feasible_and_infeasible(outcomes):
     feasible = sum(o["bruteforce"] is not None for o in outcomes.values())
     assert 0.3 * len(SEEDS) < feasible < 0.8 * len(SEEDS)
-    egalitarian = sum(o["bruteforce"] is not None and "mean_latency_s" in o["bruteforce"].to_json() for o in outcomes.values())
+    egalitarian = sum(o["bruteforce"] is not None and "mean_latency_s" in plan_json(o["bruteforce"]) for o in outcomes.values())
     assert egalitarian >= 20
 
 

@@ -48,7 +48,7 @@ def child(duration_s: float, rate_rps: float, trace: bool) -> dict:
         "calls": sum(m.calls for m in result.llms),
         "requests_measured": workflow.arrivals,
         "unfinished": workflow.unfinished,
-        "sketch_buckets": len(workflow.latency_sketch.buckets) if workflow.latency_sketch else 0,
+        "sketch_buckets": len(workflow.latency_sketch.buckets),
         "latency_p99_s": workflow.latency_p99_s,
         "cpu_s": cpu_s,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB on Linux

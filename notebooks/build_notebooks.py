@@ -35,7 +35,8 @@ Every number below is computed; nothing is typed in. Set `SCEPSY_NOTEBOOK_SHORT=
 from pathlib import Path
 
 import pandas as pd
-from IPython.display import Image, display
+from IPython.core.display import Image
+from IPython.display import display
 
 from scepsy.models.instance.instance import load_instance
 from scepsy.planner.allocation.planning import make_plan
@@ -233,7 +234,7 @@ for call in result.calls:
     spans.setdefault(call["request"], {}).setdefault(call["llm"], []).append((call["start_s"], call["end_s"]))
 done = [r for r in spans.values() if all(end is not None for calls in r.values() for _, end in calls)]
 times = {llm: np.array([union_length(r.get(llm, [])) for r in done]) for llm in stats.spread}
-total = sum(times.values())
+total = np.sum(list(times.values()), axis=0)  # per request, over the LLMs
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
 for llm, absolute in times.items():
     axes[0].hist(absolute, bins=30, alpha=0.6, label=llm)
@@ -275,7 +276,8 @@ for case in cases:
                      "latency_ratio_max": round(c.latency_ratio_max, 2),
                      "paper_throughput_ratio": paper[0], "paper_latency_ratio": paper[1]})
 pd.DataFrame(rows)"""),
-    ("code", """from IPython.display import Image, display
+    ("code", """from IPython.core.display import Image
+from IPython.display import display
 
 for case, frame in frames.items():
     path = Path(f"/tmp/{case}-sweep.png") if SHORT else ROOT / "docs" / "figures" / f"notebook-{case}-sweep.png"

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from scepsy.cli import app
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.performance.alp import predict
-from scepsy.models.simulation.autoscaler import HpaSettings
+from scepsy.models.simulation.autoscaler import Autoscaler, HpaSettings
 from scepsy.models.errors import InputError
 from scepsy.models.instance.instance import build_instance, load_instance
 from scepsy.models.instance.workflow import BeamSearchProgram, RagProgram, StagesProgram
@@ -66,7 +66,9 @@ def test_rag_calls_once_each_or_k_parallel_reranks():
     result = simulate(instance, _whole(instance), SHORT)
     for stage in result.workflow("rag").stages:
         assert stage.invocations == pytest.approx(1.0) and stage.parallelism == pytest.approx(1.0)
-    unbatched = instance.workflows[0].program.model_copy(update={"rerank_batched": False, "passages": 6})
+    program = instance.workflows[0].program
+    assert program is not None
+    unbatched = program.model_copy(update={"rerank_batched": False, "passages": 6})
     result = simulate(_with_program(instance, unbatched, 2.0), _whole(instance), SHORT)
     rerank = result.workflow("rag").stage("rerank")
     assert rerank.invocations == pytest.approx(6.0) and rerank.parallelism > 4.0
@@ -151,6 +153,7 @@ def test_autoscaler_scales_up_under_load_within_the_cluster():
     generator = result.llm("rag-gen")
     assert generator.replicas_mean > 1.5
     assert result.gpus_mean <= 8.0 + 1e-9
+    assert isinstance(deployment.controller, Autoscaler)
     assert any(kind == "up" for _, llm, kind, _ in deployment.controller.events if llm == "rag-gen")
 
 
@@ -211,7 +214,7 @@ def _exact_from_calls(result, workflow: str, llms):
 
     busy = {m: np.array([union([(c["start_s"], c["end_s"]) for c in cs if c["llm"] == m]) for cs in requests.values()])
             for m in llms}
-    total = sum(busy.values())
+    total = np.sum(list(busy.values()), axis=0)  # per request, over the LLMs
     exact = {"latencies": latencies, "busy": busy, "requests": len(requests)}
     for m in llms:
         own = [c for cs in requests.values() for c in cs if c["llm"] == m]

@@ -257,8 +257,8 @@ class WorkflowStats:
     latency_p99_s: float
     stages: tuple[StageStats, ...]
     spread: Mapping[str, RequestSpread] = field(repr=False, default_factory=dict)  # per LLM
-    llm_time_s: Moments | None = field(repr=False, default=None)  # per request, summed over its LLMs' unions
-    latency_sketch: QuantileSketch | None = field(repr=False, compare=False, default=None)  # any other percentile
+    llm_time_s: Moments = field(repr=False, default_factory=lambda: RunningMoments().summary())  # per request, all its LLMs
+    latency_sketch: QuantileSketch = field(repr=False, compare=False, default_factory=QuantileSketch)  # any other percentile
 
     def stage(self, llm: str) -> StageStats:
         return next(s for s in self.stages if s.llm == llm)

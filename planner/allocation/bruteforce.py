@@ -42,10 +42,6 @@ class BruteForceResult:
     placement_checks: int
 
 
-def _allocation(f: int, chosen: list[Option]) -> Allocation:
-    return options_allocation(f, chosen)
-
-
 def solve_bruteforce(
     instance: Instance, options: dict[str, list[Option]], objective: Objective, placer=check_placement
 ) -> BruteForceResult | None:
@@ -71,7 +67,8 @@ def solve_bruteforce(
     lower_gpus = {g: np.ceil(u / f) for g, u in units_by_type.items()}
 
     def latency_sum(weights) -> np.ndarray:
-        return sum(w * latency[m] for m, w in weights.items())
+        start = np.zeros(index.shape[1])  # sum()'s 0 as an array (one entry per combination): same values, typed
+        return sum((w * latency[m] for m, w in weights.items()), start)
 
     stages: list[np.ndarray] = []  # per stage: exact values or lower bounds
     for stage in objective.stages:
@@ -102,7 +99,7 @@ def solve_bruteforce(
         if best is not None and bound >= best.values:
             break
         chosen = [options[m][index[k][combination]] for k, m in enumerate(llms)]
-        allocation = _allocation(f, chosen)
+        allocation = options_allocation(f, chosen)
         checks += 1
         check = fewest_gpus_placement(cluster, allocation, gpu_stage.cost) if gpu_stage else placer(cluster, allocation)
         placement = check.placement

@@ -16,7 +16,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Any, Callable
 
 from scepsy.models.instance.allocation import Allocation
 from scepsy.models.performance.alp import predict
@@ -29,7 +29,7 @@ from scepsy.planner.allocation.bruteforce import solve_bruteforce
 from scepsy.planner.allocation.diagnose import explain_infeasible
 from scepsy.planner.allocation.enumerate import solve_enumerate
 from scepsy.planner.allocation.objective import GpuCount, Objective, Usage, build_objective, needs_references
-from scepsy.planner.allocation.options import Option, SearchSpace, all_options, llm_options, options_allocation
+from scepsy.planner.allocation.options import Option, SearchSpace, all_options, configuration, llm_options, options_allocation
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, fewest_gpus_placement, gpus_by_type
 
 BACKENDS = ("cpsat", "milp", "enumerate", "bruteforce")
@@ -152,10 +152,8 @@ def stage_values(objective: Objective, options, cluster: Cluster, allocation: Al
 
 
 def _latency_of(options: dict[str, list[Option]], allocation: Allocation, llm: str) -> float:
-    c = allocation.of(llm)
-    return next(
-        o.latency_s for o in options[llm] if (o.gpu_type, o.tp, o.share, o.replicas) == (c.gpu_type, c.tp, c.share, c.replicas)
-    )
+    chosen = configuration(allocation.of(llm))
+    return next(o.latency_s for o in options[llm] if configuration(o) == chosen)
 
 
 @dataclass
@@ -224,7 +222,7 @@ def _small(instance: Instance) -> bool:
 def _in_options(options, allocation: Allocation) -> bool:
     """A warm start is usable only if each LLM's configuration survived dominance pruning."""
     return all(
-        any((o.gpu_type, o.tp, o.share, o.replicas) == (c.gpu_type, c.tp, c.share, c.replicas) for o in options[c.llm])
+        any(configuration(o) == configuration(c) for o in options[c.llm])
         for c in allocation.llms
     )
 
@@ -273,7 +271,8 @@ def _solve_model(
         if coarse
         else cheapest_placeable(instance, options, placer)
     )
-    model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
+    # the backend's own model (cpsat.AllocationModel or milp.MilpModel), used alike through `backend`
+    model: Any = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
     hint = warm[0] if warm is not None else None
     tuning = dict(settings.stage_parameters) if backend is cpsat else {}
     solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h, **tuning)  # noqa: E731
@@ -292,6 +291,7 @@ def _solve_model(
             if index == 0 and result.status == "infeasible":
                 return None
             break  # time limit: keep the best plan of the earlier stages
+        assert check is not None  # run returns an allocation with its placement check
         if result.status == "optimal" and getattr(stage, "slack", 0):
             ties = _settle_ties(loop, backend, stage, objective, index, result.value, (allocation, check))
             allocation, check = ties.best

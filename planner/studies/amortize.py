@@ -45,14 +45,14 @@ from typing import Callable, Sequence
 from ortools.sat.python import cp_model
 
 from scepsy.models.errors import ScepsyError
-from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Instance
 from scepsy.models.plan.plan import Plan
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, check_placement
 from scepsy.placement.feasibility.solver import cpsat_solver
 from scepsy.planner.allocation import cpsat
 from scepsy.planner.allocation.objective import LatencySum, MaxLatencySum, Objective, ShareUnits, build_objective, needs_references
-from scepsy.planner.allocation.options import Option
+from scepsy.planner.allocation.options import Option, configuration, options_allocation
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.planner.allocation.search import (
     Outcome, PlanSettings, assemble_plan, placer_for, plan_options, solo_problem, solo_settings, solve_at_load, stage_values,
@@ -237,7 +237,7 @@ class ScenarioOptions:
                 if not isinstance(problem, ScepsyError):
                     for m, opts in self(k)[0].items():
                         for o in opts:
-                            union.setdefault((m, _key(o)), o)
+                            union.setdefault((m, configuration(o)), o)
             llms = [m.name for m in next(p for p in self.problems if not isinstance(p, ScepsyError)).instance.llms]
             options = {m: [o for (mm, _), o in sorted(union.items(), key=lambda kv: kv[0]) if mm == m] for m in llms}
             cluster = next(p for p in self.problems if not isinstance(p, ScepsyError)).instance.cluster
@@ -293,15 +293,7 @@ def _certify_forward(problems, i: int, anchor: Outcome, options_at, settings, pl
 
 def _holds(options: dict[str, list[Option]], allocation: Allocation) -> bool:
     """The allocation is made of this scenario's (pruned) options."""
-    return all(_key_of(c) in {_key(o) for o in options[c.llm]} for c in allocation.llms)
-
-
-def _key(option: Option) -> Key:
-    return (option.gpu_type, option.tp, option.share, option.replicas)
-
-
-def _key_of(choice) -> Key:
-    return (choice.gpu_type, choice.tp, choice.share, choice.replicas)
+    return all(configuration(c) in {configuration(o) for o in options[c.llm]} for c in allocation.llms)
 
 
 def _certified_outcome(problem: Problem, options, anchor: Outcome) -> Outcome:
@@ -335,10 +327,7 @@ def _unconstrained(problem: Problem, options: dict[str, list[Option]], placer: P
         weight = separating.weights.get(m, 0.0)
         if any(o is not fastest[m] and weight * (o.latency_s - fastest[m].latency_s) <= margin for o in opts):
             return None
-    allocation = Allocation(
-        problem.instance.cluster.fractions_per_gpu,
-        tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in fastest.values()),
-    )
+    allocation = options_allocation(problem.instance.cluster.fractions_per_gpu, fastest.values())
     check = placer_for(objective, placer)(problem.instance.cluster, allocation)
     if not check.placeable:
         return None
@@ -360,7 +349,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     if not all(isinstance(s, (LatencySum, ShareUnits)) for s in stages[1:]):
         return False
     llms = [c.llm for c in candidate.llms]
-    chosen = {c.llm: _key_of(c) for c in candidate.llms}
+    chosen = {c.llm: configuration(c) for c in candidate.llms}
     rows: dict[str, dict] = {}  # stage-1 row -> (llm, option key) -> min over k of delta
     slack: dict[str, float] = {}  # stage-1 row -> max over k of (z_A - row value of A)
     mean_gap: dict = {}
@@ -369,7 +358,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     union: dict[tuple[str, Key], Option] = {}
     for k in block:
         options = options_at(k)[0]
-        latency = {m: next(o.latency_s for o in options[m] if _key(o) == chosen[m]) for m in llms}
+        latency = {m: next(o.latency_s for o in options[m] if configuration(o) == chosen[m]) for m in llms}
         weights = _rows(problems[k].objective.stages[0])
         values = {r: sum(w * latency[m] for m, w in row.items()) for r, row in weights.items()}
         top = max(values.values())
@@ -385,7 +374,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
             mine = latency[m]
             mean_weight = mean.weights.get(m, 0.0) if mean is not None else 0.0
             for o in options[m]:
-                key = (m, _key(o))
+                key = (m, configuration(o))
                 union.setdefault(key, o)
                 extra = o.latency_s - mine
                 for gaps, row in row_gaps:
@@ -436,25 +425,25 @@ def _rival_exists(
     proves the true row above the bound) -> solve for feasibility -> a rival found is checked for
     placement, and cut off (in the base too) if it does not place."""
     model = base.model.clone()
-    x = {key: model.get_bool_var_from_proto_index(v.Index()) for key, v in base.x.items()}
+    x = {key: model.get_bool_var_from_proto_index(v.index) for key, v in base.x.items()}
     am = cpsat.AllocationModel(model, base.options, x, [], base.fractions_per_gpu)
-    keyed = [((m, _key(o)), (m, i)) for m, opts in base.options.items() for i, o in enumerate(opts)]  # read once, not per row
+    keyed = [((m, configuration(o)), (m, i)) for m, opts in base.options.items() for i, o in enumerate(opts)]  # read once, not per row
     index: dict[str, dict[Key, int]] = {m: {} for m in base.options}
     for (m, key), (_, i) in keyed:
         index[m][key] = i
     inside = [(key, x[mi]) for key, mi in keyed if key in block_options]
     outside = [x[mi] for key, mi in keyed if key not in block_options]
     if outside:
-        model.Add(sum(outside) == 0)
+        model.add(sum(outside) == 0)
     for m in keep:
-        model.Add(x[(m, index[m][chosen[m]])] == 1)
-    model.Add(sum(x[(m, index[m][chosen[m]])] for m in change) <= len(change) - 1)
+        model.add(x[(m, index[m][chosen[m]])] == 1)
+    model.add(sum(x[(m, index[m][chosen[m]])] for m in change) <= len(change) - 1)
     for gaps, bound, margin in rows:
         if margin <= 0:
             return True  # nothing to separate by: treat as not proven
         step = margin / DELTA_STEPS
         terms = [(math.floor(gaps[key] / step), v) for key, v in inside]
-        model.Add(cp_model.LinearExpr.WeightedSum([v for _, v in terms], [c for c, _ in terms]) <= math.floor(bound / step))
+        model.add(cp_model.LinearExpr.weighted_sum([v for _, v in terms], [c for c, _ in terms]) <= math.floor(bound / step))
     deadline = time.perf_counter() + settings.time_limit_s
     while True:
         # presolve and probing as in planner/allocation/cpsat.py (they cost more than they save
@@ -463,7 +452,7 @@ def _rival_exists(
             deadline - time.perf_counter(), settings.workers,
             cp_model_presolve=False, cp_model_probing_level=0, linearization_level=0,
         )
-        status = solver.Solve(model)
+        status = solver.solve(model)
         if status == cp_model.INFEASIBLE:
             return False
         if status != cp_model.FEASIBLE and status != cp_model.OPTIMAL:

@@ -276,6 +276,18 @@ class ModelCard:
         """KV bytes one iteration reads and writes for `kv_tokens` tokens of `sequences` sequences."""
         return self.kv_bytes_per_token * self._windowed(kv_tokens, sequences)
 
+    def elementwise_bytes(self, tokens: int, tp: int = 1) -> float:
+        """Activation bytes one GPU of `tp` reads and writes in the elementwise kernels between the
+        matrix multiplications, for `tokens` tokens: per layer two normalisations with their
+        residual adds (read residual and input, write both: 4 x hidden, replicated on every
+        shard) and per dense-MLP layer the gate activation (read gate and up, write their product:
+        3 x intermediate / tp; without a gate 2 x). Routed experts' activations are left in the
+        expert term; embedding gathers are negligible."""
+        dense_mlp_layers = self.layers - (self.moe.moe_layers if self.moe else 0)
+        norms = self.layers * 2 * 4 * self.hidden
+        activation = dense_mlp_layers * (3 if self.gated_mlp else 2) * self.intermediate / tp
+        return tokens * (norms + activation) * BYTES_BF16
+
     def attention_flops(self, attended: float, tokens: int) -> float:
         """FLOPs of the score and value products over `attended` positions of `tokens` query
         tokens: 2 (qk dims + v dims) per head, layer and position."""
@@ -386,9 +398,9 @@ GPUS.update({
 # was more than 15% off on in the fit half, and not H100-SXM, whose numbers the shipped profiles
 # (instances/profiles/*.csv) were generated with.
 CALIBRATION: dict[str, dict[str, float]] = {
-    "B200": {"compute_scale": 0.75, "memory_scale": 1.05, "link_scale": 0.5, "nvlink_latency_us": 4},
-    "L40S": {"compute_scale": 0.75, "memory_scale": 1.075, "link_scale": 0.9, "pcie_latency_us": 2, "pcie_host_gbps": 7.5},
-    "RTX-PRO-6000": {"compute_scale": 1.15, "memory_scale": 1.125, "link_scale": 0.6, "pcie_latency_us": 6},
+    "B200": {"compute_scale": 0.95, "memory_scale": 1.025, "link_scale": 0.35, "nvlink_latency_us": 4},
+    "L40S": {"compute_scale": 0.85, "memory_scale": 1.075, "link_scale": 0.9, "pcie_latency_us": 2, "pcie_host_gbps": 7.5},
+    "RTX-PRO-6000": {"compute_scale": 1.2, "memory_scale": 1.125, "link_scale": 0.65, "pcie_latency_us": 6},
 }
 for _name, _fields in CALIBRATION.items():
     GPUS[_name] = replace(GPUS[_name], **_fields)

@@ -56,7 +56,7 @@ GIB = 1024**3
 # Fitted against AIConfigurator's measured MoE kernels on the fit half of its grid (docs/engine-model.md,
 # "Against AIConfigurator"; models/catalog/catalog.py CALIBRATION has the protocol): grouped expert
 # GEMMs over few tokens per expert run well below the dense GEMM rate.
-MOE_EFFICIENCY = 0.4
+MOE_EFFICIENCY = 0.45
 
 
 @dataclass(frozen=True)
@@ -127,10 +127,11 @@ class IterationTime:
     comm_s: float
     overhead_s: float
     experts_s: float = 0.0  # routed-expert GEMMs of MoE models (weights streamed, then multiplied)
+    elementwise_s: float = 0.0  # norms, residual adds and activations between the matmuls (HBM-bound)
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.experts_s + self.comm_s + self.overhead_s
+        return max(self.compute_s, self.memory_s) + self.experts_s + self.elementwise_s + self.comm_s + self.overhead_s
 
     @property
     def bound(self) -> str:
@@ -241,11 +242,13 @@ class Engine:
         memory_s = nbytes / byte_rate
         # grouped expert GEMMs over few tokens per expert: loading and multiplying do not overlap
         experts_s = expert_flops / (flop_rate * s.moe_efficiency) + expert_bytes / byte_rate
+        # separate kernels between the matmuls, streaming activations: they add to the matmuls' time
+        elementwise_s = m.elementwise_bytes(tokens, self.tp) / (byte_rate / self.tp)
         comm_s = 0.0
         if self.tp > 1:
             comm_s = 2 * m.layers * self._allreduce_s(tokens * m.hidden * BYTES_BF16)
         overhead_s = s.iteration_overhead_s + m.layers * s.layer_overhead_s + work.sequences * s.sequence_overhead_s
-        return IterationTime(compute_s, memory_s, comm_s, overhead_s, experts_s)
+        return IterationTime(compute_s, memory_s, comm_s, overhead_s, experts_s, elementwise_s)
 
     def iteration_time_s(self, work: IterationWork) -> float:
         if self.timer is not None:
@@ -275,7 +278,7 @@ class Engine:
             share * self.gpu.bf16_tflops * 1e12 * self._compute_efficiency
         )
         memory_slope = m.kv_bytes_per_token * batch / (share * self.gpu.hbm_gbps * 1e9 * self._memory_efficiency)
-        fixed = first.experts_s + first.comm_s + first.overhead_s
+        fixed = first.experts_s + first.elementwise_s + first.comm_s + first.overhead_s
         return [
             max(first.compute_s + i * compute_slope, first.memory_s + i * memory_slope) + fixed for i in range(steps)
         ]

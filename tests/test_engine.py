@@ -114,7 +114,21 @@ def test_routed_experts_are_their_own_roofline(tmp_path):
     assert 0 < one.experts_s < many.experts_s
     rate = h100.hbm_gbps * 1e9 * engine._memory_efficiency
     assert one.experts_s >= moe.routed_expert_bytes_for(1) / rate
-    assert math.isclose(one.total_s, max(one.compute_s, one.memory_s) + one.experts_s + one.comm_s + one.overhead_s)
+    assert math.isclose(one.total_s, max(one.compute_s, one.memory_s) + one.experts_s + one.elementwise_s + one.comm_s
+                        + one.overhead_s)
+
+
+def test_elementwise_traffic_is_replicated_norms_and_sharded_activations():
+    """Per token and layer: two fused add-norms (4 x hidden bf16 values each) on every shard, and
+    the gate activation (3 x intermediate) split over the shards."""
+    model = catalog.model("llama-3.1-8b")
+    per_token_layer = {tp: model.elementwise_bytes(1, tp) / model.layers for tp in (1, 4)}
+    norms = 2 * 4 * model.hidden * 2
+    assert per_token_layer[1] == norms + 3 * model.intermediate * 2
+    assert per_token_layer[4] == norms + 3 * model.intermediate * 2 / 4
+    work = IterationWork(prefill_tokens=2048, prefill_attention=causal_attention(2048), prefills_finishing=1)
+    tp1, tp4 = (Engine(model, catalog.gpu("H100"), tp=tp).breakdown(work).elementwise_s for tp in (1, 4))
+    assert tp4 > tp1 / 4  # the norms do not shrink with TP
 
 
 def test_encoders_only_prefill():

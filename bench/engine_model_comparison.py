@@ -8,7 +8,9 @@ Grid (models/performance/engine_comparison.py): Llama-3.1-8B, Llama-3.1-70B, Qwe
 from their config.json) x A100-80G, H100-SXM, H200, B200, L40S, RTX PRO 6000 x TP 1, 2, 4 x decode
 (batch 1, 8, 32, 64 at 1,024 tokens of context) and prefill (one prompt of 512 or 2,048 tokens),
 where the model fits. Errors are builtin / AIConfigurator - 1 per iteration. The calibration is fitted
-on the training half of the points and reported on the held-out half.
+on the fit half of the points (every other point of each model x GPU x phase group sorted by batch,
+length and TP) and reported on the held-out half: mean absolute errors per (GPU, phase) and per
+(GPU, TP, phase), each half before (the model uncalibrated) and after the fit.
 """
 
 from __future__ import annotations

@@ -6,18 +6,24 @@ processes the new prompt tokens of some sequences (chunked prefill) and one toke
 decoding sequence. `iteration_time_s(batch)` is the time of one iteration:
 
     T        = prefill tokens + decode sequences                            tokens in the iteration
-    FLOPs    = 2 * P_dense * T                                              layer matmuls
+    FLOPs    = 2 * (P_dense - P_routed) * T                                 layer matmuls
              + 2 * P_head * (decode sequences + prefills finishing)         LM head (decoders only)
              + 4 * layers * heads * head_dim * A                            attention; A = attended
                                                                             positions summed over tokens
-    bytes    = 2 * (P_dense + P_head)                                       weights streamed once
+    bytes    = 2 * (P_dense - P_routed + P_head)                            weights streamed once
              + kv_bytes_per_token * (decode context + prefill past + T)     KV read and written
     compute  = FLOPs / (tp * f * bf16_rate * compute_efficiency)
     memory   = bytes / (tp * f * hbm_bandwidth * memory_efficiency)
+    experts  = 2 * P_routed * T / (compute rate * moe_efficiency)           MoE: routed experts, loaded
+             + expert bytes(T) / memory rate                                then multiplied (no overlap)
+    elementwise = T * layers * (2 * 4 * hidden + 3 * intermediate / tp) * 2 bytes / (f * hbm * memory_efficiency)
+                                                                            norms + residual adds, gate
     comm     = 2 * layers * allreduce(T * hidden * 2 bytes)                 tp > 1 only
     allreduce(B) = latency + 2 (tp-1)/tp * B / (link_bandwidth_per_direction * link_efficiency)
+                   (PCIe: latency per hop, (tp - 1) hops; a ring larger than the PCIe switch group
+                   runs at the host path's bandwidth)
     overhead = iteration_overhead + layers * layer_overhead + sequences * sequence_overhead
-    time     = max(compute, memory) + comm + overhead
+    time     = max(compute, memory) + experts + elementwise + comm + overhead
 
 The GPU fraction f scales compute and memory bandwidth (co-located MPS clients contend for HBM,
 so a share of f is the conservative, placement-independent assumption). The link is NVLink when
@@ -34,9 +40,10 @@ attention is bidirectional within each sequence (A = sum of squared lengths) and
 The efficiency and overhead constants are calibrated against published measurements; the fit
 and its error are in docs/engine-model.md (bench/engine_validation.py reproduces the table). Per
 GPU, the catalog's compute/memory/link scales multiply the efficiencies (fitted against
-AIConfigurator, bench/engine_model_comparison.py); the routed-expert FLOPs of MoE models run at
-`moe_efficiency` of the dense rate, the weights streamed per iteration are the experts its tokens
-touch (models/catalog/catalog.py), and sliding-window layers read at most their window of KV.
+AIConfigurator, bench/engine_model_comparison.py, with the all-reduce latency and host path); the
+routed-expert FLOPs of MoE models run at `moe_efficiency` of the dense rate, the expert weights
+streamed per iteration are the experts its tokens touch (models/catalog/catalog.py), and
+sliding-window layers read at most their window of KV.
 
 `Engine(..., timer=...)` replaces the roofline time of every iteration by another engine model's
 (`IterationTimer`, models/performance/aiconfigurator.py); memory and scheduler limits stay this module's.

@@ -7,11 +7,12 @@ times each with both engine models (models/performance/engine.py and models/perf
     prefill  one iteration prefilling `batch` prompts of `length` tokens
 
 and `error = builtin / aiconfigurator - 1`. `fit_calibration` recalibrates the built-in model where
-it is more than 15% off, on the training half of the points (`training_points`): the efficiency of the
-routed-expert GEMMs of MoE models (EngineSettings.moe_efficiency), and per GPU the scales of the
-compute, memory and link efficiencies (GpuCard.compute_scale, memory_scale, link_scale), by grid
-search on the mean absolute log ratio; `calibrated_errors` re-times the held-out half with it
-(out of sample). bench/engine_model_comparison.py prints the tables of docs/engine-model.md.
+it is more than 15% off, on the training (fit) half of the points (`training_points`): the efficiency
+of the routed-expert GEMMs of MoE models (EngineSettings.moe_efficiency), and per GPU the GpuCard
+fields of `fitted_fields` (compute, memory and link scales, the all-reduce latency of its link, a
+PCIe host path's bandwidth), by grid search on the mean absolute log ratio; `calibrated_errors`
+re-times the held-out half with it (out of sample). bench/engine_model_comparison.py prints the
+tables of docs/engine-model.md.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from scepsy.models.errors import InputError
 
@@ -403,7 +404,8 @@ CALIBRATION: dict[str, dict[str, float]] = {
     "RTX-PRO-6000": {"compute_scale": 1.2, "memory_scale": 1.125, "link_scale": 0.65, "pcie_latency_us": 6},
 }
 for _name, _fields in CALIBRATION.items():
-    GPUS[_name] = replace(GPUS[_name], **_fields)
+    _changes: dict[str, Any] = dict(_fields)  # GpuCard fields, each a number
+    GPUS[_name] = replace(GPUS[_name], **_changes)
 
 
 def _hf(repo: str) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from scepsy.models.performance.aiconfigurator import AiconfiguratorTimer, EngineModelUnavailable
 from scepsy.models.catalog.catalog import GpuCard, ModelCard, gpu, model
@@ -146,7 +146,8 @@ def fitted_fields(name: str) -> tuple[str, ...]:
 
 def uncalibrated_gpu(name: str, fields: Mapping[str, float] = {}) -> GpuCard:
     """The catalog's GPU without its calibration, with `fields` set."""
-    return replace(gpu(name), **{**UNCALIBRATED, **fields})
+    changes: dict[str, Any] = {**UNCALIBRATED, **fields}  # GpuCard fields, each a number (or None)
+    return replace(gpu(name), **changes)
 
 
 def builtin_time_s(card: ModelCard, point: Point, fields: Mapping[str, float] = {},

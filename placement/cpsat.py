@@ -125,8 +125,12 @@ class ModelTooLargeError(Exception):
     """Building the model passed its deadline: the cluster is too large for the time limit."""
 
 
-def _check_deadline(deadline: float | None) -> None:
-    if deadline is not None and time.perf_counter() > deadline:
+CHECK_EVERY = 256  # loop steps between two deadline checks while building (each step is cheap)
+
+
+def _check_deadline(deadline: float | None, step: int = 0) -> None:
+    """Past `deadline`: ModelTooLargeError; in a loop only every CHECK_EVERY steps (`step`)."""
+    if step % CHECK_EVERY == 0 and deadline is not None and time.perf_counter() > deadline:
         raise ModelTooLargeError()
 
 
@@ -153,8 +157,7 @@ def build_placement_model(
     upper: dict[tuple[Gpu, str], int] = {}
     x: dict[Gpu, Var] = {}
     for j, domain in enumerate(domains):
-        if j % 256 == 0:
-            _check_deadline(deadline)
+        _check_deadline(deadline, j)
         gpus = [(domain.node, g) for g in domain.gpus]
         for choice in llms:
             if domain.gpu_type != choice.gpu_type or domain.size < choice.tp:
@@ -198,7 +201,8 @@ def build_placement_model(
     for (j, m), var in n.items():
         if m in whole:
             whole_in_domain[j].append((tp[m], var))
-    for j, replicas in whole_in_domain.items():
+    for step, (j, replicas) in enumerate(whole_in_domain.items()):
+        _check_deadline(deadline, step)
         gpus = [(domains[j].node, g) for g in domains[j].gpus if (domains[j].node, g) in x]
         model.Add(sum(x[i] for i in gpus) == _sum(replicas))
     for i, kept in kept_whole.items():
@@ -207,7 +211,8 @@ def build_placement_model(
         model.Add(sum(kept) <= n[(j, m)])
 
     # fractional shards: t_m per replica in its domain, on distinct GPUs (round robin), kept ones stay
-    for (j, m), replicas in n.items():
+    for step, ((j, m), replicas) in enumerate(n.items()):
+        _check_deadline(deadline, step)
         if m in whole:
             continue
         gpus = [(domains[j].node, g) for g in domains[j].gpus if ((domains[j].node, g), m) in c]
@@ -232,7 +237,8 @@ def build_placement_model(
     }
     u: dict[Gpu, Var] = {}
     loads: dict[Gpu, list[tuple[int, Var]]] = {}
-    for i in sorted(modelled):
+    for step, i in enumerate(sorted(modelled)):
+        _check_deadline(deadline, step)
         loads[i] = [(share[m], var) for m, var in fractional.get(i, [])] + ([(f, x[i])] if i in x else [])
         if i in clean:
             u[i] = model.NewBoolVar(f"u[{i[0]}/{i[1]}]")
@@ -245,7 +251,8 @@ def build_placement_model(
     # e[i, m], h[i]: a GPU is one LLM's or shared (only where two fractional LLMs could meet)
     e: dict[tuple[Gpu, str], Var] = {}
     h: dict[Gpu, Var] = {}
-    for i, terms in sorted(fractional.items()):
+    for step, (i, terms) in enumerate(sorted(fractional.items())):
+        _check_deadline(deadline, step)
         if len(terms) < 2:
             continue
         h[i] = model.NewBoolVar(f"h[{i[0]}/{i[1]}]")

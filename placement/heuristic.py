@@ -189,10 +189,13 @@ def _pins(cluster: Cluster, allocation: Allocation, current: Placement | None) -
     """Keep candidates that fit together, at most d_m per LLM, in (llm, replica) order."""
     replicas = {c.llm: c.replicas for c in allocation.llms}
     shares = {c.llm: c.share for c in allocation.llms}
+    candidates = keep_candidates(cluster, allocation, current)
+    if not candidates:  # a first plan: no per-GPU table to build
+        return []
     free = {(n.name, g): cluster.free_units(n.name, g) for n in cluster.nodes for g in range(n.gpus)}
     count: dict[str, int] = {}
     pins = []
-    for candidate in keep_candidates(cluster, allocation, current):
+    for candidate in candidates:
         share = shares[candidate.llm]
         if count.get(candidate.llm, 0) >= replicas[candidate.llm]:
             continue

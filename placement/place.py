@@ -122,13 +122,15 @@ def place(
     settings: PlacementSettings = PlacementSettings(),
     current: Placement | None = None,
     hint: Placement | None = None,
+    deadline: float | None = None,
 ) -> PlacementResult:
     """Place `allocation` on `cluster` (module docstring). `hint`: a valid placement to start from
-    when the heuristic gets stuck (the planner's). Never changes its inputs."""
+    when the heuristic gets stuck (the planner's). The time limit counts from this call, and ends
+    by `deadline` (perf_counter seconds) when that is earlier. Never changes its inputs."""
     if settings.method not in METHODS:
         raise ValueError(f"unknown placement method {settings.method!r}; use one of {', '.join(METHODS)}")
     start = time.perf_counter()
-    deadline = start + settings.time_limit_s
+    deadline = start + settings.time_limit_s if deadline is None else min(deadline, start + settings.time_limit_s)
     violated = necessary_condition_violated(cluster, allocation)
     if violated is not None:  # a proof by itself, before any search
         raise PlacementInfeasibleError(f"the allocation cannot be placed: {violated}")

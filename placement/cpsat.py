@@ -146,9 +146,12 @@ def build_placement_model(
     share = {m.llm: m.share for m in llms}
     tp = {m.llm: m.tp for m in llms}
     domains = cluster.domains()
+    _check_deadline(deadline)  # each of these steps is linear in the GPUs: a second for a million
     free = {(d.node, g): cluster.free_units(d.node, g) for d in domains for g in d.gpus}
+    _check_deadline(deadline)
     clean = {i for i, units in free.items() if units == f}
     candidates = keep_candidates(cluster, allocation, current)
+    _check_deadline(deadline)
     model = cp_model.CpModel()
 
     # n[j, m]: replicas of m in domain j;  c[i, m]: shards of fractional m on GPU i;  x[i]: whole shard

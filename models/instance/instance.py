@@ -540,7 +540,7 @@ def _default_tp_degrees(cluster: Cluster) -> tuple[int, ...]:
 def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Cluster, profiles: dict[Path, LlmProfile],
                deadline: float | None = None) -> Llm:
     where = f"llms[{index}] ({spec.name})"
-    check_deadline(deadline, f"loading {where} ({len(profiles)} profile files read so far)")
+    check_deadline(deadline, f"loading {where} and its profile")
     largest = max(cluster.largest_domain(g) for g in cluster.used_gpu_types())
     if spec.tp_degrees is not None:
         if not spec.tp_degrees:

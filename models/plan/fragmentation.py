@@ -44,10 +44,7 @@ class GpuTypeFragmentation:
         return out
 
 
-DomainCounts = Counter  # (gpu type, free units of each GPU of a domain) -> how many domains are so
-
-
-def domain_counts_after(cluster: Cluster, placement: Placement | None) -> DomainCounts:
+def domain_counts_after(cluster: Cluster, placement: Placement | None) -> Counter[tuple[str, tuple[int, ...]]]:
     """Cluster.domain_counts after the placement: only the domains the placement touches change
     kind, so this takes time in the placement's size, not in the cluster's (a million GPUs)."""
     counts = Counter(cluster.domain_counts)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -49,7 +48,6 @@ def plan(
     out: OutOpt = None,
 ) -> None:
     """Choose GPU type, fraction, TP degree and replicas for every LLM, placed on the cluster."""
-    started_s = time.perf_counter()  # the time limit counts from here (importing the planner is in it)
     from scepsy import api
     from scepsy.models.plan.report import plan_view
 
@@ -61,7 +59,7 @@ def plan(
         with working(f"planning {instance} with {backend}, placing with {placement}"):
             result = api.plan(instance, backend=backend, objective=objective, welfare=welfare, time_limit_s=time_limit_s,
                               placement=placement, placement_time_limit_s=placement_time_limit_s, current=current,
-                              workers=workers, started_s=started_s)
+                              workers=workers)
         emit_json(result.to_json(), out, json_output)
         if not json_output:
             stdout.print(plan_view(result))

@@ -9,7 +9,8 @@ generator, one stage each, on 10^4 GPUs). For each, side by side in one run:
 * `load_s`: loading the instance in this process (reading the YAML, expanding the nodes, loading
   each profile file once), without a limit;
 * `wall_s`: `scepsy plan INSTANCE --json` with both time limits, as a subprocess, from its start to
-  its exit (the interpreter's start-up, about 0.3 s, before the command's clock starts, included);
+  its exit (starting the interpreter and importing the planner, 0.5 to 2 s on 2 busy cores, before
+  the command's clock starts, included);
 * `over_s`: wall_s minus the limit that applied: time_limit_s when the command stopped with the
   time limit message while planning (exit 3 naming --time-limit-s), else the whole command's bound
   time_limit_s + placement_time_limit_s (docs/model.md, "Time limits"). Target: well under 1 s on an

@@ -110,7 +110,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     deadline: float | None = None
     source = "the YAML file"
 
-    def compose_node(self, parent, index):  # type: ignore[override]  # PyYAML's untyped signature
+    def compose_node(self, parent, index):
         check_deadline(self.deadline, f"reading {self.source}")
         return super().compose_node(parent, index)
 

@@ -86,7 +86,7 @@ def measure(path: Path, time_limit_s: float, placement_time_limit_s: float) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--time-limit-s", type=float, default=5.0)
     parser.add_argument("--placement-time-limit-s", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true", help="leave out 10^6 GPUs")

@@ -11,10 +11,7 @@ and of its relative share (that time over the sum of all LLMs' times), and their
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 from pathlib import Path
-
-import numpy as np
 
 from scepsy.models.instance.instance import load_instance
 from scepsy.models.simulation.simulator import SimulationSettings, simulate
@@ -33,25 +30,18 @@ def main() -> None:
     workflow = instance.workflows[0]
     plan = make_plan(instance)
     duration = options.requests / workflow.arrival_rate / 0.9  # the first 10% is warm-up
-    result = simulate(instance, plan.allocation, SimulationSettings(duration_s=duration, seed=options.seed),
-                      record_calls=True)
+    result = simulate(instance, plan.allocation, SimulationSettings(duration_s=duration, seed=options.seed))
     stats = result.workflow(workflow.name)
-    times = {m: np.array(v) for m, v in stats.per_request_llm_time_s.items()}
-    total = np.sum(list(times.values()), axis=0)  # per request, over the LLMs
-    per_request = Counter((c["request"], c["llm"]) for c in result.calls)  # all requests, for the ranges
+    total = stats.llm_time_s  # streamed moments over the measured requests (models/instance/streamed.py)
     print(f"{options.instance.name}: {stats.completed} requests measured (after {result.warmup_s:.0f} s), "
           f"rate {workflow.arrival_rate:g} requests/s, seed {options.seed}")
-    print(f"time in LLMs per request: mean {total.mean():.2f} s, min {total.min():.2f} s, max {total.max():.2f} s\n")
+    print(f"time in LLMs per request: mean {total.mean:.2f} s, min {total.minimum:.2f} s, max {total.maximum:.2f} s\n")
     print("| llm | calls/request min-max | absolute mean_s | absolute CV | relative mean | relative CV | CV ratio |")
     print("|---|---|---:|---:|---:|---:|---:|")
-    for llm, absolute in times.items():
-        relative = absolute / total
-        cv_abs = absolute.std() / absolute.mean()
-        cv_rel = relative.std() / relative.mean()
-        counts = [n for (r, m), n in per_request.items() if m == llm]
-        print(f"| {llm} | {min(counts)}-{max(counts)} | {absolute.mean():.3f} | {cv_abs:.2f} | {relative.mean():.3f} | "
-              f"{cv_rel:.2f} | {cv_abs / cv_rel:.1f}x |")
-
+    for llm, spread in stats.spread.items():
+        absolute, relative, calls = spread.llm_time_s, spread.time_share, spread.calls
+        print(f"| {llm} | {calls.minimum:.0f}-{calls.maximum:.0f} | {absolute.mean:.3f} | {absolute.cv:.2f} | "
+              f"{relative.mean:.3f} | {relative.cv:.2f} | {absolute.cv / relative.cv:.1f}x |")
 
 if __name__ == "__main__":
     main()

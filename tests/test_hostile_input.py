@@ -305,3 +305,13 @@ def test_a_program_calling_past_the_bound_stops_with_exit_2(ws, monkeypatch):
     monkeypatch.setattr("scepsy.models.simulation.simulator.MAX_SIMULATED_CALLS", 50)
     monkeypatch.setattr("scepsy.models.simulation.simulator.check_size", lambda *args: None)
     _expect(["simulate", ws / BEAM, "--plan", ws / "alloc.yaml", "--duration-s", "20"], 2, "more than 50 LLM calls")
+
+
+def test_recording_every_call_is_bounded_by_its_memory(ws, monkeypatch):
+    """--calls-out keeps every call until it writes them: a run past MAX_RECORDED_CALLS is refused
+    before it starts, and the same run without --calls-out is not."""
+    monkeypatch.setattr("scepsy.models.simulation.simulator.MAX_RECORDED_CALLS", 50)
+    args = ["simulate", ws / BEAM, "--plan", ws / "alloc.yaml", "--duration-s", "20"]
+    _expect([*args, "--calls-out", ws / "calls.jsonl"], 2, "--calls-out", "more than the 50 ")
+    assert not (ws / "calls.jsonl").exists()
+    _expect([*args, "--json"], 0)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,8 +45,7 @@ def test_beam_search_reproduces_the_instance_statistics_and_varies_per_request()
         measured = workflow.stage(stage.llm)
         assert measured.invocations == pytest.approx(stage.invocations, rel=0.12)
         assert measured.parallelism == pytest.approx(stage.parallelism, rel=0.12)
-    gen_time = np.array(workflow.per_request_llm_time_s["gen"])
-    assert gen_time.std() / gen_time.mean() > 0.4  # invocation counts vary strongly per request
+    assert workflow.spread["gen"].llm_time_s.cv > 0.4  # invocation counts vary strongly per request
     assert workflow.stage("gen").time_share + workflow.stage("ver").time_share == pytest.approx(1.0)
 
 
@@ -193,3 +194,92 @@ def test_cli_simulate_json_and_table(tmp_path):
     assert table.exit_code == 0 and table.output.count("Simulated workflows") == 2
     bad = runner.invoke(app, ["simulate", str(INSTANCES / "rag-4xa6000.yaml"), "--rates", "1,x"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def _exact_from_calls(result, workflow: str, llms):
+    """The workflow statistics recomputed exactly from every recorded call (warmup_s=0: every request
+    is measured; in the beam program a request starts with its first calls and ends with its last)."""
+    requests: dict[int, list[dict]] = {}
+    for call in result.calls:
+        if call["workflow"] == workflow:
+            requests.setdefault(call["request"], []).append(call)
+    latencies = np.array([max(c["end_s"] for c in cs) - min(c["start_s"] for c in cs) for cs in requests.values()])
+
+    def union(intervals):
+        total, reach = 0.0, -np.inf
+        for start, end in sorted(intervals):
+            total += max(end - max(start, reach), 0.0)
+            reach = max(reach, end)
+        return total
+
+    busy = {m: np.array([union([(c["start_s"], c["end_s"]) for c in cs if c["llm"] == m]) for cs in requests.values()])
+            for m in llms}
+    total = np.sum(list(busy.values()), axis=0)  # per request, over the LLMs
+    exact = {"latencies": latencies, "busy": busy, "requests": len(requests)}
+    for m in llms:
+        own = [c for cs in requests.values() for c in cs if c["llm"] == m]
+        exact[m] = {
+            "n": len(own) / len(requests),
+            "p": sum(c["end_s"] - c["start_s"] for c in own) / busy[m].sum(),
+            "share": float(np.mean(busy[m][total > 0] / total[total > 0])),
+        }
+    return exact
+
+
+def test_streamed_statistics_equal_the_exact_ones_from_every_call():
+    """Means, n, p, time shares and per-request spread accumulated as requests finish equal the same
+    quantities computed from every recorded call; percentiles are within the sketch's 0.1%."""
+    instance = load_instance(INSTANCES / "beam-4xa6000.yaml").with_arrival_rates({"beam": 1.0})
+    result = simulate(instance, _whole(instance), SimulationSettings(duration_s=120, warmup_s=0, seed=3), record_calls=True)
+    stats = result.workflow("beam")
+    llms = [s.llm for s in stats.stages]
+    exact = _exact_from_calls(result, "beam", llms)
+    assert stats.unfinished == 0 and stats.completed == exact["requests"] > 50
+    rounding = 2e-6  # recorded times are rounded to the microsecond
+    assert stats.latency_mean_s == pytest.approx(exact["latencies"].mean(), abs=rounding)
+    for q in (50, 90, 99):
+        assert getattr(stats, f"latency_p{q}_s") == pytest.approx(np.percentile(exact["latencies"], q), rel=1e-3, abs=rounding)
+    for m in llms:
+        assert stats.stage(m).invocations == exact[m]["n"]
+        assert stats.stage(m).parallelism == pytest.approx(exact[m]["p"], rel=1e-5)
+        assert stats.stage(m).time_share == pytest.approx(exact[m]["share"], rel=1e-5)
+        spread = stats.spread[m].llm_time_s
+        assert spread.count == exact["requests"]
+        assert spread.mean == pytest.approx(exact["busy"][m].mean(), abs=rounding)
+        assert spread.std == pytest.approx(exact["busy"][m].std(), abs=rounding)
+    for llm in result.llms:  # every call of the run, warm-up and unfinished requests included
+        calls = [c for c in result.calls if c["llm"] == llm.name]
+        assert llm.calls == len(calls)
+        assert llm.prefix_hit_rate == pytest.approx(sum(c["cached_tokens"] for c in calls) / sum(c["prompt_tokens"] for c in calls))
+
+
+def test_memory_does_not_grow_with_the_duration():
+    """At the end of the arrivals, a run of 10T holds no more request or call objects than one of T:
+    those of the requests in flight (before, every request's calls were kept to the end), and its
+    latency sketch stays within the bucket bound of its latencies' range."""
+    from scepsy.models.performance.replica import Request
+    from scepsy.models.simulation.simulator import _WorkflowRequest
+
+    instance = load_instance(INSTANCES / "beam-4xa6000.yaml").with_arrival_rates({"beam": 0.5})
+
+    def held(duration_s: float):
+        counts: dict[str, int] = {}
+
+        def probe(fraction: float) -> None:
+            if fraction >= 1.0 and not counts:  # arrivals have ended; the drain has not started
+                gc.collect()
+                objects = gc.get_objects()
+                counts["requests"] = sum(type(o) is _WorkflowRequest for o in objects)
+                counts["calls"] = sum(type(o) is Request for o in objects)
+
+        result = simulate(instance, _whole(instance), SimulationSettings(duration_s=duration_s, seed=0), progress=probe)
+        return counts, result.workflow("beam")
+
+    (short, short_stats), (long, long_stats) = held(100.0), held(1000.0)
+    assert long_stats.arrivals >= 9 * short_stats.arrivals >= 9 * 40
+    for counts in (short, long):
+        assert counts["requests"] <= 10 and counts["calls"] <= 10 * 40  # a few requests in flight
+    for stats in (short_stats, long_stats):
+        sketch = stats.latency_sketch
+        gamma = (1 + sketch.alpha) / (1 - sketch.alpha)
+        assert len(sketch.buckets) <= math.log(sketch.maximum / sketch.minimum) / math.log(gamma) + 2

@@ -423,6 +423,11 @@ class Router:
                 best = owner
         return best
 
+    def forget(self, store_key: Hashable) -> None:
+        """Drop a stored prompt's owner once no call can extend it (its workflow request has
+        finished), so that the router's memory does not grow with the run."""
+        self._owner.pop(store_key, None)
+
     def route(self, request: Request) -> simpy.Event:
         replica = self.choose(request)
         if request.store_key is not None:

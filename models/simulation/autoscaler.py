@@ -20,6 +20,7 @@ num_requests_waiting per replica (then `target` is requests per replica).
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import simpy
@@ -85,7 +86,8 @@ class Autoscaler:
         self.pool = pool
         self.engines = engines
         self.leases = {llm: list(v) for llm, v in leases.items()}
-        self.history: dict[str, list[tuple[float, int]]] = {llm: [] for llm in engines}
+        # (time, desired) within the scale-down stabilization window only: memory flat over the run
+        self.history: dict[str, deque[tuple[float, int]]] = {llm: deque() for llm in engines}
         self.events: list[tuple[float, str, str, int]] = []  # (time, llm, "up"/"down", replicas)
 
     def __call__(self, env: simpy.Environment, cluster):
@@ -114,8 +116,11 @@ class Autoscaler:
                 ratio = metric / s.target
                 desired = current if abs(ratio - 1) <= s.tolerance else math.ceil(len(ready) * ratio)
                 desired = max(desired, s.min_replicas)
-                self.history[llm].append((now, desired))
-                window = [d for t, d in self.history[llm] if t > now - s.scale_down_stabilization_s]
+                history = self.history[llm]
+                history.append((now, desired))
+                while history and history[0][0] <= now - s.scale_down_stabilization_s:
+                    history.popleft()
+                window = [d for _, d in history]
                 if desired > current:
                     grow = min(desired, max(current * 2, current + 1)) - current
                     for _ in range(grow):

@@ -24,6 +24,13 @@ duration_s; the simulation then runs until the measured requests finish or `drai
                      of all its LLMs (the paper's Fig. 3 "relative" time)
     critical path    per LLM, the share of its busy time on the requests' critical paths
                      (models/instance/statistic.py; 1 when a request's LLMs never run side by side)
+
+Memory: every statistic is accumulated as the requests finish (running sums and counts for the
+means, n and p; latency percentiles from a log-bucket quantile sketch within 0.1% relative error,
+models/instance/streamed.py), and a request's calls are dropped once it has been counted. What the
+simulator holds is the requests in flight and O(workflows x LLMs + sketch buckets), independent of
+the duration; only `record_calls` (every call, for `--calls-out`) keeps what grows with it, and is
+bounded to MAX_RECORDED_CALLS. MAX_SIMULATED_CALLS bounds a run's work, for its wall time.
 """
 
 from __future__ import annotations
@@ -32,9 +39,8 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Generator, Mapping, Sequence, cast
+from typing import Callable, Generator, Iterator, Mapping, Sequence, cast
 
-import numpy as np
 import simpy
 
 from scepsy.models.instance.allocation import Allocation
@@ -45,6 +51,7 @@ from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSet
 from scepsy.models.errors import InputError
 from scepsy.models.instance.instance import Instance, Workflow
 from scepsy.models.instance.statistic import InvocationStatistic, critical_time_s, request_use
+from scepsy.models.instance.streamed import Moments, QuantileSketch, RunningMoments
 from scepsy.models.instance.workflow import default_program
 from scepsy.models.simulation.programs import run_program
 from scepsy.models.performance.replica import ReplicaSim, Request, Router
@@ -108,24 +115,13 @@ def replica_engine(instance: Instance, llm: str, gpu_type: str, tp: int, fractio
 # Runtime
 
 
-@dataclass(frozen=True, slots=True)
-class _FinishedCall:
-    """What the summary needs of a finished request's call (a tenth of a Request's memory)."""
-
-    tag: str
-    arrival_s: float
-    finish_s: float | None
-    prompt_tokens: int
-    hit_tokens: int
-
-
 @dataclass
 class _WorkflowRequest:
     workflow: str
     index: int
     arrival_s: float
     finish_s: float | None = None
-    calls: list = field(default_factory=list)  # Requests; _FinishedCalls once the request is done
+    calls: list[Request] = field(default_factory=list)
     links: list[tuple[int | None, int]] = field(default_factory=list)  # (prefix call index, prefix tokens)
     stored: dict = field(default_factory=dict)  # store key -> call index
 
@@ -138,7 +134,8 @@ class SimCluster:
         self.engines = dict(engines)
         self.routers = {llm: Router(llm, routing) for llm in self.engines}
         self.counter = 0
-        self.calls_made = 0  # bounded by MAX_SIMULATED_CALLS: a workflow program may call without end
+        self.calls_made = 0
+        self.call_budget = MAX_SIMULATED_CALLS  # MAX_RECORDED_CALLS while every call is kept (record_calls)
         self.clipped = 0  # calls cut to the KV cache, over the whole run
 
     def add_replica(self, llm: str, engine: Engine | None = None) -> ReplicaSim:
@@ -173,7 +170,7 @@ class RequestContext:
              store_key=None, sequences: int = 1) -> simpy.Event:
         engine = self.cluster.engines[llm]
         self.cluster.calls_made += 1
-        if self.cluster.calls_made > MAX_SIMULATED_CALLS:
+        if self.cluster.calls_made > self.cluster.call_budget:
             raise CallBudgetExceeded()  # SimPy re-raises it from env.run; simulate() says what to do
         if not engine.model.encoder:
             limit = engine.kv_capacity_tokens
@@ -238,6 +235,15 @@ class StageStats:
 
 
 @dataclass(frozen=True)
+class RequestSpread:
+    """How one LLM's use varies over a workflow's measured, completed requests (streamed moments)."""
+
+    calls: Moments  # calls per request
+    llm_time_s: Moments  # the union of the LLM's call intervals per request, s
+    time_share: Moments  # llm_time_s over the request's summed LLM time (requests with LLM time only)
+
+
+@dataclass(frozen=True)
 class WorkflowStats:
     name: str
     offered_rate_rps: float
@@ -250,7 +256,9 @@ class WorkflowStats:
     latency_p90_s: float
     latency_p99_s: float
     stages: tuple[StageStats, ...]
-    per_request_llm_time_s: Mapping[str, tuple[float, ...]] = field(repr=False, default_factory=dict)
+    spread: Mapping[str, RequestSpread] = field(repr=False, default_factory=dict)  # per LLM
+    llm_time_s: Moments = field(repr=False, default_factory=lambda: RunningMoments().summary())  # per request, all its LLMs
+    latency_sketch: QuantileSketch = field(repr=False, compare=False, default_factory=QuantileSketch)  # any other percentile
 
     def stage(self, llm: str) -> StageStats:
         return next(s for s in self.stages if s.llm == llm)
@@ -348,68 +356,155 @@ class SimulationResult:
 Controller = Callable[[simpy.Environment, SimCluster], Generator[simpy.Event, object, object]]  # a SimPy process
 
 
-def poisson_arrivals(rate: float, duration_s: float, rng: random.Random) -> list[float]:
-    times: list[float] = []
+def poisson_arrivals(rate: float, duration_s: float, rng: random.Random) -> Iterator[float]:
+    """Poisson arrival times in [0, duration_s), drawn as the run reaches them (none held ahead)."""
     now = 0.0
     if rate <= 0:
-        return times
+        return
     while True:
         now += rng.expovariate(rate)
         if now >= duration_s:
-            return times
-        times.append(now)
+            return
+        yield now
 
 
-def _summarise_workflow(workflow: Workflow, records: list[_WorkflowRequest], window: tuple[float, float],
-                        offered: float) -> WorkflowStats:
-    start, end = window
-    measured = [r for r in records if start <= r.arrival_s <= end]
-    done = [r for r in measured if r.finish_s is not None]
-    completed_in_window = sum(1 for r in records if r.finish_s is not None and start <= r.finish_s <= end)
-    latencies = np.array([cast(float, r.finish_s) - r.arrival_s for r in done]) if done else np.array([math.nan])
-    llms = [s.llm for s in workflow.stages]
-    statistic = {m: InvocationStatistic() for m in llms}
-    shares: dict[str, list[float]] = {m: [] for m in llms}
-    per_request: dict[str, list[float]] = {m: [] for m in llms}
-    critical = {m: 0.0 for m in llms}
-    for record in done:
-        spans: dict[str, list[tuple[float, float]]] = {m: [] for m in llms}
+class _WorkflowTally:
+    """A workflow's statistics, accumulated request by request as the requests finish: running
+    sums and counts, moments and a latency sketch, so that memory does not grow with the run."""
+
+    def __init__(self, workflow: Workflow, window: tuple[float, float]):
+        self.workflow = workflow
+        self.window = window
+        self.llms = [s.llm for s in workflow.stages]
+        self.arrivals = 0  # measured: arrived in the window
+        self.completed = 0  # measured and finished
+        self.finished_in_window = 0  # any request finishing in the window (throughput)
+        self.latency = RunningMoments()
+        self.latency_sketch = QuantileSketch()
+        self.statistic = {m: InvocationStatistic() for m in self.llms}
+        self.calls = {m: RunningMoments() for m in self.llms}
+        self.busy = {m: RunningMoments() for m in self.llms}
+        self.shares = {m: RunningMoments() for m in self.llms}
+        self.llm_time = RunningMoments()
+        self.critical: dict[str, float] = {m: 0.0 for m in self.llms}
+
+    def measured(self, arrival_s: float) -> bool:
+        return self.window[0] <= arrival_s <= self.window[1]
+
+    def arrive(self, arrival_s: float) -> None:
+        if self.measured(arrival_s):
+            self.arrivals += 1
+
+    def finish(self, record: _WorkflowRequest) -> None:
+        finish_s = cast(float, record.finish_s)
+        if self.window[0] <= finish_s <= self.window[1]:
+            self.finished_in_window += 1
+        if not self.measured(record.arrival_s):
+            return
+        self.completed += 1
+        self.latency.add(finish_s - record.arrival_s)
+        self.latency_sketch.add(finish_s - record.arrival_s)
+        spans: dict[str, list[tuple[float, float]]] = {m: [] for m in self.llms}
         for call in record.calls:
             spans.setdefault(cast(str, call.tag), []).append((call.arrival_s, cast(float, call.finish_s)))  # done: finished
-        own = {m: request_use(spans[m]) for m in llms}
+        own = {m: request_use(spans[m]) for m in self.llms}
         total = sum(use.busy_s for use in own.values())
+        self.llm_time.add(total)
         for m, seconds in critical_time_s(spans).items():
-            critical[m] = critical.get(m, 0.0) + seconds
-        for m in llms:
-            statistic[m].add(own[m])
-            per_request[m].append(own[m].busy_s)
+            self.critical[m] = self.critical.get(m, 0.0) + seconds
+        for m in self.llms:
+            self.statistic[m].add(own[m])
+            self.calls[m].add(own[m].calls)
+            self.busy[m].add(own[m].busy_s)
             if total > 0:
-                shares[m].append(own[m].busy_s / total)
-    stages = tuple(
-        StageStats(
-            llm=m,
-            invocations=statistic[m].invocations,
-            parallelism=statistic[m].parallelism(),
-            mean_call_latency_s=statistic[m].call_time_s / statistic[m].calls if statistic[m].calls else math.nan,
-            time_share=float(np.mean(shares[m])) if shares[m] else math.nan,
-            critical_path=min(critical[m] / statistic[m].busy_s, 1.0) if statistic[m].busy_s > 0 else math.nan,
+                self.shares[m].add(own[m].busy_s / total)
+
+    def summary(self, offered: float) -> WorkflowStats:
+        start, end = self.window
+        p50, p90, p99 = self.latency_sketch.percentiles([50, 90, 99])
+        return WorkflowStats(
+            name=self.workflow.name,
+            offered_rate_rps=offered,
+            arrivals=self.arrivals,
+            completed=self.completed,
+            unfinished=self.arrivals - self.completed,
+            throughput_rps=self.finished_in_window / (end - start),
+            latency_mean_s=self.latency.mean,
+            latency_p50_s=p50,
+            latency_p90_s=p90,
+            latency_p99_s=p99,
+            stages=tuple(self._stage(m) for m in self.llms),
+            spread={m: RequestSpread(self.calls[m].summary(), self.busy[m].summary(), self.shares[m].summary())
+                    for m in self.llms},
+            llm_time_s=self.llm_time.summary(),
+            latency_sketch=self.latency_sketch,
         )
-        for m in llms
-    )
-    return WorkflowStats(
-        name=workflow.name,
-        offered_rate_rps=offered,
-        arrivals=len(measured),
-        completed=len(done),
-        unfinished=len(measured) - len(done),
-        throughput_rps=completed_in_window / (end - start),
-        latency_mean_s=float(latencies.mean()),
-        latency_p50_s=float(np.percentile(latencies, 50)),
-        latency_p90_s=float(np.percentile(latencies, 90)),
-        latency_p99_s=float(np.percentile(latencies, 99)),
-        stages=stages,
-        per_request_llm_time_s={m: tuple(v) for m, v in per_request.items()},
-    )
+
+    def _stage(self, m: str) -> StageStats:
+        statistic = self.statistic[m]
+        return StageStats(
+            llm=m,
+            invocations=statistic.invocations,
+            parallelism=statistic.parallelism(),
+            mean_call_latency_s=statistic.call_time_s / statistic.calls if statistic.calls else math.nan,
+            time_share=self.shares[m].mean,
+            critical_path=min(self.critical[m] / statistic.busy_s, 1.0) if statistic.busy_s > 0 else math.nan,
+        )
+
+
+@dataclass
+class _TokenTally:
+    """One LLM's calls and prompt tokens (all requests, warm-up and unfinished ones included)."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+
+    def add(self, call: Request) -> None:
+        self.calls += 1
+        self.prompt_tokens += call.prompt_tokens
+        self.hit_tokens += call.hit_tokens
+
+
+class _Ledger:
+    """The simulation's bookkeeping: requests in flight, and what finished ones leave behind."""
+
+    def __init__(self, instance: Instance, window: tuple[float, float], record_calls: bool):
+        self.workflows = {w.name: _WorkflowTally(w, window) for w in instance.workflows}
+        self.tokens: dict[str, _TokenTally] = {}
+        self.in_flight: dict[tuple[str, int], _WorkflowRequest] = {}
+        self.measured_in_flight = 0
+        self.recorded: dict[str, list[_WorkflowRequest]] | None = (
+            {w.name: [] for w in instance.workflows} if record_calls else None)
+
+    def arrive(self, record: _WorkflowRequest) -> None:
+        self.in_flight[(record.workflow, record.index)] = record
+        tally = self.workflows[record.workflow]
+        tally.arrive(record.arrival_s)
+        self.measured_in_flight += tally.measured(record.arrival_s)
+        if self.recorded is not None:
+            self.recorded[record.workflow].append(record)
+
+    def finish(self, record: _WorkflowRequest, cluster: SimCluster) -> None:
+        del self.in_flight[(record.workflow, record.index)]
+        tally = self.workflows[record.workflow]
+        tally.finish(record)
+        self.measured_in_flight -= tally.measured(record.arrival_s)
+        for call in record.calls:
+            self.tokens.setdefault(cast(str, call.tag), _TokenTally()).add(call)
+        uid = (record.workflow, record.index)
+        for key, index in record.stored.items():  # no later call can extend this request's prompts
+            cluster.routers[cast(str, record.calls[index].tag)].forget((uid, key))
+        if self.recorded is None:
+            record.calls, record.links, record.stored = [], [], {}
+
+    def token_totals(self) -> dict[str, _TokenTally]:
+        """Finished requests' tallies plus the calls of the requests still in flight."""
+        totals = {llm: replace(tally) for llm, tally in self.tokens.items()}
+        for record in self.in_flight.values():
+            for call in record.calls:
+                totals.setdefault(cast(str, call.tag), _TokenTally()).add(call)
+        return totals
 
 
 def _replica_window_time(replica: ReplicaSim, start: float, end: float) -> float:
@@ -418,16 +513,21 @@ def _replica_window_time(replica: ReplicaSim, start: float, end: float) -> float
 
 
 class CallBudgetExceeded(Exception):
-    """A run made more than MAX_SIMULATED_CALLS calls (a plain exception: SimPy re-creates it)."""
+    """A run made more calls than its budget (a plain exception: SimPy re-creates it)."""
 
 
-# The simulator keeps every request's calls until it summarises the run; beyond this many expected
-# calls a run would hold gigabytes, and the statistics converge long before it.
-MAX_SIMULATED_CALLS = 2_000_000
+# A bound on the work of one run, for its wall time (memory does not grow with the calls): the
+# simulator runs about 20,000 LLM calls a second, so this is an hour or two, and the statistics
+# settle within minutes of simulated time.
+MAX_SIMULATED_CALLS = 100_000_000
+# With record_calls (`--calls-out`) every call is kept until the run ends (about 1.5 KB a call,
+# the Request and its output row): this many is about 1.5 GB.
+MAX_RECORDED_CALLS = 1_000_000
 
 
-def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mapping[str, Sequence[float]] | None = None) -> None:
-    """Refuse a run whose expected number of LLM calls exceeds MAX_SIMULATED_CALLS (InputError)."""
+def expected_calls(instance: Instance, settings: SimulationSettings,
+                   arrivals: Mapping[str, Sequence[float]] | None = None) -> float:
+    """LLM calls a run should make: requests times the stages' invocations."""
     expected = 0.0
     for workflow in instance.workflows:
         if arrivals is not None and workflow.name in arrivals:
@@ -435,11 +535,25 @@ def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mappi
         else:
             requests = workflow.arrival_rate * settings.duration_s
         expected += requests * sum(s.invocations for s in workflow.stages)
+    return expected
+
+
+def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mapping[str, Sequence[float]] | None = None,
+               record_calls: bool = False) -> None:
+    """Refuse a run whose expected LLM calls exceed MAX_SIMULATED_CALLS (its wall time), or, when it
+    records every call, MAX_RECORDED_CALLS (its memory) (InputError)."""
+    expected = expected_calls(instance, settings, arrivals)
     if not expected <= MAX_SIMULATED_CALLS:
         raise InputError(
             None, "--duration-s", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to simulate, "
-            f"more than the {MAX_SIMULATED_CALLS:,} the simulator holds in memory",
+            f"more than the {MAX_SIMULATED_CALLS:,} a run is bounded to (hours of wall time)",
             "shorten --duration-s or lower the rates (the statistics settle within minutes of simulated time)",
+        )
+    if record_calls and not expected <= MAX_RECORDED_CALLS:
+        raise InputError(
+            None, "--calls-out", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to record, "
+            f"more than the {MAX_RECORDED_CALLS:,} the simulator holds in memory to write them",
+            "shorten --duration-s or lower the rates, or simulate without --calls-out (its statistics need no such bound)",
         )
 
 
@@ -453,8 +567,10 @@ def simulate(
     record_calls: bool = False,
 ) -> SimulationResult:
     """Simulate the instance's workflows (at their arrival rates, or at the given arrival
-    timestamps per workflow) on `allocation`; `controller` may change replicas while it runs."""
-    check_size(instance, settings, arrivals)
+    timestamps per workflow) on `allocation`; `controller` may change replicas while it runs.
+    `record_calls` keeps every call for SimulationResult.calls (bounded to MAX_RECORDED_CALLS);
+    without it, memory does not grow with the duration (the module docstring)."""
+    check_size(instance, settings, arrivals, record_calls)
     env = simpy.Environment()
     engines = {}
     for choice in allocation.llms:
@@ -462,39 +578,39 @@ def simulate(
         engines[choice.llm] = replica_engine(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine,
                                              settings.engine_model, settings.backend, settings.database_version)
     cluster = SimCluster(env, engines, settings.routing)
+    cluster.call_budget = MAX_RECORDED_CALLS if record_calls else MAX_SIMULATED_CALLS
     for choice in allocation.llms:
         for _ in range(choice.replicas):
             cluster.add_replica(choice.llm)
     if controller is not None:
         env.process(controller(env, cluster))
 
-    records: dict[str, list[_WorkflowRequest]] = {w.name: [] for w in instance.workflows}
+    ledger = _Ledger(instance, (settings.warmup, settings.duration_s), record_calls)
+
     def run_request(workflow: Workflow, record: _WorkflowRequest):
         rng = random.Random(f"{settings.seed}/{workflow.name}/{record.index}")
         ctx = RequestContext(env, cluster, workflow, record, rng)
         yield from run_program(ctx, workflow.program or default_program())
         record.finish_s = env.now
-        if not record_calls:  # keep what the summary needs: memory per call drops about tenfold
-            record.calls = [_FinishedCall(c.tag, c.arrival_s, c.finish_s, c.prompt_tokens, c.hit_tokens) for c in record.calls]
-            record.links, record.stored = [], {}
+        ledger.finish(record, cluster)
 
-    def source(workflow: Workflow, times: Sequence[float]):
+    def source(workflow: Workflow, times: Iterator[float]):
         for index, at in enumerate(times):
             if at > env.now:
                 yield env.timeout(at - env.now)
             record = _WorkflowRequest(workflow.name, index, env.now)
-            records[workflow.name].append(record)
+            ledger.arrive(record)
             env.process(run_request(workflow, record))
 
-    for w_index, workflow in enumerate(instance.workflows):
+    for workflow in instance.workflows:
         if arrivals is not None and workflow.name in arrivals:
-            times = [t for t in sorted(arrivals[workflow.name]) if t < settings.duration_s]
+            times = iter([t for t in sorted(arrivals[workflow.name]) if t < settings.duration_s])
         else:
             rng = random.Random(f"{settings.seed}/arrivals/{workflow.name}")
             times = poisson_arrivals(workflow.arrival_rate, settings.duration_s, rng)
         env.process(source(workflow, times))
 
-    warm, end = settings.warmup, settings.duration_s
+    warm = settings.warmup
     busy_at_warm: dict[int, float] = {}
 
     def snapshot():
@@ -505,16 +621,19 @@ def simulate(
 
     env.process(snapshot())
     try:
-        return _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records, busy_at_warm)
+        return _run(instance, allocation, settings, arrivals, progress, env, cluster, ledger, busy_at_warm)
     except CallBudgetExceeded:
+        option, bound = ("--calls-out", "what it holds in memory to record them") if record_calls else (
+            "--duration-s", "what a run is bounded to")
         raise InputError(
-            None, "--duration-s", f"the simulation made more than {MAX_SIMULATED_CALLS:,} LLM calls, what it holds in memory "
+            None, option, f"the simulation made more than {cluster.call_budget:,} LLM calls, {bound} "
             "(the workflows' programs call more often than their stages say)",
-            "shorten --duration-s, lower the rates, or check the program's beams, passages and iterations",
+            "shorten --duration-s, lower the rates or check the program's beams, passages and iterations"
+            + (", or simulate without --calls-out" if record_calls else ""),
         ) from None
 
 
-def _run(instance, allocation, settings, arrivals, progress, record_calls, env, cluster, records,
+def _run(instance, allocation, settings, arrivals, progress, env, cluster, ledger: _Ledger,
          busy_at_warm) -> SimulationResult:
     """Run the prepared simulation to its end and summarise it."""
     warm, end = settings.warmup, settings.duration_s
@@ -528,17 +647,15 @@ def _run(instance, allocation, settings, arrivals, progress, record_calls, env, 
         id(r): _replica_window_time(r, warm, end) for llm in cluster.routers for r in cluster.all_replicas(llm)
     }
     limit = end + settings.drain
-    pending = lambda: any(  # noqa: E731
-        r.finish_s is None for rs in records.values() for r in rs if warm <= r.arrival_s <= end
-    )
-    while pending() and env.now < limit:
+    while ledger.measured_in_flight and env.now < limit:
         env.run(until=min(env.now + max(settings.duration_s / 20, 1.0), limit))
 
     workflows = tuple(
-        _summarise_workflow(w, records[w.name], (warm, end), w.arrival_rate if arrivals is None or w.name not in arrivals
-                            else sum(1 for t in arrivals[w.name] if t < end) / end)
+        ledger.workflows[w.name].summary(w.arrival_rate if arrivals is None or w.name not in arrivals
+                                         else sum(1 for t in arrivals[w.name] if t < end) / end)
         for w in instance.workflows
     )
+    tokens = ledger.token_totals()
     llm_stats = []
     gpus = 0.0
     for choice in allocation.llms:
@@ -546,9 +663,7 @@ def _run(instance, allocation, settings, arrivals, progress, record_calls, env, 
         engine = cluster.engines[choice.llm]
         alive = sum(time_at_end.get(id(r), 0.0) for r in replicas)
         busy = sum(busy_at_end.get(id(r), r.busy_s) - busy_at_warm.get(id(r), 0.0) for r in replicas)
-        calls = [c for rs in records.values() for r in rs for c in r.calls if c.tag == choice.llm]
-        prompt = sum(c.prompt_tokens for c in calls)
-        hits = sum(c.hit_tokens for c in calls)
+        calls = tokens.get(choice.llm, _TokenTally())
         busy_total = sum(r.busy_s for r in replicas)
         batch = sum(r.batch_token_s for r in replicas) / busy_total if busy_total > 0 else 0.0
         replicas_mean = alive / (end - warm)
@@ -561,32 +676,11 @@ def _run(instance, allocation, settings, arrivals, progress, record_calls, env, 
                 fraction=engine.fraction,
                 replicas_mean=replicas_mean,
                 utilization=min(busy / alive, 1.0) if alive > 0 else 0.0,  # +-1 iteration at the edges
-                calls=len(calls),
+                calls=calls.calls,
                 mean_batch=batch,
-                prefix_hit_rate=hits / prompt if prompt else 0.0,
+                prefix_hit_rate=calls.hit_tokens / calls.prompt_tokens if calls.prompt_tokens else 0.0,
                 preemptions=sum(r.preemptions for r in replicas),
             )
-        )
-    calls_out: tuple[dict, ...] = ()
-    if record_calls:
-        calls_out = tuple(
-            {
-                "workflow": r.workflow,
-                "request": r.index,
-                "llm": c.tag,
-                "start_s": round(c.arrival_s, 6),
-                "end_s": None if c.finish_s is None else round(c.finish_s, 6),
-                "prompt_tokens": c.prompt_tokens,
-                "completion_tokens": c.completion_tokens,
-                "cached_tokens": c.hit_tokens,
-                "sequences": c.sequences,
-                "call": index,
-                "prefix_call": link[0],
-                "prefix_tokens": link[1],
-            }
-            for w in instance.workflows
-            for r in records[w.name]
-            for index, (c, link) in enumerate(zip(r.calls, r.links))
         )
     return SimulationResult(
         duration_s=end,
@@ -596,5 +690,30 @@ def _run(instance, allocation, settings, arrivals, progress, record_calls, env, 
         llms=tuple(llm_stats),
         gpus_mean=gpus,
         clipped_calls=cluster.clipped,
-        calls=calls_out,
+        calls=_recorded_calls(instance, ledger.recorded),
+    )
+
+
+def _recorded_calls(instance: Instance, recorded: Mapping[str, list[_WorkflowRequest]] | None) -> tuple[dict, ...]:
+    """Every call of a recording run, by workflow, request and call."""
+    if recorded is None:
+        return ()
+    return tuple(
+        {
+            "workflow": r.workflow,
+            "request": r.index,
+            "llm": c.tag,
+            "start_s": round(c.arrival_s, 6),
+            "end_s": None if c.finish_s is None else round(c.finish_s, 6),
+            "prompt_tokens": c.prompt_tokens,
+            "completion_tokens": c.completion_tokens,
+            "cached_tokens": c.hit_tokens,
+            "sequences": c.sequences,
+            "call": index,
+            "prefix_call": link[0],
+            "prefix_tokens": link[1],
+        }
+        for w in instance.workflows
+        for r in recorded[w.name]
+        for index, (c, link) in enumerate(zip(r.calls, r.links))
     )

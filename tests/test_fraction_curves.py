@@ -229,3 +229,44 @@ def test_a_kv_cache_cliff_of_a_shipped_profile_is_derived_from_its_neighbour():
     assert got.derived_from == (0.3,)
     assert worst_error(got) <= 0.10
     assert worst_error(left_out.curve("A6000", 2, 0.2, 48.0, 14.96)) > 0.30
+
+
+# -- measured capacities that fall with the share (models/instance/profile.py capacity_inversions) --
+
+
+@settings(max_examples=100, deadline=None)
+@given(profiles)
+def test_profiles_whose_capacity_grows_with_the_share_are_not_flagged(profile):
+    from scepsy.models.instance.profile import capacity_inversions
+
+    assert capacity_inversions(profile) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.floats(1.0, 50.0), st.floats(0.3, 1.5), st.sampled_from(GRID[:-1]))
+def test_a_larger_share_measured_slower_than_a_smaller_one_is_flagged(rate_rps, speed, small):
+    """Two shares of one engine, the larger one's capacity `speed` times the smaller's: flagged
+    exactly when it is more than 2% below it, naming both."""
+    from scepsy.models.instance.profile import capacity_inversions
+
+    rows = []
+    for f, capacity in ((small, rate_rps), (1.0, speed * rate_rps)):
+        for u in POINTS:
+            rows.append(dict(gpu_type="G", tp=1, fraction=f, arrival_rate=u * capacity, throughput=u * capacity,
+                             latency_mean=1 + u, latency_p50=1 + u, latency_p90=1 + u, latency_p99=1 + u))
+    found = capacity_inversions(build_profile(pd.DataFrame(rows), "two shares"))
+    assert bool(found) == (speed < 0.98)
+    for inversion in found:
+        assert (inversion.smaller_fraction, inversion.larger_fraction) == (small, 1.0)
+        assert "fraction 1 is below" in inversion.message()
+
+
+def test_shipped_profiles_have_no_capacity_that_falls_with_the_share():
+    """The shipped profiles are synthesized with the capacity located on each curve's stability
+    boundary (models/profiles/synthesize.py `sweep`), so a larger share is never measured slower."""
+    from pathlib import Path
+
+    from scepsy.models.instance.profile import capacity_inversions, load_profile
+
+    for path in sorted((Path(__file__).resolve().parent.parent / "instances" / "profiles").glob("*.csv")):
+        assert [i.message() for i in capacity_inversions(load_profile(path))] == [], path.name

@@ -301,6 +301,43 @@ def derive_curve(measured: tuple[ProfileCurve, ...], fraction: float, kv, shape=
     return ProfileCurve(measured[0].gpu_type, measured[0].tp, fraction, _frozen(rates), latencies, derived_from=sources)
 
 
+CAPACITY_INVERSION_TOLERANCE = 0.02  # a larger share measured this much slower is flagged
+
+
+@dataclass(frozen=True)
+class CapacityInversion:
+    """A larger GPU share of one (gpu_type, tp) measured with less capacity than a smaller one:
+    the same engine with more compute and KV cache is not slower, so the measurement is suspect
+    (too few requests per rate point, a sweep that stopped short of saturation)."""
+
+    gpu_type: str
+    tp: int
+    smaller_fraction: float
+    smaller_capacity_rps: float
+    larger_fraction: float
+    larger_capacity_rps: float
+
+    def message(self) -> str:
+        return (f"{self.gpu_type} tp{self.tp}: capacity_rps {self.larger_capacity_rps:.4g} at fraction "
+                f"{self.larger_fraction:g} is below {self.smaller_capacity_rps:.4g} at {self.smaller_fraction:g}; "
+                "a larger share is not slower: re-measure both with more requests per rate point "
+                "and rates past saturation")
+
+
+def capacity_inversions(profile: LlmProfile, tolerance: float = CAPACITY_INVERSION_TOLERANCE) -> list[CapacityInversion]:
+    """Measured fractions whose capacity is below a smaller measured fraction's (by more than
+    `tolerance`), per (gpu_type, tp); each larger fraction named once, against the smaller
+    fraction of the largest capacity."""
+    found = []
+    for (gpu_type, tp), curves in sorted(profile.curves.items()):
+        for index, larger in enumerate(curves[1:], start=1):
+            fastest = max(curves[:index], key=lambda c: c.capacity_rps)
+            if larger.capacity_rps < fastest.capacity_rps * (1 - tolerance):
+                found.append(CapacityInversion(gpu_type, tp, fastest.fraction, fastest.capacity_rps,
+                                               larger.fraction, larger.capacity_rps))
+    return found
+
+
 def _bad_row(source: str, column: str, row: int, problem: str, fix: str) -> InputError:
     return InputError(source, f"row {row + 2}, column {column}", problem, fix)
 
@@ -431,13 +468,22 @@ def load_profile(path: Path | str) -> LlmProfile:
     return build_profile(read_profile_table(path), str(path))
 
 
+FLOAT_FORMAT = "%.6g"
+
+
+def as_written(value: float) -> float:
+    """`value` as `write_profile` writes it and the loader reads it back, so that a writer can
+    judge a row's stability on the numbers the loader will see."""
+    return float(FLOAT_FORMAT % value)
+
+
 def write_profile(rows, path: Path | str) -> None:
     """Write profile rows (a pandas DataFrame) in the canonical column order, sorted, with stable
     float formatting."""
     columns = list(PROFILE_COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in rows and rows[c].notna().any()]
     frame = rows.loc[:, columns].sort_values(["gpu_type", "tp", "fraction", "arrival_rate"])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, index=False, float_format="%.6g", lineterminator="\n")
+    frame.to_csv(path, index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
 
 
 def units_for_memory(need_gib: float, tp: int, memory_gib: float, fractions_per_gpu: int) -> int:

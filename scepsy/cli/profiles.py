@@ -45,7 +45,7 @@ def profiles_synthesize(
     llm: Annotated[Optional[str], typer.Option("--llm", help="With a calls JSONL: use only this LLM's calls.")] = None,
     gpu_type_name: Annotated[Optional[str], typer.Option("--gpu-type-name", help="gpu_type label in the CSV (default: --gpu as given).")] = None,
     min_kv_gib: Annotated[float, typer.Option("--min-kv-gib", min=0.0, help="Skip fractions whose KV cache is smaller.")] = 0.0,
-    requests_per_point: Annotated[int, typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point.")] = 400,
+    requests_per_point: Annotated[Optional[int], typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point (default: 400, more for prefill-only calls whose completions come in batches).")] = None,
     merge: Annotated[bool, typer.Option("--merge", help="Keep the rows of other (gpu_type, tp) pairs already in --out.")] = False,
     weights: WeightsOpt = None,
     engine_model: EngineModelOpt = "builtin",
@@ -90,6 +90,7 @@ def profiles_synthesize(
             frame = pd.concat([old[keep], frame], ignore_index=True)
         with writing(out):
             write_profile(frame, out)
+        inversions = note_capacity_inversions(out, quiet=json_output)
         capacities = {
             f"tp{t}/f{fr:g}": round(stable_capacity_rps(g), 6)
             for (gt, t, fr), g in frame.groupby(["gpu_type", "tp", "fraction"]) if gt == label
@@ -106,6 +107,7 @@ def profiles_synthesize(
             "mean_completion_tokens": round(source.mean_completion_tokens, 1),
             "rows": int(len(frame)),
             "capacity_rps": capacities,
+            "capacity_inversions": inversions,
             "skipped": [{"tp": s.tp, "fraction": s.fraction, "reason": s.reason} for s in skipped],
         }
         emit_json(summary, None, json_output)
@@ -134,6 +136,19 @@ def _write_profile_rows(rows, out: Path) -> None:
     existing = read_profile_frame(out) if kind_of(out) != "missing" else None
     with writing(out):
         write_profile(merge_profile_rows(existing, rows), out)
+    note_capacity_inversions(out)
+
+
+def note_capacity_inversions(out: Path, quiet: bool = False) -> list[str]:
+    """One stderr note (unless `quiet`: the JSON summary carries them) per measured fraction of the
+    written profile that has less capacity than a smaller share of the same (gpu_type, tp)
+    (models/instance/profile.py `capacity_inversions`); returns the messages."""
+    from scepsy.models.instance.profile import capacity_inversions, load_profile
+
+    messages = [i.message() for i in capacity_inversions(load_profile(out))]
+    for message in [] if quiet else messages:
+        stderr.print(f"note: {out}: {message}", markup=False, highlight=False)
+    return messages
 
 
 @app.command()

@@ -37,6 +37,7 @@ from pathlib import Path
 import yaml
 
 from scepsy.models.instance.instance import load_instance
+from scepsy.models.plan.document import plan_json
 from scepsy.models.instance.profile import load_profile, write_profile
 from scepsy.planner.allocation.search import PlanSettings
 from scepsy.planner.allocation.planning import make_plan
@@ -167,7 +168,7 @@ def run_e2e(s: E2ESettings, log=print) -> dict:
         instance_path = s.out_dir / "instance.yaml"
         instance_path.write_text(yaml.safe_dump(_instance_yaml(stages, round(rate, 6), profiles), sort_keys=False))
         plan = make_plan(load_instance(instance_path), PlanSettings(backend=s.backend, time_limit_s=20.0))
-        (s.out_dir / "plan.json").write_text(plan.dumps(include_wall_time=False))
+        (s.out_dir / "plan.json").write_text(json.dumps(plan_json(plan, include_wall_time=False), indent=2) + "\n")
         predicted = plan.prediction.workflow("beam")
         log(f"plan: {[(a.llm, a.share / FRACTIONS_PER_GPU, a.replicas) for a in plan.allocation.llms]}, "
             f"rate {rate:.4f} req/s, predicted latency {predicted.latency_s:.3f} s")

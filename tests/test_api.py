@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 import scepsy
 from scepsy import place, plan, predict, simulate
 from scepsy.cli import app
+from scepsy.models.plan.document import plan_json
 from scepsy.models.simulation.simulator import SimulationSettings
 from scepsy.tracing.capture.store import write_store
 
@@ -30,7 +31,7 @@ def test_the_api_answers_what_the_commands_answer(tmp_path):
     out = tmp_path / "plan.json"
     assert runner.invoke(app, ["plan", str(DEFAULT), "--out", str(out)]).exit_code == 0
     written = json.loads(out.read_text())
-    assert written["llms"] == planned.to_json()["llms"] and written["placement"] == planned.to_json()["placement"]
+    assert written["llms"] == plan_json(planned)["llms"] and written["placement"] == plan_json(planned)["placement"]
 
     placed = place(DEFAULT, out)  # a plan JSON is an allocation too
     assert placed.placement == planned.placement
@@ -38,6 +39,44 @@ def test_the_api_answers_what_the_commands_answer(tmp_path):
     assert predicted.workflow("beam").latency_s == pytest.approx(planned.prediction.workflow("beam").latency_s)
     simulated = simulate(DEFAULT, planned.allocation, rate_rps=1.0, settings=SimulationSettings(duration_s=20.0))
     assert [w.name for w in simulated.workflows] == ["beam"] and simulated.workflows[0].completed > 0
+
+
+def test_one_writer_for_planned_and_placed_documents(tmp_path):
+    """`scepsy plan` and `scepsy place` write one document format (models/plan/document.py): a
+    planned one begins with how it was solved, a placed one with the instance; both read back."""
+    from scepsy import api
+    from scepsy.models.instance.instance import load_instance
+    from scepsy.models.plan.document import instance_allocation, load_placement
+
+    planned = plan(DEFAULT)
+    placed = place(DEFAULT, planned.allocation)
+    documents = {"plan": api.plan_document(planned), "place": api.placement_document(str(DEFAULT), planned.allocation, placed)}
+    assert list(documents["place"]) == ["instance", "fractions_per_gpu", "llms", "placement_solver", "placement", "fragmentation"]
+    assert list(documents["plan"])[:6] == ["status", "objective", "objective_value", "bound", "gap", "solver"]
+    assert list(documents["plan"])[-3:] == ["llms", "placement", "fragmentation"]
+    instance = load_instance(DEFAULT)
+    placements = {"plan": planned.placement, "place": placed.placement}
+    for name, document in documents.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(document))
+        assert instance_allocation(path, instance) == planned.allocation, name
+        assert load_placement(path, instance.cluster.fractions_per_gpu, instance.cluster) == placements[name], name
+
+
+def test_profile_summaries_come_from_the_api(tmp_path):
+    """`profiles synthesize --json` prints what api.synthesize_profile(...).summary() gives."""
+    from scepsy import api
+    from scepsy.models.profiles.synthesize import SynthesisSettings
+
+    out = tmp_path / "e5.csv"
+    result = runner.invoke(app, ["profiles", "synthesize", "--model", "e5-base-v2", "--gpu", "A6000", "--tp", "1",
+                                 "--fractions", "0.1,1.0", "--requests", "fixed:48,0", "--requests-per-point", "60",
+                                 "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    synthesized = api.synthesize_profile("e5-base-v2", "A6000", [1], [0.1, 1.0], "fixed:48,0",
+                                         settings=SynthesisSettings(requests_per_point=60))
+    assert json.loads(result.output) == synthesized.summary(out)
+    assert synthesized.capacities_rps() and all(capacity > 0 for capacity in synthesized.capacities_rps().values())
 
 
 def test_python_dash_m_scepsy_is_the_command():

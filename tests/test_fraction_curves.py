@@ -84,13 +84,13 @@ def test_plan_output_marks_derived_curves(write_instance):
     from scepsy.models.instance.allocation import Allocation, LlmAllocation
     from scepsy.models.performance.alp import predict
     from scepsy.models.instance.instance import load_instance
-    from scepsy.models.plan.plan import prediction_to_json
+    from scepsy.models.plan.document import prediction_sections
     from scepsy.models.plan.report import llm_table
 
     instance = load_instance(write_instance())  # profiles measured at fractions 0.5 and 1.0
     allocation = Allocation(10, (LlmAllocation("gen", "A6000", 1, 7, 1), LlmAllocation("ver", "A6000", 2, 5, 1)))
     prediction = predict(instance, allocation)
-    llms = {entry["name"]: entry for entry in prediction_to_json(prediction)["llms"]}
+    llms = {entry["name"]: entry for entry in prediction_sections(prediction)["llms"]}
     assert llms["gen"]["profile_derived_from_fractions"] == [0.5, 1.0]
     assert "profile_derived_from_fractions" not in llms["ver"]  # measured: the plan format as before
     assert "gen: 0.5, 1" in llm_table(prediction).caption

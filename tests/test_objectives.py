@@ -10,6 +10,7 @@ import pytest
 
 from scepsy.models.errors import InfeasibleError, InputError
 from scepsy.models.instance.instance import load_instance
+from scepsy.models.plan.document import plan_json
 from support.synthetic import random_instance
 from scepsy.planner.allocation.loadfactor import capacity_bound
 from scepsy.placement.feasibility.placeability import validate_placement
@@ -107,7 +108,7 @@ def test_max_throughput_is_the_largest_feasible_load(seed):
     if plan is None:
         return
     load = plan.objective_value
-    assert plan.to_json()["load_factor"] == pytest.approx(load)
+    assert plan_json(plan)["load_factor"] == pytest.approx(load)
     assert load <= capacity_bound(inst, PlanSettings()) * (1 + 1e-9)
     assert all(w.meets_slo is not False for w in plan.prediction.workflows)
     assert plan.prediction.workflows[0].arrival_rate_rps == pytest.approx(inst.workflows[0].arrival_rate * load)

@@ -12,6 +12,7 @@ import pytest
 
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.errors import InfeasibleError
+from scepsy.models.plan.document import plan_json
 from scepsy.models.plan.fragmentation import fragmentation_report
 from scepsy.models.instance.instance import Cluster, GpuTypeSpec, Node, load_instance
 from support.synthetic import random_instance
@@ -408,7 +409,7 @@ def test_plan_and_place_returns_a_placed_plan_with_report():
     plan = plan_and_place(instance)
     assert validate_placement(instance.cluster, plan.allocation, plan.placement) == []
     assert plan.placement_info.method == "cpsat" and plan.placement_info.status == "optimal"
-    data = plan.to_json(include_wall_time=False)
+    data = plan_json(plan, include_wall_time=False)
     assert data["placement_solver"]["wall_time_s"] is None
     assert [f["gpu_type"] for f in data["fragmentation"]] == ["A6000"]
     assert plan.allocation == make_plan(instance).allocation  # placement does not change the allocation

@@ -70,15 +70,3 @@ class Placement:
     def busy_gpus(self) -> set[tuple[str, int]]:
         """(node, gpu) of every GPU hosting at least one shard."""
         return {(r.node, s.gpu) for r in self.replicas for s in r.shards}
-
-    def to_json(self) -> list[dict]:
-        f = self.fractions_per_gpu
-        return [
-            {
-                "llm": r.llm,
-                "replica": r.replica,
-                "node": r.node,
-                "shards": [{"gpu": s.gpu, "fraction": round(s.units / f, 9)} for s in r.shards],
-            }
-            for r in self.replicas
-        ]

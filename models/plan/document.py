@@ -1,6 +1,7 @@
-"""The plan document: the JSON `scepsy plan --out` writes (models/plan/plan.py, `Plan.to_json`),
-read back by `--current` (re-planning), `--allocation` (predict, place, simulate) and `scepsy
-manifests` (k8s/plan_input.py). This module is its one reader and its one validation:
+"""The plan document: the JSON `scepsy plan --out` and `scepsy place --out` write, read back by
+`--current` (re-planning), `--allocation` (predict, place, simulate) and `scepsy manifests`
+(k8s/plan_input.py). This module is its one writer (plan_document), its one reader and its one
+validation:
 
     instance            the instance file the plan was made from
     fractions_per_gpu   F: fractions are multiples of 1/F in (0, 1]
@@ -23,7 +24,8 @@ from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placeme
 from scepsy.models.inputs import load_json
 from scepsy.models.instance.instance import Cluster, Instance, parse_yaml
 from scepsy.models.plan.fragmentation import GpuTypeFragmentation
-from scepsy.models.plan.plan import PlacementInfo
+from scepsy.models.performance.alp import Prediction
+from scepsy.models.plan.plan import PlacementInfo, PlacementObjective, Plan
 
 TOLERANCE = 1e-6
 
@@ -45,7 +47,7 @@ def parse_units(source: str, where: str, fraction: object, f: int) -> int:
 
 
 # What an allocation record may hold: its own fields, plus those of a plan JSON's `llms` entries
-# (models/plan/plan.py, prediction_to_json), so that a plan is an allocation too.
+# (prediction_sections), so that a plan is an allocation too.
 ALLOCATION_FIELDS = ("name", "gpu_type", "tp", "fraction", "replicas")
 RECORD_FIELDS = frozenset(ALLOCATION_FIELDS + ("llm", "model", "gpus", "per_replica_rate", "offered_rate_rps", "latency_s",
                                                "capacity_rps", "utilization", "overloaded"))
@@ -161,6 +163,13 @@ def _check_on_cluster(source: str, placement: Placement, cluster: Cluster) -> No
                                  "fix the GPU index or the cluster")
 
 
+def _num(value: float | None) -> float | None:
+    """JSON-safe number with 9 significant digits (stable across runs; no NaN/Infinity)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.9g}")
+
+
 def allocation_records(allocation: Allocation) -> list[dict]:
     """The `llms` records of an allocation (what parse_allocation reads back)."""
     f = allocation.fractions_per_gpu
@@ -170,14 +179,148 @@ def allocation_records(allocation: Allocation) -> list[dict]:
     ]
 
 
-def placement_document(instance: str, allocation: Allocation, placement: Placement, info: PlacementInfo,
-                       fragmentation: Sequence[GpuTypeFragmentation]) -> dict:
-    """What `scepsy place` writes: a plan document without a prediction (it reads back as one)."""
-    return {
-        "instance": instance,
-        "fractions_per_gpu": allocation.fractions_per_gpu,
-        "llms": allocation_records(allocation),
-        "placement_solver": info.to_json(),
-        "placement": placement.to_json(),
-        "fragmentation": [entry.to_json() for entry in fragmentation],
+def placement_records(placement: Placement) -> list[dict]:
+    """The `placement` records (what parse_placement reads back)."""
+    f = placement.fractions_per_gpu
+    return [
+        {
+            "llm": r.llm,
+            "replica": r.replica,
+            "node": r.node,
+            "shards": [{"gpu": s.gpu, "fraction": round(s.units / f, 9)} for s in r.shards],
+        }
+        for r in placement.replicas
+    ]
+
+
+def prediction_sections(prediction: Prediction) -> dict:
+    """The `workflows` and `llms` sections of a planned document (also what `scepsy predict` prints);
+    an `llms` record holds the allocation's fields, so that a plan reads back as an allocation."""
+    workflows = [
+        {
+            "name": w.name,
+            "arrival_rate": _num(w.arrival_rate_rps),
+            "latency_s": _num(w.latency_s),
+            "max_throughput_rps": _num(w.max_throughput_rps),
+            "bottleneck": w.bottleneck,
+            "latency_slo_s": _num(w.latency_slo_s),
+            "meets_slo": w.meets_slo,
+            "stages": [
+                {
+                    "llm": s.llm,
+                    "invocations": _num(s.invocations),
+                    "parallelism": _num(s.parallelism),
+                    "latency_contribution_s": _num(s.latency_contribution_s),
+                }
+                for s in w.stages
+            ],
+        }
+        for w in prediction.workflows
+    ]
+    llms = [
+        {
+            "name": p.llm,
+            "model": p.model,
+            "gpu_type": p.gpu_type,
+            "tp": p.tp,
+            "fraction": _num(p.fraction),
+            "replicas": p.replicas,
+            "gpus": _num(p.gpus),
+            "per_replica_rate": _num(p.per_replica_rate_rps),
+            "offered_rate_rps": _num(p.offered_rate_rps),
+            "latency_s": _num(p.latency_s),
+            "capacity_rps": _num(p.capacity_rps),
+            "utilization": _num(p.utilization),
+            "overloaded": p.overloaded,
+            # only for an unprofiled fraction: its curve is derived, not measured
+            **({"profile_derived_from_fractions": [_num(f) for f in p.profile_derived_from]} if p.profile_derived_from else {}),
+        }
+        for p in prediction.llms
+    ]
+    return {"workflows": workflows, "llms": llms}
+
+
+def _objective_section(objective: PlacementObjective) -> dict:
+    out: dict[str, int | None] = {"free_domains": objective.free_domains, "free_gpus": objective.free_gpus,
+                                  "shared_gpus": objective.shared_gpus}
+    if objective.moved_shards is not None:
+        out.update(moved_shards=objective.moved_shards, kept_replicas=objective.kept_replicas)
+    return out
+
+
+def _placement_solver_section(info: PlacementInfo, include_wall_time: bool) -> dict:
+    out: dict[str, object] = {
+        "method": info.method,
+        "status": info.status,
+        "wall_time_s": _num(info.wall_time_s) if include_wall_time else None,
+        "objective": _objective_section(info.objective),
     }
+    if info.bounds:
+        out["bound"] = dict(info.bounds)
+    if info.gap is not None:
+        out.update(gap=_num(info.gap), gap_stage=info.gap_stage)
+    if info.notes:
+        out["notes"] = list(info.notes)
+    return out
+
+
+def _solve_section(plan: Plan, include_wall_time: bool) -> dict:
+    """How the allocation was solved: status, objective and its bound, the solver."""
+    solver: dict[str, object] = {"backend": plan.solver.backend,
+                                 "wall_time_s": _num(plan.solver.wall_time_s) if include_wall_time else None}
+    solver.update({"iterations": plan.solver.iterations, "cuts": plan.solver.cuts})
+    if plan.solver.notes:
+        solver["notes"] = list(plan.solver.notes)
+    return {
+        "status": plan.status,
+        "objective": plan.objective,
+        "objective_value": _num(plan.objective_value),
+        "bound": _num(plan.bound),
+        "gap": _num(plan.gap),
+        "solver": solver,
+    }
+
+
+def plan_document(
+    instance: str | None,
+    allocation: Allocation,
+    placement: Placement | None = None,
+    placement_info: PlacementInfo | None = None,
+    fragmentation: Sequence[GpuTypeFragmentation] | None = None,
+    solved: Plan | None = None,
+    include_wall_time: bool = True,
+) -> dict:
+    """The plan document (module docstring): the one writer, of `scepsy plan` and of `scepsy place`.
+
+    `solved` is the plan when the allocation was planned here (`scepsy plan`): the document then
+    begins with how it was solved (status, objective, bound, solver, placement solver, the
+    objective's extra numbers) and carries the prediction, whose `llms` records hold the
+    allocation's fields. Without it (`scepsy place`) the `llms` are the allocation's records and
+    the placement solver follows them. The key order is part of the format (byte-stable outputs);
+    `fragmentation` None leaves its section out."""
+    document: dict = {}
+    if solved is not None:
+        document.update(_solve_section(solved, include_wall_time))
+        if placement_info is not None:
+            document["placement_solver"] = _placement_solver_section(placement_info, include_wall_time)
+        document.update({key: _num(value) for key, value in solved.extras})
+    document["instance"] = instance
+    document["fractions_per_gpu"] = allocation.fractions_per_gpu
+    if solved is not None:
+        document["gpus_in_use"] = solved.gpus_in_use
+        document.update(prediction_sections(solved.prediction))
+    else:
+        document["llms"] = allocation_records(allocation)
+        if placement_info is not None:
+            document["placement_solver"] = _placement_solver_section(placement_info, include_wall_time)
+    if placement is not None:
+        document["placement"] = placement_records(placement)
+    if fragmentation is not None:
+        document["fragmentation"] = [entry.to_json() for entry in fragmentation]
+    return document
+
+
+def plan_json(plan: Plan, include_wall_time: bool = True) -> dict:
+    """The document of a plan (`scepsy plan --json`); without wall times it is byte-stable."""
+    return plan_document(plan.instance, plan.allocation, plan.placement, plan.placement_info, plan.fragmentation or None,
+                         solved=plan, include_wall_time=include_wall_time)

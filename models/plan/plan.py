@@ -1,67 +1,14 @@
-"""A plan: the chosen allocation, its placement, its predicted performance and how it was solved."""
+"""A plan: the chosen allocation, its placement, its predicted performance and how it was solved.
+
+Its JSON document is written (and read back) by models/plan/document.py alone."""
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
 
 from scepsy.models.performance.alp import Prediction
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.plan.fragmentation import GpuTypeFragmentation
-
-
-def _num(value: float | None) -> float | None:
-    """JSON-safe number with 9 significant digits (stable across runs; no NaN/Infinity)."""
-    if value is None or not math.isfinite(value):
-        return None
-    return float(f"{value:.9g}")
-
-
-def prediction_to_json(prediction: Prediction) -> dict:
-    """The `workflows` and `llms` sections of a plan (field names fixed by the plan format)."""
-    workflows = [
-        {
-            "name": w.name,
-            "arrival_rate": _num(w.arrival_rate_rps),
-            "latency_s": _num(w.latency_s),
-            "max_throughput_rps": _num(w.max_throughput_rps),
-            "bottleneck": w.bottleneck,
-            "latency_slo_s": _num(w.latency_slo_s),
-            "meets_slo": w.meets_slo,
-            "stages": [
-                {
-                    "llm": s.llm,
-                    "invocations": _num(s.invocations),
-                    "parallelism": _num(s.parallelism),
-                    "latency_contribution_s": _num(s.latency_contribution_s),
-                }
-                for s in w.stages
-            ],
-        }
-        for w in prediction.workflows
-    ]
-    llms = [
-        {
-            "name": p.llm,
-            "model": p.model,
-            "gpu_type": p.gpu_type,
-            "tp": p.tp,
-            "fraction": _num(p.fraction),
-            "replicas": p.replicas,
-            "gpus": _num(p.gpus),
-            "per_replica_rate": _num(p.per_replica_rate_rps),
-            "offered_rate_rps": _num(p.offered_rate_rps),
-            "latency_s": _num(p.latency_s),
-            "capacity_rps": _num(p.capacity_rps),
-            "utilization": _num(p.utilization),
-            "overloaded": p.overloaded,
-            # only for an unprofiled fraction: its curve is derived, not measured
-            **({"profile_derived_from_fractions": [_num(f) for f in p.profile_derived_from]} if p.profile_derived_from else {}),
-        }
-        for p in prediction.llms
-    ]
-    return {"workflows": workflows, "llms": llms}
 
 
 @dataclass(frozen=True)
@@ -90,12 +37,6 @@ class PlacementObjective:
         """Smaller is better, compared lexicographically."""
         return (self.moved_shards or 0, -self.free_domains, -self.free_gpus, self.shared_gpus)
 
-    def to_json(self) -> dict:
-        out: dict[str, int | None] = {"free_domains": self.free_domains, "free_gpus": self.free_gpus, "shared_gpus": self.shared_gpus}
-        if self.moved_shards is not None:
-            out.update(moved_shards=self.moved_shards, kept_replicas=self.kept_replicas)
-        return out
-
 
 @dataclass(frozen=True)
 class PlacementInfo:
@@ -109,21 +50,6 @@ class PlacementInfo:
     gap: float | None = None  # relative gap of the first stage not proven optimal
     gap_stage: str | None = None
     notes: tuple[str, ...] = ()
-
-    def to_json(self, include_wall_time: bool = True) -> dict:
-        out: dict[str, object] = {
-            "method": self.method,
-            "status": self.status,
-            "wall_time_s": _num(self.wall_time_s) if include_wall_time else None,
-            "objective": self.objective.to_json(),
-        }
-        if self.bounds:
-            out["bound"] = dict(self.bounds)
-        if self.gap is not None:
-            out.update(gap=_num(self.gap), gap_stage=self.gap_stage)
-        if self.notes:
-            out["notes"] = list(self.notes)
-        return out
 
 
 @dataclass(frozen=True)
@@ -146,31 +72,3 @@ class Plan:
     def gpus_in_use(self) -> int:
         """Physical GPUs hosting at least one shard."""
         return len(self.placement.busy_gpus())
-
-    def to_json(self, include_wall_time: bool = True) -> dict:
-        solver: dict[str, object] = {"backend": self.solver.backend, "wall_time_s": _num(self.solver.wall_time_s) if include_wall_time else None}
-        solver.update({"iterations": self.solver.iterations, "cuts": self.solver.cuts})
-        if self.solver.notes:
-            solver["notes"] = list(self.solver.notes)
-        out: dict = {
-            "status": self.status,
-            "objective": self.objective,
-            "objective_value": _num(self.objective_value),
-            "bound": _num(self.bound),
-            "gap": _num(self.gap),
-            "solver": solver,
-        }
-        if self.placement_info is not None:
-            out["placement_solver"] = self.placement_info.to_json(include_wall_time)
-        out.update({key: _num(value) for key, value in self.extras})
-        out["instance"] = self.instance
-        out["fractions_per_gpu"] = self.allocation.fractions_per_gpu
-        out["gpus_in_use"] = self.gpus_in_use
-        out.update(prediction_to_json(self.prediction))
-        out["placement"] = self.placement.to_json()
-        if self.fragmentation:
-            out["fragmentation"] = [entry.to_json() for entry in self.fragmentation]
-        return out
-
-    def dumps(self, include_wall_time: bool = True) -> str:
-        return json.dumps(self.to_json(include_wall_time), indent=2) + "\n"

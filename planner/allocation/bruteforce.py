@@ -42,10 +42,6 @@ class BruteForceResult:
     placement_checks: int
 
 
-def _allocation(f: int, chosen: list[Option]) -> Allocation:
-    return options_allocation(f, chosen)
-
-
 def solve_bruteforce(
     instance: Instance, options: dict[str, list[Option]], objective: Objective, placer=check_placement
 ) -> BruteForceResult | None:
@@ -102,7 +98,7 @@ def solve_bruteforce(
         if best is not None and bound >= best.values:
             break
         chosen = [options[m][index[k][combination]] for k, m in enumerate(llms)]
-        allocation = _allocation(f, chosen)
+        allocation = options_allocation(f, chosen)
         checks += 1
         check = fewest_gpus_placement(cluster, allocation, gpu_stage.cost) if gpu_stage else placer(cluster, allocation)
         placement = check.placement

@@ -53,14 +53,14 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Cluster
 from scepsy.placement.feasibility.packing import count_model
 from scepsy.placement.feasibility.solver import STATUS_NAMES, cpsat_solver
 
-from scepsy.planner.allocation.formulation import Row, capacity_rows, counts_model_size, cut_rows, grid, items, most_replicas_by_shape
+from scepsy.planner.allocation.formulation import Row, capacity_rows, chosen_allocation, counts_model_size, cut_rows, grid, items, most_replicas_by_shape
 from scepsy.planner.allocation.objective import SLO_TOLERANCE, GpuCount, LatencySum, MaxLatencySum, Objective
-from scepsy.planner.allocation.options import Option, options_allocation
+from scepsy.planner.allocation.options import Option, configuration
 
 # latency stages: the coarse grid the search solves on (fast), and the fine grid on which it then
 # settles the plans the coarse one cannot tell apart (planner/allocation/search.py, _settle_ties)
@@ -98,10 +98,7 @@ class AllocationModel:
     probe: object = None
 
     def decode(self, solver: cp_model.CpSolver) -> Allocation:
-        chosen = [
-            next(o for i, o in enumerate(opts) if solver.BooleanValue(self.x[(m, i)])) for m, opts in self.options.items()
-        ]
-        return options_allocation(self.fractions_per_gpu, chosen)
+        return chosen_allocation(self.fractions_per_gpu, self.options, lambda key: solver.BooleanValue(self.x[key]))
 
 
 def _weighted(terms) -> cp_model.LinearExpr:
@@ -291,15 +288,11 @@ def add_combination_cut(am: AllocationModel, allocation: Allocation, llms, enfor
         am.x[(m, i)]
         for m in llms
         for i, o in enumerate(am.options[m])
-        if _same(o, allocation.of(m))
+        if configuration(o) == configuration(allocation.of(m))
     ]
     constraint = am.model.AddBoolOr([v.Not() for v in chosen])
     if enforce is not None:
         constraint.OnlyEnforceIf(enforce)
-
-
-def _same(option: Option, choice: LlmAllocation) -> bool:
-    return (option.gpu_type, option.tp, option.share, option.replicas) == (choice.gpu_type, choice.tp, choice.share, choice.replicas)
 
 
 def fine_stage(am: AllocationModel, stage) -> StageExpr:
@@ -383,7 +376,5 @@ def hint_for(am: AllocationModel, allocation: Allocation) -> dict[tuple[str, int
     for m, opts in am.options.items():
         choice = allocation.of(m)
         for i, o in enumerate(opts):
-            hint[(m, i)] = int(
-                (o.gpu_type, o.tp, o.share, o.replicas) == (choice.gpu_type, choice.tp, choice.share, choice.replicas)
-            )
+            hint[(m, i)] = int(configuration(o) == configuration(choice))
     return hint

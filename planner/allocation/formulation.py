@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Callable
 
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.instance import Cluster
 from scepsy.placement.feasibility.packing import free_in_domains, gpu_weight_capacity, packing_weights
 
-from scepsy.planner.allocation.options import Option
+from scepsy.planner.allocation.options import Option, options_allocation
 
 Term = tuple[int, tuple[str, int]]  # (coefficient, (llm, option index))
 
@@ -31,6 +32,14 @@ class Row:
 
 def items(options: dict[str, list[Option]]) -> list[tuple[str, int, Option]]:
     return [(m, i, o) for m, opts in options.items() for i, o in enumerate(opts)]
+
+
+def chosen_allocation(fractions_per_gpu: int, options: dict[str, list[Option]],
+                      is_chosen: Callable[[tuple[str, int]], bool]) -> Allocation:
+    """The allocation a solved model picks: per LLM m the option o whose x[m, o] is set
+    (`is_chosen` reads the backend's solution)."""
+    chosen = [next(o for i, o in enumerate(opts) if is_chosen((m, i))) for m, opts in options.items()]
+    return options_allocation(fractions_per_gpu, chosen)
 
 
 FULL_PACKING_MAX_OPTIONS = 20_000

@@ -21,9 +21,9 @@ from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Cluster
 from scepsy.placement.feasibility.packing import count_model
 
-from scepsy.planner.allocation.formulation import Row, capacity_rows, cut_rows, items, most_replicas_by_shape
+from scepsy.planner.allocation.formulation import Row, capacity_rows, chosen_allocation, cut_rows, items, most_replicas_by_shape
 from scepsy.planner.allocation.objective import GpuCount, LatencySum, MaxLatencySum, Objective
-from scepsy.planner.allocation.options import Option, options_allocation
+from scepsy.planner.allocation.options import Option, configuration
 
 FIX_TOLERANCE = 1e-9
 
@@ -57,10 +57,7 @@ class MilpModel:
     probe: pulp.LpVariable | None = None  # binary that holds the cuts of an open tie window (open_window)
 
     def decode(self) -> Allocation:
-        chosen = [
-            next(o for i, o in enumerate(opts) if (self.x[(m, i)].varValue or 0) > 0.5) for m, opts in self.options.items()
-        ]
-        return options_allocation(self.fractions_per_gpu, chosen)
+        return chosen_allocation(self.fractions_per_gpu, self.options, lambda key: (self.x[key].varValue or 0) > 0.5)
 
 
 def _row(x, row: Row) -> pulp.LpAffineExpression:
@@ -188,7 +185,7 @@ def add_combination_cut(mm: MilpModel, allocation: Allocation, llms, relax=0) ->
         mm.x[(m, i)]
         for m in llms
         for i, o in enumerate(mm.options[m])
-        if (o.gpu_type, o.tp, o.share, o.replicas) == (allocation.of(m).gpu_type, allocation.of(m).tp, allocation.of(m).share, allocation.of(m).replicas)
+        if configuration(o) == configuration(allocation.of(m))
     ]
     mm.problem += pulp.lpSum(chosen) <= len(chosen) - 1 + relax, f"combination{mm.cuts}"
     mm.cuts += 1

@@ -55,6 +55,11 @@ class Option:
         return (self.gpu_type, self.tp, self.share)
 
 
+def configuration(choice: Option | LlmAllocation) -> tuple[str, int, int, int]:
+    """(gpu_type, tp, share, replicas): what an option is, and what an allocation gives its LLM."""
+    return (choice.gpu_type, choice.tp, choice.share, choice.replicas)
+
+
 def options_allocation(fractions_per_gpu: int, chosen: Iterable[Option]) -> Allocation:
     """The allocation of one chosen option per LLM."""
     return Allocation(fractions_per_gpu, tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in chosen))

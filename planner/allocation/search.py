@@ -29,7 +29,7 @@ from scepsy.planner.allocation.bruteforce import solve_bruteforce
 from scepsy.planner.allocation.diagnose import explain_infeasible
 from scepsy.planner.allocation.enumerate import solve_enumerate
 from scepsy.planner.allocation.objective import GpuCount, Objective, Usage, build_objective, needs_references
-from scepsy.planner.allocation.options import Option, SearchSpace, all_options, llm_options, options_allocation
+from scepsy.planner.allocation.options import Option, SearchSpace, all_options, configuration, llm_options, options_allocation
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, fewest_gpus_placement, gpus_by_type
 
 BACKENDS = ("cpsat", "milp", "enumerate", "bruteforce")
@@ -152,10 +152,8 @@ def stage_values(objective: Objective, options, cluster: Cluster, allocation: Al
 
 
 def _latency_of(options: dict[str, list[Option]], allocation: Allocation, llm: str) -> float:
-    c = allocation.of(llm)
-    return next(
-        o.latency_s for o in options[llm] if (o.gpu_type, o.tp, o.share, o.replicas) == (c.gpu_type, c.tp, c.share, c.replicas)
-    )
+    chosen = configuration(allocation.of(llm))
+    return next(o.latency_s for o in options[llm] if configuration(o) == chosen)
 
 
 @dataclass
@@ -224,7 +222,7 @@ def _small(instance: Instance) -> bool:
 def _in_options(options, allocation: Allocation) -> bool:
     """A warm start is usable only if each LLM's configuration survived dominance pruning."""
     return all(
-        any((o.gpu_type, o.tp, o.share, o.replicas) == (c.gpu_type, c.tp, c.share, c.replicas) for o in options[c.llm])
+        any(configuration(o) == configuration(c) for o in options[c.llm])
         for c in allocation.llms
     )
 

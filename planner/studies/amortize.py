@@ -45,14 +45,14 @@ from typing import Callable, Sequence
 from ortools.sat.python import cp_model
 
 from scepsy.models.errors import ScepsyError
-from scepsy.models.instance.allocation import Allocation, LlmAllocation
+from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Instance
 from scepsy.models.plan.plan import Plan
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, check_placement
 from scepsy.placement.feasibility.solver import cpsat_solver
 from scepsy.planner.allocation import cpsat
 from scepsy.planner.allocation.objective import LatencySum, MaxLatencySum, Objective, ShareUnits, build_objective, needs_references
-from scepsy.planner.allocation.options import Option
+from scepsy.planner.allocation.options import Option, configuration, options_allocation
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.planner.allocation.search import (
     Outcome, PlanSettings, assemble_plan, placer_for, plan_options, solo_problem, solo_settings, solve_at_load, stage_values,
@@ -237,7 +237,7 @@ class ScenarioOptions:
                 if not isinstance(problem, ScepsyError):
                     for m, opts in self(k)[0].items():
                         for o in opts:
-                            union.setdefault((m, _key(o)), o)
+                            union.setdefault((m, configuration(o)), o)
             llms = [m.name for m in next(p for p in self.problems if not isinstance(p, ScepsyError)).instance.llms]
             options = {m: [o for (mm, _), o in sorted(union.items(), key=lambda kv: kv[0]) if mm == m] for m in llms}
             cluster = next(p for p in self.problems if not isinstance(p, ScepsyError)).instance.cluster
@@ -293,15 +293,7 @@ def _certify_forward(problems, i: int, anchor: Outcome, options_at, settings, pl
 
 def _holds(options: dict[str, list[Option]], allocation: Allocation) -> bool:
     """The allocation is made of this scenario's (pruned) options."""
-    return all(_key_of(c) in {_key(o) for o in options[c.llm]} for c in allocation.llms)
-
-
-def _key(option: Option) -> Key:
-    return (option.gpu_type, option.tp, option.share, option.replicas)
-
-
-def _key_of(choice) -> Key:
-    return (choice.gpu_type, choice.tp, choice.share, choice.replicas)
+    return all(configuration(c) in {configuration(o) for o in options[c.llm]} for c in allocation.llms)
 
 
 def _certified_outcome(problem: Problem, options, anchor: Outcome) -> Outcome:
@@ -335,10 +327,7 @@ def _unconstrained(problem: Problem, options: dict[str, list[Option]], placer: P
         weight = separating.weights.get(m, 0.0)
         if any(o is not fastest[m] and weight * (o.latency_s - fastest[m].latency_s) <= margin for o in opts):
             return None
-    allocation = Allocation(
-        problem.instance.cluster.fractions_per_gpu,
-        tuple(LlmAllocation(o.llm, o.gpu_type, o.tp, o.share, o.replicas) for o in fastest.values()),
-    )
+    allocation = options_allocation(problem.instance.cluster.fractions_per_gpu, fastest.values())
     check = placer_for(objective, placer)(problem.instance.cluster, allocation)
     if not check.placeable:
         return None
@@ -360,7 +349,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     if not all(isinstance(s, (LatencySum, ShareUnits)) for s in stages[1:]):
         return False
     llms = [c.llm for c in candidate.llms]
-    chosen = {c.llm: _key_of(c) for c in candidate.llms}
+    chosen = {c.llm: configuration(c) for c in candidate.llms}
     rows: dict[str, dict] = {}  # stage-1 row -> (llm, option key) -> min over k of delta
     slack: dict[str, float] = {}  # stage-1 row -> max over k of (z_A - row value of A)
     mean_gap: dict = {}
@@ -369,7 +358,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     union: dict[tuple[str, Key], Option] = {}
     for k in block:
         options = options_at(k)[0]
-        latency = {m: next(o.latency_s for o in options[m] if _key(o) == chosen[m]) for m in llms}
+        latency = {m: next(o.latency_s for o in options[m] if configuration(o) == chosen[m]) for m in llms}
         weights = _rows(problems[k].objective.stages[0])
         values = {r: sum(w * latency[m] for m, w in row.items()) for r, row in weights.items()}
         top = max(values.values())
@@ -385,7 +374,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
             mine = latency[m]
             mean_weight = mean.weights.get(m, 0.0) if mean is not None else 0.0
             for o in options[m]:
-                key = (m, _key(o))
+                key = (m, configuration(o))
                 union.setdefault(key, o)
                 extra = o.latency_s - mine
                 for gaps, row in row_gaps:
@@ -438,7 +427,7 @@ def _rival_exists(
     model = base.model.clone()
     x = {key: model.get_bool_var_from_proto_index(v.Index()) for key, v in base.x.items()}
     am = cpsat.AllocationModel(model, base.options, x, [], base.fractions_per_gpu)
-    keyed = [((m, _key(o)), (m, i)) for m, opts in base.options.items() for i, o in enumerate(opts)]  # read once, not per row
+    keyed = [((m, configuration(o)), (m, i)) for m, opts in base.options.items() for i, o in enumerate(opts)]  # read once, not per row
     index: dict[str, dict[Key, int]] = {m: {} for m in base.options}
     for (m, key), (_, i) in keyed:
         index[m][key] = i

@@ -27,6 +27,7 @@ import pandas as pd
 
 from scepsy.models.errors import InputError
 from scepsy.models.instance.instance import Instance
+from scepsy.models.plan.document import plan_json
 from scepsy.planner.allocation.search import PlanSettings
 from scepsy.planner.studies.amortize import Answer, plan_family
 from scepsy.planner.studies.executors import TaskFailure, run_tasks
@@ -95,7 +96,7 @@ def _point(answer: Answer) -> dict:
     if answer.plan is None:
         return {"feasible": False, "status": _failure_status(answer.error), "method": answer.method, "reason": str(answer.error)}
     plan = answer.plan
-    doc = plan.to_json()
+    doc = plan_json(plan)
     busy = {(r.node, s.gpu) for r in plan.placement.replicas for s in r.shards}
     rates = [w["arrival_rate"] for w in doc["workflows"]]
     return {

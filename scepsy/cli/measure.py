@@ -151,17 +151,13 @@ def aggregate(
     """Per workflow and LLM: invocations n, parallelism p, their spread and time shares."""
     import yaml
 
-    from scepsy.tracing.capture.traces import load_traces
-    from scepsy.tracing.statistics.stats import aggregate as run_aggregate
+    from scepsy import api
     from scepsy.tracing.statistics.stats import stats_to_dict, stats_view
 
     with errors():
         if out is not None:
             check_output(out, traces)
-        stats = run_aggregate(load_traces(traces, _parse_llm_names(llm_name)), default_workflow=workflow)
-        if not stats.workflows:
-            raise InputError(", ".join(map(str, traces)), None, "no completed call carries a workflow request id",
-                             "send X-Workflow-Id (or a W3C traceparent) with every LLM call of a workflow request")
+        stats = api.aggregate_traces(traces, _parse_llm_names(llm_name), workflow)
         data = stats_to_dict(stats)
         if out is not None:
             write_text(out, f"# scepsy aggregate {' '.join(map(str, traces))}\n" + yaml.safe_dump(data, sort_keys=False))

@@ -60,7 +60,7 @@ def plan(
             result = api.plan(instance, backend=backend, objective=objective, welfare=welfare, time_limit_s=time_limit_s,
                               placement=placement, placement_time_limit_s=placement_time_limit_s, current=current,
                               workers=workers)
-        emit_json(result.to_json(), out, json_output)
+        emit_json(api.plan_document(result), out, json_output)
         if not json_output:
             stdout.print(plan_view(result))
 
@@ -78,7 +78,6 @@ def place(
 ) -> None:
     """Place a given allocation on the cluster (what-if); exit code 3 with the reason if it cannot be placed."""
     from scepsy import api
-    from scepsy.models.plan.document import placement_document
     from scepsy.models.plan.report import placement_view
 
     with errors():
@@ -90,8 +89,7 @@ def place(
         with working(f"placing {allocation} with {placement}"):
             result = api.place(loaded, chosen, placement=placement, placement_time_limit_s=placement_time_limit_s,
                                current=current, workers=workers)
-        document = placement_document(str(instance), chosen, result.placement, result.info, result.fragmentation)
-        emit_json(document, out, json_output)
+        emit_json(api.placement_document(str(instance), chosen, result), out, json_output)
         if not json_output:
             stdout.print(placement_view(result.placement, result.info, result.fragmentation))
 
@@ -105,14 +103,13 @@ def predict(
 ) -> None:
     """Predict workflow latency and throughput of a given allocation (what-if)."""
     from scepsy import api
-    from scepsy.models.plan.plan import prediction_to_json
     from scepsy.models.plan.report import prediction_view
 
     with errors():
         if out is not None:
             check_output(out, [instance, allocation])
         prediction = api.predict(instance, allocation)
-        emit_json(prediction_to_json(prediction), out, json_output)
+        emit_json(api.prediction_document(prediction), out, json_output)
         if not json_output:
             stdout.print(prediction_view(prediction))
             if not prediction.feasible:

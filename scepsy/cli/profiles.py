@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -55,69 +53,36 @@ def profiles_synthesize(
     json_output: JsonOpt = False,
 ) -> None:
     """Synthesize a profile: simulate one replica under Poisson load from light load to saturation."""
-    import pandas as pd
-
-    from scepsy.models.catalog import catalog
-    from scepsy.models.catalog.model_config import describe, resolve_model
-    from scepsy.models.instance.profile import read_profile_frame, write_profile
-    from scepsy.models.performance.aiconfigurator import make_timer
-    from scepsy.models.profiles.synthesize import (
-        SynthesisSettings,
-        load_request_source,
-        stable_capacity_rps,
-        synthesize,
-    )
+    from scepsy import api
+    from scepsy.models.instance.profile import write_profile
+    from scepsy.models.profiles.synthesize import SynthesisSettings
 
     with errors():
         check_output(out, [requests] if kind_of(requests) != "missing" else [])
-        card, gpu_card = resolve_model(model, weights), catalog.gpu(gpu)
         tps = tp_list(tp)
         fracs = number_list(fractions, "--fractions", "0.2,0.5,1.0")
         if any(f > 1 for f in fracs):
             raise InputError(None, "--fractions", "fractions must lie in (0, 1]", "write e.g. 0.2,0.5,1.0")
-        source = load_request_source(requests, llm)
-        label = gpu_type_name or gpu
         settings = SynthesisSettings(requests_per_point=requests_per_point, seed=seed)
-        timers = {t: make_timer(engine_model, card, gpu_card, t, backend, database_version) for t in tps}
-        with progress(f"synthesizing {card.name} on {label}", len(tps) * len(fracs)) as advance:
-            frame, skipped = synthesize(card, gpu_card, tps, fracs, source, settings, label, min_kv_gib,
-                                        progress=lambda text: advance(None, text), timer_for=timers.get)
-        if frame.empty:
-            raise InputError(None, "--fractions", "no (tp, fraction) fits the model", "use larger fractions or TP degrees")
-        if merge and kind_of(out) != "missing":
-            old = read_profile_frame(out)
-            keep = ~old.set_index(["gpu_type", "tp"]).index.isin(frame.set_index(["gpu_type", "tp"]).index)
-            frame = pd.concat([old[keep], frame], ignore_index=True)
+        with progress(f"synthesizing {model} on {gpu_type_name or gpu}", len(tps) * len(fracs)) as advance:
+            result = api.synthesize_profile(
+                model, gpu, tps, fracs, requests, llm=llm, gpu_type=gpu_type_name, min_kv_gib=min_kv_gib, settings=settings,
+                weights=weights, engine_model=engine_model, backend=backend, database_version=database_version,
+                merge_into=out if merge else None, progress=lambda text: advance(None, text),
+            )
         with writing(out):
-            write_profile(frame, out)
-        inversions = note_capacity_inversions(out, quiet=json_output)
-        capacities = {
-            f"tp{t}/f{fr:g}": round(stable_capacity_rps(g), 6)
-            for (gt, t, fr), g in frame.groupby(["gpu_type", "tp", "fraction"]) if gt == label
-        }
-        summary = {
-            "out": str(out),
-            "model": card.name,
-            "gpu": gpu_card.name,
-            "gpu_type": label,
-            "requests": source.name,
-            "model_card": describe(card),
-            "engine_model": {f"tp{t}": timer.describe() for t, timer in timers.items() if timer} or "builtin",
-            "mean_prompt_tokens": round(source.mean_prompt_tokens, 1),
-            "mean_completion_tokens": round(source.mean_completion_tokens, 1),
-            "rows": int(len(frame)),
-            "capacity_rps": capacities,
-            "capacity_inversions": inversions,
-            "skipped": [{"tp": s.tp, "fraction": s.fraction, "reason": s.reason} for s in skipped],
-        }
+            write_profile(result.frame, out)
+        summary = result.summary(out)
+        for message in [] if json_output else summary["capacity_inversions"]:
+            stderr.print(f"note: {out}: {message}", markup=False, highlight=False)
         emit_json(summary, None, json_output)
         if not json_output:
-            stdout.print(f"wrote {out}: {len(frame)} rows ({card.name} on {label}, requests {source.name})")
-            for timer in (t for t in timers.values() if t):
+            stdout.print(f"wrote {out}: {summary['rows']} rows ({summary['model']} on {summary['gpu_type']}, requests {summary['requests']})")
+            for timer in (t for t in result.timers.values() if t):
                 stdout.print(f"  engine model: {timer.describe()}", markup=False, highlight=False)
-            for key, capacity in capacities.items():
+            for key, capacity in summary["capacity_rps"].items():
                 stdout.print(f"  {key}: capacity_rps {capacity:.4g}")
-            for s in skipped:
+            for s in result.skipped:
                 stdout.print(f"  skipped tp{s.tp}/f{s.fraction:g}: {s.reason}")
 
 
@@ -129,26 +94,20 @@ def _parse_rates(value: str) -> tuple[float, ...] | None:
 
 
 def _write_profile_rows(rows, out: Path) -> None:
-    from scepsy.models.instance.profile import read_profile_frame, write_profile
-    from scepsy.tracing.profiling.replay import merge_profile_rows
+    from scepsy import api
 
     check_output(out)
-    existing = read_profile_frame(out) if kind_of(out) != "missing" else None
-    with writing(out):
-        write_profile(merge_profile_rows(existing, rows), out)
+    api.write_profile_rows(rows, out)
     note_capacity_inversions(out)
 
 
-def note_capacity_inversions(out: Path, quiet: bool = False) -> list[str]:
-    """One stderr note (unless `quiet`: the JSON summary carries them) per measured fraction of the
-    written profile that has less capacity than a smaller share of the same (gpu_type, tp)
-    (models/instance/profile.py `capacity_inversions`); returns the messages."""
+def note_capacity_inversions(out: Path) -> None:
+    """One stderr note per measured fraction of the written profile that has less capacity than a
+    smaller share of the same (gpu_type, tp) (models/instance/profile.py `capacity_inversions`)."""
     from scepsy.models.instance.profile import capacity_inversions, load_profile
 
-    messages = [i.message() for i in capacity_inversions(load_profile(out))]
-    for message in [] if quiet else messages:
-        stderr.print(f"note: {out}: {message}", markup=False, highlight=False)
-    return messages
+    for inversion in capacity_inversions(load_profile(out)):
+        stderr.print(f"note: {out}: {inversion.message()}", markup=False, highlight=False)
 
 
 @app.command()
@@ -170,17 +129,8 @@ def profile(
     json_output: JsonOpt = False,
 ) -> None:
     """Replay an LLM's traced calls at a sweep of arrival rates and write its profile rows."""
-    import asyncio
-
-    from scepsy.tracing.capture.traces import load_traces
-    from scepsy.tracing.profiling.replay import (
-        Sweep,
-        SweepSettings,
-        auto_start_rate,
-        probe_service_time,
-        profile_rows,
-        replay_requests,
-    )
+    from scepsy import api
+    from scepsy.tracing.profiling.replay import SweepSettings
 
     with errors():
         if not 0 < fraction <= 1:
@@ -192,32 +142,22 @@ def profile(
         check_output(out, traces)
         settings = SweepSettings(rates_rps=_parse_rates(rates), duration_s=duration_s, min_requests=min_requests,
                                  seed=seed, timeout_s=timeout_s, model=model, arrivals=arrivals)
-        calls = load_traces(traces)
-        requests = replay_requests(calls, llm, model)
-        start_rate = 1.0
-        if settings.rates_rps is None:
-            start_rate = auto_start_rate(asyncio.run(probe_service_time(requests, endpoint, timeout_s=timeout_s)))
-        sweep = Sweep(requests, endpoint, settings, start_rate)
         with progress(f"replaying {llm}", 1) as advance:
 
             def on_point(rate: float, expected: int) -> None:
                 advance(0, f"{rate:.3g} calls/s", total=expected)
 
-            points = asyncio.run(sweep.run(on_point, advance))
-        rows = profile_rows(points, gpu_type, tp, fraction)
-        _write_profile_rows(rows, out)
-        data = [{"target_rate_rps": p.target_rate_rps, "arrival_rate_rps": p.arrival_rate_rps, "throughput_rps": p.throughput_rps,
-                 "calls": p.calls, "failed": p.failed, "latency_mean_s": p.latency_s["mean"], "latency_p99_s": p.latency_s["p99"],
-                 "saturated": p.saturated} for p in points]
+            result = api.replay_profile(traces, llm, endpoint, gpu_type, tp, fraction, settings, on_point, advance)
+        _write_profile_rows(result.rows, out)
         if json_output:
-            sys.stdout.write(json.dumps({"llm": llm, "out": str(out), "points": data}, indent=2) + "\n")
+            emit_json(result.summary(out), None, True)
         else:
             from rich.table import Table
 
             table = Table(title=f"Replay profile of {llm} ({gpu_type}, tp={tp}, fraction={fraction:g}) -> {out}")
             for column in ("arrival_rate_rps", "throughput_rps", "calls", "failed", "latency_mean_s", "latency_p99_s", "saturated"):
                 table.add_column(column, justify="right")
-            for p in sorted(data, key=lambda p: p["arrival_rate_rps"]):
+            for p in sorted(result.point_records(), key=lambda p: p["arrival_rate_rps"]):
                 table.add_row(f"{p['arrival_rate_rps']:.3f}", f"{p['throughput_rps']:.3f}", str(p["calls"]), str(p["failed"]),
                               f"{p['latency_mean_s']:.3f}", f"{p['latency_p99_s']:.3f}", "yes" if p["saturated"] else "no")
             stdout.print(table)

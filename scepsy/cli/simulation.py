@@ -135,12 +135,7 @@ def sweep(
         with writing(out_png, "--out-png"):
             plot_sweep(frame, out_png, title=Path(instance).stem)
         comparisons = compare(frame)
-        payload = {
-            "csv": str(out_csv),
-            "png": str(out_png),
-            "comparisons": [c.to_json() for c in comparisons],
-        }
-        emit_json(payload, None, json_output)
+        emit_json(api.sweep_document(out_csv, out_png, comparisons), None, json_output)
         if not json_output:
             stdout.print(f"wrote {out_csv} and {out_png}")
             stdout.print(comparison_table(comparisons))

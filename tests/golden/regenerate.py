@@ -82,6 +82,7 @@ def _halves_plan(instance):
 
 def solve(case: Case) -> dict:
     from scepsy.models.instance.instance import load_instance
+    from scepsy.models.plan.document import plan_json
     from scepsy.pipeline import plan_and_place
     from scepsy.planner.allocation.options import SearchSpace
     from scepsy.planner.allocation.search import PlanSettings
@@ -93,7 +94,7 @@ def solve(case: Case) -> dict:
     else:
         space = SearchSpace(whole_gpus_only=case.plan_kind == "whole")
         plan = plan_and_place(instance, PlanSettings(time_limit_s=120.0, space=space))
-    data = plan.to_json(include_wall_time=False)
+    data = plan_json(plan, include_wall_time=False)
     # relative to the plan file, so that the golden plans work from any directory
     data["instance"] = str(Path("..", "..", "..", "instances", instance_file.name))
     return data

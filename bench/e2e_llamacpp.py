@@ -215,7 +215,7 @@ def run_e2e(s: E2ESettings, log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--out-dir", type=Path, default=E2ESettings.out_dir)
     parser.add_argument("--trace-requests", type=int, default=E2ESettings.trace_requests)
     parser.add_argument("--run-requests", type=int, default=E2ESettings.run_requests)

@@ -135,13 +135,13 @@ def _server(command: list[str], ready_url: str, log: Path, timeout_s: float = 60
                     process.wait()
 
 
-def _scepsy(arguments: list[str], log) -> dict | None:
-    """Run a scepsy command; its --json output parsed (None when it prints none)."""
+def _scepsy(arguments: list[str], log) -> dict:
+    """Run a scepsy command; its --json output parsed (empty when it prints none)."""
     log("$ scepsy " + " ".join(arguments))
     done = subprocess.run(SCEPSY + arguments, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"scepsy {' '.join(arguments)} failed ({done.returncode}): {done.stderr.strip()}")
-    return json.loads(done.stdout) if "--json" in arguments else None
+    return json.loads(done.stdout) if "--json" in arguments else {}
 
 
 def _to_modelled(rows: pd.DataFrame, speedup: float) -> pd.DataFrame:
@@ -353,7 +353,7 @@ def run(s: Settings, log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     defaults = Settings()
     parser.add_argument("--out-dir", type=Path, default=defaults.out_dir)
     parser.add_argument("--speedup", type=float, default=defaults.speedup)

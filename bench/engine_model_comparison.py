@@ -36,7 +36,7 @@ def _group(comparisons):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--backend", default="vllm")
     args = parser.parse_args()
     if package_version() is None:

@@ -54,7 +54,7 @@ def run(duration_s: float) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--duration-s", type=float, default=300.0)
     args = parser.parse_args()
     instance = load_instance(INSTANCE)

@@ -46,8 +46,8 @@ LOADS = np.linspace(0.1, 0.8, 15)
 MEMORY_GIB = {"A6000": 48.0, "H100": 80.0, "H100-SXM": 80.0}
 
 
-def synthesized_profiles(directory: Path) -> list[tuple[Path, float]]:
-    """(profile CSV, weights GiB) of the two extra models."""
+def synthesized_profiles(directory: Path) -> list[tuple[Path, tuple[float, str]]]:
+    """(profile CSV, (weights GiB, model name)) of the two extra models."""
     out = []
     source = load_request_source("fixed:512,128")
     for name, gpu, _ in EXTRA_MODELS:
@@ -164,7 +164,7 @@ def _cell(value) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -50,7 +50,7 @@ def cases(target, text_cases: int):
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--targets", default="", help="comma-separated target names (default: all)")
     parser.add_argument("--text-cases", type=int, default=20)
     parser.add_argument("--hang-s", type=float, default=60.0)

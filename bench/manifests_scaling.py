@@ -24,7 +24,7 @@ TARGET_S = 2.0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--nodes", type=int, default=128, help="8-GPU nodes (128 = 1024 GPUs)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--engine", default="vllm")

@@ -37,7 +37,7 @@ def main() -> None:
                       record_calls=True)
     stats = result.workflow(workflow.name)
     times = {m: np.array(v) for m, v in stats.per_request_llm_time_s.items()}
-    total = sum(times.values())
+    total = np.sum(list(times.values()), axis=0)  # per request, over the LLMs
     per_request = Counter((c["request"], c["llm"]) for c in result.calls)  # all requests, for the ranges
     print(f"{options.instance.name}: {stats.completed} requests measured (after {result.warmup_s:.0f} s), "
           f"rate {workflow.arrival_rate:g} requests/s, seed {options.seed}")

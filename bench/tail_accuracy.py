@@ -78,7 +78,7 @@ def run(path: Path, duration_s: float) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--duration-s", type=float, default=300.0)
     parser.add_argument("--only", default=None, help="only the instances whose file name starts with this")
     args = parser.parse_args()

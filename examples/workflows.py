@@ -29,10 +29,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Annotated, TypedDict
+from typing import Annotated, Any, TypedDict
 
 import openai
 from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Send
 
 QUESTIONS = (
@@ -79,6 +80,11 @@ class RequestResult:
     error: str | None = None
 
 
+# Every node reads the whole state (the `...State` TypedDicts: LangGraph's channels, all set by the
+# time the node runs) and returns only the keys it changes, which LangGraph merges into the state
+Update = dict[str, Any]
+
+
 # ----------------------------------------------------------------------------------------------
 # Beam search
 
@@ -92,7 +98,7 @@ class Candidate(TypedDict):
     done: bool
 
 
-class BeamState(TypedDict, total=False):
+class BeamState(TypedDict):
     workflow_id: str
     question: str
     seed: int
@@ -119,7 +125,7 @@ class BeamSearch:
     api_key: str = "scepsy-example"
     timeout_s: float = 300.0
     name: str = "beam"
-    _graph: object = field(default=None, init=False, repr=False)
+    _graph: CompiledStateGraph = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.gen = _client(self.proxy_url, self.generator, self.api_key, self.timeout_s)
@@ -127,7 +133,7 @@ class BeamSearch:
         self._graph = self._build()
 
     # nodes --------------------------------------------------------------------------------------
-    def _start(self, state: BeamState) -> BeamState:
+    def _start(self, state: BeamState) -> Update:
         root = Candidate(beam=0, step=0, steps=[], text="", score=0.0, done=False)
         return {"step": 0, "beams": [root]}
 
@@ -138,7 +144,7 @@ class BeamSearch:
                 sends.append(Send("generate", {**state, "beams": [beam], "seed": state["seed"] * 1000 + state["step"] * 100 + b * 10 + k}))
         return sends
 
-    def _generate(self, state: BeamState) -> BeamState:
+    def _generate(self, state: BeamState) -> Update:
         beam = state["beams"][0]
         so_far = "\n".join(beam["steps"]) or "-"
         response = self.gen.chat.completions.create(
@@ -163,7 +169,7 @@ class BeamSearch:
         current = [p for p in state["proposals"] if p["step"] == state["step"] + 1]
         return [Send("verify", {**state, "proposals": [p]}) for p in current]
 
-    def _verify(self, state: BeamState) -> BeamState:
+    def _verify(self, state: BeamState) -> Update:
         proposal = state["proposals"][-1]
         response = self.ver.chat.completions.create(
             model=self.verifier,
@@ -178,7 +184,7 @@ class BeamSearch:
         score = min(float(match.group()), 10.0) if match else 5.0
         return {"scored": [{**proposal, "score": score}], "calls": 1}
 
-    def _select(self, state: BeamState) -> BeamState:
+    def _select(self, state: BeamState) -> Update:
         step = state["step"] + 1
         current = [c for c in state["scored"] if c["step"] == step]
         kept_done = [b for b in state["beams"] if b["done"]]
@@ -221,7 +227,7 @@ class BeamSearch:
 # RAG
 
 
-class RagState(TypedDict, total=False):
+class RagState(TypedDict):
     workflow_id: str
     question: str
     query_vector: list[float]
@@ -260,7 +266,7 @@ class Rag:
     api_key: str = "scepsy-example"
     timeout_s: float = 300.0
     name: str = "rag"
-    _graph: object = field(default=None, init=False, repr=False)
+    _graph: CompiledStateGraph = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.emb = _client(self.proxy_url, self.embedder, self.api_key, self.timeout_s)
@@ -280,18 +286,18 @@ class Rag:
                 self._index = [_vector(item.embedding) for item in sorted(response.data, key=lambda d: d.index)]
             return self._index
 
-    def _embed(self, state: RagState) -> RagState:
+    def _embed(self, state: RagState) -> Update:
         response = self.emb.embeddings.create(
             model=self.embedder, input=state["question"], extra_headers=_headers(self.name, state["workflow_id"])
         )
         return {"query_vector": _vector(response.data[0].embedding), "calls": 1}
 
-    def _retrieve(self, state: RagState) -> RagState:
+    def _retrieve(self, state: RagState) -> Update:
         index = self.index()
         scores = [(-_cosine(state["query_vector"], doc), i) for i, doc in enumerate(index)]
         return {"candidates": [i for _, i in sorted(scores)[: self.retrieve_k]]}
 
-    def _rerank(self, state: RagState) -> RagState:
+    def _rerank(self, state: RagState) -> Update:
         documents = [self.corpus[i] for i in state["candidates"]]
         response = self.rerank_client.post(
             "/rerank",
@@ -299,10 +305,12 @@ class Rag:
             body={"model": self.reranker, "query": state["question"], "documents": documents, "top_n": self.top_n},
             options={"headers": _headers(self.name, state["workflow_id"])},
         )
+        if not isinstance(response, dict):
+            raise TypeError(f"/rerank answered {type(response).__name__}, not a JSON object")
         results = sorted(response["results"], key=lambda r: (-r["relevance_score"], r["index"]))
         return {"ranked": [state["candidates"][r["index"]] for r in results[: self.top_n]], "calls": 1}
 
-    def _generate(self, state: RagState) -> RagState:
+    def _generate(self, state: RagState) -> Update:
         context = "\n".join(f"- {self.corpus[i]}" for i in state["ranked"])
         response = self.gen.chat.completions.create(
             model=self.generator,
@@ -341,7 +349,7 @@ class Rag:
 # Judge ensemble (a fan-out across LLMs)
 
 
-class EnsembleState(TypedDict, total=False):
+class EnsembleState(TypedDict):
     workflow_id: str
     question: str
     seed: int
@@ -366,7 +374,7 @@ class JudgeEnsemble:
     api_key: str = "scepsy-example"
     timeout_s: float = 300.0
     name: str = "ensemble"
-    _graph: object = field(default=None, init=False, repr=False)
+    _graph: CompiledStateGraph = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.clients = {j: _client(self.proxy_url, j, self.api_key, self.timeout_s) for j in self.judges}
@@ -376,7 +384,7 @@ class JudgeEnsemble:
     def _fan_out(self, state: EnsembleState) -> list[Send]:
         return [Send("judge", {**state, "judge": j, "seed": state["seed"] * 10 + k}) for k, j in enumerate(self.judges)]
 
-    def _judge(self, state: EnsembleState) -> EnsembleState:
+    def _judge(self, state: EnsembleState) -> Update:
         judge = state["judge"]
         response = self.clients[judge].chat.completions.create(
             model=judge,
@@ -388,7 +396,7 @@ class JudgeEnsemble:
         )
         return {"answers": [(judge, (response.choices[0].message.content or "").strip())], "calls": 1}
 
-    def _aggregate(self, state: EnsembleState) -> EnsembleState:
+    def _aggregate(self, state: EnsembleState) -> Update:
         answers = "\n".join(f"{judge}: {answer}" for judge, answer in sorted(state["answers"]))
         response = self.agg.chat.completions.create(
             model=self.aggregator,

@@ -89,7 +89,7 @@ def _job(args):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--stats", action="store_true", help="only trace and print n and p")
     parser.add_argument("--only", default=None, help="only the profiles whose name starts with this")

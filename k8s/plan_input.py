@@ -225,6 +225,7 @@ def load_placed_plan(plan_path: Path | str, instance_path: Path | None = None) -
             f"{f!r} differs from the instance's {instance.cluster.fractions_per_gpu}",
             "use the instance the plan was made from (--instance)",
         )
+    f = instance.cluster.fractions_per_gpu  # equal to the plan's, and an int
     llms = _parse_llms(source, raw, instance, f)
     workflows = _parse_workflows(source, raw, {m.name for m in llms})
     replicas = _parse_placement(source, raw, instance, llms, f)

@@ -35,7 +35,8 @@ Every number below is computed; nothing is typed in. Set `SCEPSY_NOTEBOOK_SHORT=
 from pathlib import Path
 
 import pandas as pd
-from IPython.display import Image, display
+from IPython.core.display import Image
+from IPython.display import display
 
 from scepsy.models.instance.instance import load_instance
 from scepsy.planner.allocation.planning import make_plan
@@ -216,7 +217,7 @@ result = simulate(beam, plan.allocation, SimulationSettings(duration_s=requests 
                   record_calls=True)
 stats = result.workflow(workflow.name)
 times = {m: np.array(v) for m, v in stats.per_request_llm_time_s.items()}
-total = sum(times.values())
+total = np.sum(list(times.values()), axis=0)  # per request, over the LLMs
 rows = []
 for llm, absolute in times.items():
     relative = absolute / total
@@ -270,7 +271,8 @@ for case in cases:
                      "latency_ratio_max": round(c.latency_ratio_max, 2),
                      "paper_throughput_ratio": paper[0], "paper_latency_ratio": paper[1]})
 pd.DataFrame(rows)"""),
-    ("code", """from IPython.display import Image, display
+    ("code", """from IPython.core.display import Image
+from IPython.display import display
 
 for case, frame in frames.items():
     path = Path(f"/tmp/{case}-sweep.png") if SHORT else ROOT / "docs" / "figures" / f"notebook-{case}-sweep.png"

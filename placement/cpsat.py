@@ -118,7 +118,7 @@ class PlacementModel:
 
 
 def _sum(terms: list[tuple[int, Var]]) -> cp_model.LinearExprT:
-    return cp_model.LinearExpr.WeightedSum([v for _, v in terms], [k for k, _ in terms]) if terms else 0
+    return cp_model.LinearExpr.weighted_sum([v for _, v in terms], [k for k, _ in terms]) if terms else 0
 
 
 class ModelTooLargeError(Exception):
@@ -163,26 +163,26 @@ def build_placement_model(
             most = min(choice.replicas, fit_in_domain(list(slots.values()), choice.tp))
             if most == 0:
                 continue
-            n[(j, choice.llm)] = model.NewIntVar(0, most, f"n[{j},{choice.llm}]")
+            n[(j, choice.llm)] = model.new_int_var(0, most, f"n[{j},{choice.llm}]")
             for i, slot in slots.items():
                 if slot == 0:
                     continue
                 if choice.llm in whole:
                     if i not in x:
-                        x[i] = model.NewBoolVar(f"x[{i[0]}/{i[1]}]")
+                        x[i] = model.new_bool_var(f"x[{i[0]}/{i[1]}]")
                 else:
                     upper[(i, choice.llm)] = min(slot, most)
-                    c[(i, choice.llm)] = model.NewIntVar(0, upper[(i, choice.llm)], f"c[{i[0]}/{i[1]},{choice.llm}]")
+                    c[(i, choice.llm)] = model.new_int_var(0, upper[(i, choice.llm)], f"c[{i[0]}/{i[1]},{choice.llm}]")
     # k[q]: candidate q stays (only where its domain is eligible)
-    k = {q: model.NewBoolVar(f"k[{q}]") for q, cand in enumerate(candidates) if (cand.domain, cand.llm) in n}
+    k = {q: model.new_bool_var(f"k[{q}]") for q, cand in enumerate(candidates) if (cand.domain, cand.llm) in n}
 
     # every replica in one eligible domain (none eligible: infeasible, diagnosed by the caller)
     for choice in llms:
         eligible = [n[(j, choice.llm)] for j in range(len(domains)) if (j, choice.llm) in n]
         if eligible:
-            model.Add(sum(eligible) == choice.replicas)
+            model.add(sum(eligible) == choice.replicas)
         else:
-            model.AddBoolOr([])  # the empty clause: no placement
+            model.add_bool_or([])  # the empty clause: no placement
 
     kept_on_gpu: dict[tuple[Gpu, str], list[Var]] = defaultdict(list)
     kept_in_domain: dict[tuple[int, str], list[Var]] = defaultdict(list)
@@ -200,24 +200,24 @@ def build_placement_model(
             whole_in_domain[j].append((tp[m], var))
     for j, replicas in whole_in_domain.items():
         gpus = [(domains[j].node, g) for g in domains[j].gpus if (domains[j].node, g) in x]
-        model.Add(sum(x[i] for i in gpus) == _sum(replicas))
+        model.add(sum(x[i] for i in gpus) == _sum(replicas))
     for i, kept in kept_whole.items():
-        model.Add(sum(kept) <= x[i])  # a kept whole-GPU replica's GPUs carry whole shards
+        model.add(sum(kept) <= x[i])  # a kept whole-GPU replica's GPUs carry whole shards
     for (j, m), kept in kept_in_domain.items():
-        model.Add(sum(kept) <= n[(j, m)])
+        model.add(sum(kept) <= n[(j, m)])
 
     # fractional shards: t_m per replica in its domain, on distinct GPUs (round robin), kept ones stay
-    for (j, m), replicas in n.items():
+    for (j, m), replica_count in n.items():
         if m in whole:
             continue
         gpus = [(domains[j].node, g) for g in domains[j].gpus if ((domains[j].node, g), m) in c]
-        model.Add(sum(c[(i, m)] for i in gpus) == tp[m] * replicas)
+        model.add(sum(c[(i, m)] for i in gpus) == tp[m] * replica_count)
         kd = sum(kept_in_domain.get((j, m), []))
         for i in gpus:
             ki = sum(kept_on_gpu.get((i, m), []))
-            model.Add(c[(i, m)] - ki <= replicas - kd)
+            model.add(c[(i, m)] - ki <= replica_count - kd)
             if (i, m) in kept_on_gpu:
-                model.Add(ki <= c[(i, m)])
+                model.add(ki <= c[(i, m)])
 
     # GPU capacity; u[i], v[j]: clean GPUs and clean domains in use
     fractional: dict[Gpu, list[tuple[str, Var]]] = defaultdict(list)
@@ -226,7 +226,7 @@ def build_placement_model(
     modelled = set(fractional) | set(x)
     domain_of = {(d.node, g): j for j, d in enumerate(domains) for g in d.gpus}
     v = {
-        j: model.NewBoolVar(f"v[{j}]")
+        j: model.new_bool_var(f"v[{j}]")
         for j, d in enumerate(domains)
         if all((d.node, g) in clean for g in d.gpus) and any((d.node, g) in modelled for g in d.gpus)
     }
@@ -235,12 +235,12 @@ def build_placement_model(
     for i in sorted(modelled):
         loads[i] = [(share[m], var) for m, var in fractional.get(i, [])] + ([(f, x[i])] if i in x else [])
         if i in clean:
-            u[i] = model.NewBoolVar(f"u[{i[0]}/{i[1]}]")
-            model.Add(_sum(loads[i]) <= free[i] * u[i])
+            u[i] = model.new_bool_var(f"u[{i[0]}/{i[1]}]")
+            model.add(_sum(loads[i]) <= free[i] * u[i])
             if domain_of[i] in v:
-                model.AddImplication(u[i], v[domain_of[i]])
+                model.add_implication(u[i], v[domain_of[i]])
         else:
-            model.Add(_sum(loads[i]) <= free[i])
+            model.add(_sum(loads[i]) <= free[i])
 
     # e[i, m], h[i]: a GPU is one LLM's or shared (only where two fractional LLMs could meet)
     e: dict[tuple[Gpu, str], Var] = {}
@@ -248,12 +248,12 @@ def build_placement_model(
     for i, terms in sorted(fractional.items()):
         if len(terms) < 2:
             continue
-        h[i] = model.NewBoolVar(f"h[{i[0]}/{i[1]}]")
+        h[i] = model.new_bool_var(f"h[{i[0]}/{i[1]}]")
         for m, var in terms:
-            e[(i, m)] = model.NewBoolVar(f"e[{i[0]}/{i[1]},{m}]")
-            model.Add(var <= upper[(i, m)] * (e[(i, m)] + h[i]))
-        model.Add(sum(e[(i, m)] for m, _ in terms) + h[i] <= (u[i] if i in u else 1))
-        model.Add(
+            e[(i, m)] = model.new_bool_var(f"e[{i[0]}/{i[1]},{m}]")
+            model.add(var <= upper[(i, m)] * (e[(i, m)] + h[i]))
+        model.add(sum(e[(i, m)] for m, _ in terms) + h[i] <= (u[i] if i in u else 1))
+        model.add(
             _sum([(share[m], var) for m, var in terms])
             <= _sum([(share[m] * upper[(i, m)], e[(i, m)]) for m, _ in terms] + [(free[i], h[i])])
         )
@@ -306,10 +306,10 @@ def _add_packing_cuts(model, cluster: Cluster, domains: list[Domain], loads, u, 
         doms = [j for j in v if domains[j].gpu_type == gpu_type]
         for weight, capacity in _restricted_weights(f, sorted({s for _, s, _ in shards})):
             terms = [(weight[s], i, var) for i, s, var in shards if weight[s]]
-            model.Add(_sum([(wt, var) for wt, _, var in terms]) <= _sum([(capacity, u[i]) for i in gpus]))
+            model.add(_sum([(wt, var) for wt, _, var in terms]) <= _sum([(capacity, u[i]) for i in gpus]))
             in_domains = [(wt, var) for wt, i, var in terms if i in in_clean_domain]
             if doms and in_domains:
-                model.Add(_sum(in_domains) <= _sum([(capacity * domains[j].size, v[j]) for j in doms]))
+                model.add(_sum(in_domains) <= _sum([(capacity * domains[j].size, v[j]) for j in doms]))
 
 
 def symmetry_classes(cluster: Cluster, domains: list[Domain], candidates: list[Candidate], modelled: set[Gpu]) -> SymmetryClasses:
@@ -359,7 +359,7 @@ def _break_symmetry(model, cluster: Cluster, domains: list[Domain], classes: Sym
         for a, b in zip(members, members[1:]):
             la, lb = load(a), load(b)
             if not (isinstance(la, int) and isinstance(lb, int)):
-                model.Add(la >= lb)
+                model.add(la >= lb)
 
 
 def canonical(pm: PlacementModel, placement: Placement) -> Placement:
@@ -504,7 +504,7 @@ def solve_placement(
         values = hint_values(pm, canonical(pm, seed)) if seed is not None else None
         result, solver = _solve_once(pm, stage, deadline - time.perf_counter(), workers, values)
         if result == cp_model.MODEL_INVALID:
-            raise RuntimeError(f"internal error: invalid placement model ({pm.model.Validate()})")
+            raise RuntimeError(f"internal error: invalid placement model ({pm.model.validate()})")
         if result == cp_model.INFEASIBLE:
             outcomes.append(StageOutcome(stage.name, "infeasible", None, None))
             return CpsatOutcome(None, tuple(outcomes), "infeasible", time.perf_counter() - start)
@@ -513,14 +513,14 @@ def solve_placement(
             status = "unknown" if not pool else "feasible"
             break
         # the minimised expression is integer, so its bound rounds up
-        bound = stage.offset + stage.sign * math.ceil(solver.BestObjectiveBound() - 1e-6)
+        bound = stage.offset + stage.sign * math.ceil(solver.best_objective_bound - 1e-6)
         remember(decode(pm, solver))
-        optimum = stage.offset + stage.sign * int(round(solver.ObjectiveValue()))
+        optimum = stage.offset + stage.sign * int(round(solver.objective_value))
         outcomes.append(StageOutcome(stage.name, STATUS_NAMES[result], optimum, bound))
         if result != cp_model.OPTIMAL:
             status = "feasible"
             break
-        pm.model.Add(stage.expr <= int(round(solver.ObjectiveValue())))
+        pm.model.add(stage.expr <= int(round(solver.objective_value)))
         fixed.append(optimum)
     if not pool:
         return CpsatOutcome(None, tuple(outcomes), status, time.perf_counter() - start)
@@ -617,16 +617,16 @@ class Polisher:
 
 
 def _solve_once(pm: PlacementModel, stage: Stage, time_limit_s: float, workers: int, hint):
-    pm.model.ClearObjective()
-    pm.model.Minimize(stage.expr)
-    pm.model.ClearHints()
+    pm.model.clear_objective()
+    pm.model.minimize(stage.expr)
+    pm.model.clear_hints()
     for var, value in (hint or {}).items():
-        pm.model.AddHint(var, value)
+        pm.model.add_hint(var, value)
     # measured on bench/placement_scaling.py: the full LP (all constraints, added up front) gives the
     # stage bounds; presolve probing costs seconds on large clusters and buys nothing here
     solver = cpsat_solver(time_limit_s, workers, linearization_level=2, add_lp_constraints_lazily=False,
                           cp_model_probing_level=0)
-    return solver.Solve(pm.model), solver
+    return solver.solve(pm.model), solver
 
 
 def decode(pm: PlacementModel, solver: cp_model.CpSolver) -> Placement:
@@ -638,7 +638,7 @@ def decode(pm: PlacementModel, solver: cp_model.CpSolver) -> Placement:
     kept_shards: dict[tuple[Gpu, str], int] = defaultdict(int)
     kept_whole: set[Gpu] = set()
     for q, var in sorted(pm.k.items()):
-        if solver.BooleanValue(var):
+        if solver.boolean_value(var):
             cand = pm.candidates[q]
             spots.append(Spot(cand.llm, cand.node, cand.gpus, choices[cand.llm].share, cand.replica))
             kept_replicas[(cand.domain, cand.llm)] += 1
@@ -648,13 +648,13 @@ def decode(pm: PlacementModel, solver: cp_model.CpSolver) -> Placement:
                     kept_whole.add((cand.node, g))
     by_domain: dict[int, list[tuple[str, int]]] = defaultdict(list)
     for (j, m), var in sorted(pm.n.items()):
-        count = solver.Value(var) - kept_replicas.get((j, m), 0)
+        count = solver.value(var) - kept_replicas.get((j, m), 0)
         if count > 0:
             by_domain[j].append((m, count))
     for j, entries in sorted(by_domain.items()):
         domain = pm.domains[j]
         # whole-GPU replicas take the free GPUs with x = 1, t at a time
-        whole = [g for g in domain.gpus if (domain.node, g) in pm.x and solver.BooleanValue(pm.x[(domain.node, g)])]
+        whole = [g for g in domain.gpus if (domain.node, g) in pm.x and solver.boolean_value(pm.x[(domain.node, g)])]
         whole = [g for g in whole if (domain.node, g) not in kept_whole]
         for m, count in entries:
             choice = choices[m]
@@ -668,7 +668,7 @@ def decode(pm: PlacementModel, solver: cp_model.CpSolver) -> Placement:
                 g
                 for g in domain.gpus
                 if ((domain.node, g), m) in pm.c
-                for _ in range(solver.Value(pm.c[((domain.node, g), m)]) - kept_shards.get(((domain.node, g), m), 0))
+                for _ in range(solver.value(pm.c[((domain.node, g), m)]) - kept_shards.get(((domain.node, g), m), 0))
             ]
             for r in range(count):
                 gpus = tuple(sorted(positions[r + t * count] for t in range(choice.tp)))

@@ -14,6 +14,7 @@ GOLDEN = ROOT / "tests" / "golden"
 
 def _load_module(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)

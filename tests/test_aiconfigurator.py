@@ -53,6 +53,7 @@ def test_the_engine_uses_the_timer_and_scales_it_by_the_fraction(llama_h100):
 def test_config_json_models_and_other_backends():
     qwen = card_from_config(CONFIGS / "Qwen--Qwen3-30B-A3B")
     timer = make_timer("aiconfigurator", qwen, gpu("B200"), 1, "sglang", "current")
+    assert timer is not None
     assert timer.iteration_time_s(IterationWork(decode_sequences=4, decode_context=4000)) > 0
     assert make_timer("builtin", qwen, gpu("B200"), 1) is None
 
@@ -100,5 +101,5 @@ def test_emulator_and_simulator_use_it(write_instance):
     from conftest import profile_rows
     instance = load_instance(write_instance(h100_llama, profiles={"gen.csv": profile_rows("H100"), "ver.csv": profile_rows("H100")}))
     engine = replica_engine(instance, "ver", "H100", 1, 1.0, engine_model="aiconfigurator")
-    assert engine.timer is not None and engine.timer.tp == 1
+    assert isinstance(engine.timer, AiconfiguratorTimer) and engine.timer.tp == 1
     assert replica_engine(instance, "ver", "H100", 1, 1.0).timer is None

@@ -30,12 +30,12 @@ def test_vllm_and_sglang_versions(tmp_path):
     result = import_bench_results([tmp_path / "new.json", tmp_path / "old.json", tmp_path / "sg.jsonl"], "H100", 2, 0.5)
     rows = result.rows.set_index("arrival_rate")
     assert list(result.rows.columns)[:3] == ["gpu_type", "tp", "fraction"]
-    assert rows.loc[2.0, ["throughput", "latency_mean", "latency_p50", "latency_p90", "latency_p99"]].tolist() == [1.99, 1.5, 1.4, 1.9, 2.5]
+    assert [rows.at[2.0, c] for c in ("throughput", "latency_mean", "latency_p50", "latency_p90", "latency_p99")] == [1.99, 1.5, 1.4, 1.9, 2.5]
     # old vLLM: mean estimated from TTFT + TPOT x (128 - 1) = 100 + 1905 ms, p50/p90/p99 measured
-    assert rows.loc[4.0, "throughput"] == 3.3 and rows.loc[4.0, "latency_mean"] == pytest.approx(2.005)
-    assert rows.loc[4.0, "latency_p90"] == 3.0
+    assert rows.at[4.0, "throughput"] == 3.3 and rows.at[4.0, "latency_mean"] == pytest.approx(2.005)
+    assert rows.at[4.0, "latency_p90"] == 3.0
     # SGLang without p90: interpolated between p50 and p99 by rank (700 + 900 * 40 / 49 ms)
-    assert rows.loc[8.0, "latency_p90"] == pytest.approx((700 + 900 * 40 / 49) / 1000)
+    assert rows.at[8.0, "latency_p90"] == pytest.approx((700 + 900 * 40 / 49) / 1000)
     assert any("latency_mean estimated" in n for n in result.notes) and any("p90 interpolated" in n for n in result.notes)
     # SGLang at request_rate inf with max_concurrency 256: a closed-loop point at its throughput
     closed = result.rows[result.rows["concurrency"].notna()]

@@ -56,9 +56,9 @@ def test_sglang_bench_serving_jsonl(tmp_path):
     random_only.write_text("\n".join(lines[:5]) + "\n")  # the dataset_name "random" runs
     rows = import_bench_results([random_only], "H200", 1, 1.0).rows.set_index("arrival_rate")
     assert list(rows.index) == [1.0, 2.0, 4.0, 8.0, 16.0]
-    assert rows.loc[1.0, "throughput"] == pytest.approx(300 / 298.3675805060193)  # completed / duration
-    assert rows.loc[8.0, "latency_mean"] == pytest.approx(52.064764045071985)
-    assert rows.loc[8.0, "latency_p50"] == pytest.approx(50.31621736683883)
+    assert rows.at[1.0, "throughput"] == pytest.approx(300 / 298.3675805060193)  # completed / duration
+    assert rows.at[8.0, "latency_mean"] == pytest.approx(52.064764045071985)
+    assert rows.at[8.0, "latency_p50"] == pytest.approx(50.31621736683883)
     assert rows["latency_p99"].isna().all() and rows["concurrency"].isna().all()
 
 

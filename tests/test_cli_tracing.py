@@ -128,7 +128,7 @@ def test_proxy_command_serves_records_and_shuts_down_cleanly(tmp_path):
             _, err = process.communicate(timeout=20)
     assert process.returncode == 0, err.decode()
     assert "recorded 5 calls" in err.decode()
-    assert sorted(c.workflow_id for c in read_store(store)) == [f"w{i}" for i in range(5)]
+    assert sorted(c.workflow_id or "" for c in read_store(store)) == [f"w{i}" for i in range(5)]
 
 
 def test_proxy_terminated_mid_stream_finishes_the_streams_and_keeps_their_records(tmp_path):
@@ -146,7 +146,7 @@ def test_proxy_terminated_mid_stream_finishes_the_streams_and_keeps_their_record
     from scepsy.tracing.capture.store import read_store
 
     engine = ScriptedEngine(token_delay_s=0.001)
-    engine.gate = threading.Event()  # every stream holds its tokens after the first until SIGTERM is sent
+    engine.gate = gate = threading.Event()  # every stream holds its tokens after the first until SIGTERM is sent
     with ServerThread(engine.app()) as server:
         store = tmp_path / "traces.db"
         process, url = _start_proxy_process(server.url, store)
@@ -168,7 +168,7 @@ def test_proxy_terminated_mid_stream_finishes_the_streams_and_keeps_their_record
                 for _ in range(8):  # every stream is in flight: its first bytes arrived, its tokens are held
                     await first.get()
                 process.send_signal(signal.SIGTERM)
-                engine.gate.set()
+                gate.set()
                 return await asyncio.gather(*tasks)
 
         try:
@@ -177,5 +177,5 @@ def test_proxy_terminated_mid_stream_finishes_the_streams_and_keeps_their_record
             process.communicate(timeout=20)
     assert all(body.rstrip().endswith(b"data: [DONE]") for body in bodies)
     records = list(read_store(store))
-    assert sorted(c.workflow_id for c in records) == [f"w{i}" for i in range(8)]
+    assert sorted(c.workflow_id or "" for c in records) == [f"w{i}" for i in range(8)]
     assert all(c.outcome == "ok" and c.completion_tokens == 10 for c in records)

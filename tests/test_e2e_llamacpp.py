@@ -33,6 +33,7 @@ def _engine_missing() -> str | None:
 def test_prediction_matches_a_real_run(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the benchmark imports its neighbour `paths`
     spec = importlib.util.spec_from_file_location("e2e_llamacpp", ROOT / "bench" / "e2e_llamacpp.py")
+    assert spec is not None and spec.loader is not None
     e2e = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = e2e  # dataclasses look their module up there
     spec.loader.exec_module(e2e)

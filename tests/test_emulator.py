@@ -19,10 +19,12 @@ import asyncio
 import json
 import statistics
 import time
+from typing import Any
 
 import httpx
 import numpy as np
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 import pytest
 import simpy
 from typer.testing import CliRunner
@@ -30,7 +32,8 @@ from typer.testing import CliRunner
 from scepsy.cli import app
 from scepsy.models.performance.engine import IterationWork, causal_attention
 from scepsy.models.performance.replica import ReplicaSim, Request
-from scepsy.tracing.emulation.emulator import create_app, emulator_config, encoder_task
+from scepsy.models.catalog.catalog import encoder_task
+from scepsy.tracing.emulation.emulator import EmulatorConfig, create_app, emulator_config
 from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app as create_proxy
 from scepsy.tracing.emulation.tokenizer import (
     VOCABULARY,
@@ -44,12 +47,12 @@ from scepsy.tracing.emulation.tokenizer import (
     token_units,
 )
 
-from tracing_fixtures import Recorder, wait_for
+from tracing_fixtures import Recorder, cached_tokens, usage_of, wait_for
 
 runner = CliRunner()
 EARLY_S = 0.001
 # llama-3.2-1b on a quarter of an L4: 43 ms per decode iteration alone, 44 ms with 16 sequences
-GEN = dict(model="llama-3.2-1b", gpu="L4", fraction=0.25, served_model_names=["gen"])
+GEN: dict[str, Any] = dict(model="llama-3.2-1b", gpu="L4", fraction=0.25, served_model_names=["gen"])
 
 
 def within(measured: float, modelled: float, early_s: float = EARLY_S) -> bool:
@@ -86,20 +89,34 @@ def offline(engine, shapes, arrivals=None) -> list[Request]:
     return requests
 
 
+def first_token_s(request: Request) -> float:
+    assert request.first_token_s is not None, request  # offline() runs every request to its end
+    return request.first_token_s
+
+
+def finish_s(request: Request) -> float:
+    assert request.finish_s is not None, request
+    return request.finish_s
+
+
+class EmulatorServer(ServerThread):
+    """The emulator on loopback, with the configuration it serves (the tests' expectations)."""
+
+    def __init__(self, config: EmulatorConfig):
+        super().__init__(create_app(config))
+        self.config = config
+
+
 @pytest.fixture
 def gen():
-    config = emulator_config(**GEN)
-    with ServerThread(create_app(config)) as server:
-        server.config = config
+    with EmulatorServer(emulator_config(**GEN)) as server:
         yield server
 
 
 @pytest.fixture
 def fast():
     """The same replica 20x faster, for tests of content and shapes rather than timing."""
-    config = emulator_config(**GEN, speedup=20.0)
-    with ServerThread(create_app(config)) as server:
-        server.config = config
+    with EmulatorServer(emulator_config(**GEN, speedup=20.0)) as server:
         yield server
 
 
@@ -154,6 +171,7 @@ async def _streams(url: str, prompts: list[list[int]], completion: int) -> list[
             if chunk.choices and chunk.choices[0].text:
                 first = first or time.perf_counter()
                 tokens += 1
+        assert first is not None, prompt  # every stream sends a token
         return first, time.perf_counter(), tokens
 
     results = await asyncio.gather(*(one(p) for p in prompts))
@@ -181,7 +199,7 @@ def test_concurrent_streams_batch_as_the_engine_model_predicts(gen):
     span = max(end for _, end, _ in results) - origin
     # the engine model: the first arrival starts an iteration alone, the others join the next one
     requests = offline(engine, [(prompt, completion)] * n, [0.0] + [1e-9] * (n - 1))
-    modelled = max(r.finish_s for r in requests) - min(r.first_token_s for r in requests)
+    modelled = max(finish_s(r) for r in requests) - min(first_token_s(r) for r in requests)
     assert within(span, modelled, ORIGIN_LATENESS_S), (span, modelled)
     assert within(single, engine.request_time_s(prompt, completion))
     makespan = max(end for _, end, _ in results) - min(first for first, _, _ in results) + engine.prefill_time_s(prompt)
@@ -205,10 +223,10 @@ def test_kv_capacity_queues_requests():
     # the last request starts only when a running one has finished and freed its KV
     assert firsts[last] >= min(ends[i] for i in range(4) if i != last)
     requests = offline(engine, [(prompt, completion)] * 4, [0.0] + [1e-9] * 3)
-    assert max(r.first_token_s for r in requests) >= min(r.finish_s for r in requests)
-    origin, modelled_origin = min(firsts), min(r.first_token_s for r in requests)
+    assert max(first_token_s(r) for r in requests) >= min(finish_s(r) for r in requests)
+    origin, modelled_origin = min(firsts), min(first_token_s(r) for r in requests)
     measured = _relative(firsts, origin) + _relative(ends, origin)
-    modelled = _relative([r.first_token_s for r in requests], modelled_origin) + _relative([r.finish_s for r in requests], modelled_origin)
+    modelled = _relative([first_token_s(r) for r in requests], modelled_origin) + _relative([finish_s(r) for r in requests], modelled_origin)
     for got, want in zip(measured, modelled):
         assert within(got, want, ORIGIN_LATENESS_S), (measured, modelled)
     assert 'vllm:num_requests_running{model_name="gen"} 0' in metrics
@@ -225,9 +243,9 @@ def test_decodes_that_outgrow_the_kv_cache_preempt_and_still_finish():
     assert all(tokens == 120 for _, _, tokens in results)  # every token once, none lost or repeated
     requests = offline(config.engine, [(700, 120)] * 3, [0.0, 1e-9, 1e-9])
     assert sum(r.preemptions for r in requests) == 1
-    origin, modelled_origin = min(r[0] for r in results), min(r.first_token_s for r in requests)
+    origin, modelled_origin = min(r[0] for r in results), min(first_token_s(r) for r in requests)
     measured = _relative([r[1] for r in results], origin)
-    modelled = _relative([r.finish_s / speedup for r in requests], modelled_origin / speedup)
+    modelled = _relative([finish_s(r) / speedup for r in requests], modelled_origin / speedup)
     for got, want in zip(measured, modelled):
         assert within(got, want, ORIGIN_LATENESS_S), (measured, modelled)
 
@@ -265,19 +283,23 @@ def test_client_disconnect_frees_the_sequence(gen):
 
 def test_prefix_cache_hits_a_repeated_prompt(gen):
     c = client(gen.url)
-    messages = [{"role": "system", "content": "Solve it step by step. " * 10}, {"role": "user", "content": "What is 15 percent of 80?"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "Solve it step by step. " * 10}, {"role": "user", "content": "What is 15 percent of 80?"},
+    ]
     first = c.chat.completions.create(model="gen", messages=messages, max_tokens=3)
-    again = c.chat.completions.create(model="gen", messages=messages + [{"role": "assistant", "content": first.choices[0].message.content},
-                                                                         {"role": "user", "content": "And of 90?"}], max_tokens=3)
-    assert first.usage.prompt_tokens_details.cached_tokens == 0
-    hit = again.usage.prompt_tokens_details.cached_tokens
+    follow_up: list[ChatCompletionMessageParam] = [
+        *messages, {"role": "assistant", "content": first.choices[0].message.content}, {"role": "user", "content": "And of 90?"},
+    ]
+    again = c.chat.completions.create(model="gen", messages=follow_up, max_tokens=3)
+    assert cached_tokens(first) == 0
+    hit = cached_tokens(again)
     # whole 16-token blocks of the first prompt and its answer
-    assert hit % 16 == 0 and first.usage.prompt_tokens - 16 < hit <= first.usage.prompt_tokens + 3
+    assert hit % 16 == 0 and usage_of(first).prompt_tokens - 16 < hit <= usage_of(first).prompt_tokens + 3
     no_cache = emulator_config(**GEN, prefix_caching=False)
     with ServerThread(create_app(no_cache)) as server:
         c = client(server.url)
         c.chat.completions.create(model="gen", messages=messages, max_tokens=3)
-        assert c.chat.completions.create(model="gen", messages=messages, max_tokens=3).usage.prompt_tokens_details.cached_tokens == 0
+        assert cached_tokens(c.chat.completions.create(model="gen", messages=messages, max_tokens=3)) == 0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -286,18 +308,19 @@ def test_prefix_cache_hits_a_repeated_prompt(gen):
 
 def test_chat_content_usage_and_determinism(fast):
     c = client(fast.url)
-    messages = [{"role": "user", "content": "hello there"}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello there"}]
     response = c.chat.completions.create(model="gen", messages=messages, max_tokens=7, seed=3)
     text = response.choices[0].message.content
+    assert text is not None
     assert response.object == "chat.completion" and response.choices[0].finish_reason == "length"
-    assert response.usage.prompt_tokens == len(chat_units(messages)) == 1 + 5 + 2 + 4
-    assert response.usage.completion_tokens == 7 == count_tokens(text)
+    assert usage_of(response).prompt_tokens == len(chat_units(messages)) == 1 + 5 + 2 + 4
+    assert usage_of(response).completion_tokens == 7 == count_tokens(text)
     streamed = c.chat.completions.create(model="gen", messages=messages, max_tokens=7, seed=3, stream=True,
                                          stream_options={"include_usage": True})
     chunks = list(streamed)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == text  # same request, same text
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 7
+    assert chunks[-1].choices == [] and usage_of(chunks[-1]).completion_tokens == 7
     assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
     other = c.chat.completions.create(model="gen", messages=messages, max_tokens=7, seed=4)
     assert other.choices[0].message.content != text
@@ -307,8 +330,8 @@ def test_choices_prompt_lists_stops_and_lengths(fast):
     c = client(fast.url)
     response = c.completions.create(model="gen", prompt=["one prompt", "another prompt here"], max_tokens=4, n=2)
     assert [ch.index for ch in response.choices] == [0, 1, 2, 3]
-    assert response.usage.prompt_tokens == count_tokens("one prompt") + count_tokens("another prompt here") + 2
-    assert response.usage.completion_tokens == 4 * 4 and len({ch.text for ch in response.choices}) == 4
+    assert usage_of(response).prompt_tokens == count_tokens("one prompt") + count_tokens("another prompt here") + 2
+    assert usage_of(response).completion_tokens == 4 * 4 and len({ch.text for ch in response.choices}) == 4
     # a stop string cuts the text before it
     body = {"model": "gen", "prompt": "x", "max_tokens": 60, "seed": 1}
     full = httpx.post(fast.url + "/v1/completions", json=body).json()["choices"][0]["text"]
@@ -333,17 +356,17 @@ def test_mean_output_tokens_draws_shorter_answers():
     with ServerThread(create_app(emulator_config(**GEN, speedup=20.0))) as server:
         # without max_tokens the length is drawn (mean 256, far below the context), min_tokens holds
         free = client(server.url).completions.create(model="gen", prompt="y", n=4, extra_body={"min_tokens": 3})
-        assert 4 * 3 <= free.usage.completion_tokens < 4 * 1024
+        assert 4 * 3 <= usage_of(free).completion_tokens < 4 * 1024
         assert {ch.finish_reason for ch in free.choices} == {"stop"}
     config = emulator_config(**GEN, speedup=20.0, mean_output_tokens=4.0)
     with ServerThread(create_app(config)) as server:
         c = client(server.url)
         response = c.completions.create(model="gen", prompt="draw", max_tokens=64, n=16)
         lengths = [count_tokens(ch.text) for ch in response.choices]
-        assert response.usage.completion_tokens == sum(lengths) < 16 * 20
+        assert usage_of(response).completion_tokens == sum(lengths) < 16 * 20
         assert {ch.finish_reason for ch in response.choices} == {"stop"}
         kept = c.completions.create(model="gen", prompt="draw", max_tokens=64, extra_body={"ignore_eos": True})
-        assert kept.usage.completion_tokens == 64 and kept.choices[0].finish_reason == "length"
+        assert usage_of(kept).completion_tokens == 64 and kept.choices[0].finish_reason == "length"
 
 
 def test_errors_are_openai_shaped(fast):
@@ -374,7 +397,7 @@ def test_embeddings_rerank_and_score_shapes():
         vectors = np.array([d.embedding for d in response.data])
         assert vectors.shape == (3, 768) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
         assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
-        assert response.usage.prompt_tokens == sum(count_tokens(t) + 2 for t in texts)
+        assert usage_of(response).prompt_tokens == sum(count_tokens(t) + 2 for t in texts)
         floats = httpx.post(emb.url + "/v1/embeddings", json={"model": "emb", "input": texts[0], "encoding_format": "float"}).json()
         assert np.allclose(floats["data"][0]["embedding"], vectors[0], atol=1e-6) and floats["object"] == "list"
         assert c.embeddings.create(model="emb", input=texts[0], dimensions=64).data[0].embedding.__len__() == 64
@@ -404,23 +427,23 @@ def test_proxy_in_front_records_the_emulated_calls(gen):
     engine = gen.config.engine
     with ServerThread(create_proxy(ProxyConfig({"gen": gen.url}, store=recorder))) as proxy:
         c = client(f"{proxy.url}/gen")
-        messages = [{"role": "user", "content": "trace me please"}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "trace me please"}]
         plain = c.chat.completions.create(model="gen", messages=messages, max_tokens=6, extra_headers={"X-Workflow-Id": "w1"})
-        streamed = list(c.chat.completions.create(model="gen", messages=messages + [{"role": "user", "content": "again"}], max_tokens=8,
+        streamed = list(c.chat.completions.create(model="gen", messages=[*messages, {"role": "user", "content": "again"}], max_tokens=8,
                                                   stream=True, extra_headers={"X-Workflow-Id": "w1"}))
         with_usage = list(c.completions.create(model="gen", prompt=ids(30, 60_000), max_tokens=5, stream=True,
                                                stream_options={"include_usage": True}))
         assert [m.id for m in c.models.list().data] == ["gen"]
         wait_for(lambda: len(recorder.records) == 3)
     first, second, third = recorder.records
-    assert (first.workflow_id, first.prompt_tokens, first.completion_tokens, first.usage_source) == ("w1", plain.usage.prompt_tokens, 6, "usage")
+    assert (first.workflow_id, first.prompt_tokens, first.completion_tokens, first.usage_source) == ("w1", usage_of(plain).prompt_tokens, 6, "usage")
     assert (second.stream, second.completion_tokens, second.usage_source) == (True, 8, "stream_events")
     assert (third.prompt_tokens, third.completion_tokens, third.usage_source) == (30, 5, "usage")
-    assert (with_usage[-1].usage.prompt_tokens, with_usage[-1].usage.completion_tokens) == (30, 5)
+    assert (usage_of(with_usage[-1]).prompt_tokens, usage_of(with_usage[-1]).completion_tokens) == (30, 5)
     assert json.loads(first.response_body)["choices"][0]["message"]["content"] == plain.choices[0].message.content
     assert "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices) != ""
     # the recorded timing is the engine model's (plus the HTTP hops)
-    assert within(first.latency_s, engine.request_time_s(plain.usage.prompt_tokens, 6))
+    assert within(first.latency_s, engine.request_time_s(usage_of(plain).prompt_tokens, 6))
     assert within(third.ttft_s, engine.prefill_time_s(30))
     assert within(third.latency_s, engine.request_time_s(30, 5))
 

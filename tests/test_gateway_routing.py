@@ -30,6 +30,7 @@ from contextlib import ExitStack
 
 import httpx
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 import pytest
 
 from k8s_support import CASES, objects_of, of_kind, regenerate
@@ -159,7 +160,7 @@ def _send(gateway_url: str, llm: str, task: str, engine: str) -> int:
     sent = 0
     for i in range(REQUESTS_PER_KIND):
         if task == "generate":
-            messages = [{"role": "user", "content": f"question {i} for {llm}"}]
+            messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": f"question {i} for {llm}"}]
             answer = client.chat.completions.create(model=llm, messages=messages, max_tokens=4)
             assert answer.choices[0].message.content
             stream = client.chat.completions.create(model=llm, messages=messages, max_tokens=4, stream=True)

@@ -112,7 +112,7 @@ def test_each_rule_names_file_field_and_fix(write_instance, name):
     with pytest.raises(InputError) as err:
         load_instance(path)
     error = err.value
-    assert error.file == str(path) or Path(error.file).name.endswith(".csv")
+    assert error.file == str(path) or Path(error.file or "").name.endswith(".csv")
     assert field in (error.field or ""), error.line()
     assert "; fix: " in error.line() and "\n" not in error.line()
 
@@ -122,7 +122,7 @@ def test_malformed_yaml_names_the_line(tmp_path):
     path.write_text("cluster:\n  nodes: [a, b\nllms: []\n")
     with pytest.raises(InputError) as err:
         load_instance(path)
-    assert err.value.field.startswith("line ") and "malformed YAML" in err.value.problem
+    assert (err.value.field or "").startswith("line ") and "malformed YAML" in err.value.problem
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,7 @@ def test_impossible_profile_latencies_name_the_column(write_instance, column, ch
     path = write_instance(profiles={"gen.csv": change(profile_rows()), "ver.csv": profile_rows()})
     with pytest.raises(InputError) as err:
         load_instance(path)
-    assert err.value.file.endswith("gen.csv") and column in err.value.field and "fix" in err.value.line()
+    assert (err.value.file or "").endswith("gen.csv") and column in (err.value.field or "") and "fix" in err.value.line()
 
 
 def test_profile_problems_name_the_csv(write_instance):
@@ -141,7 +141,7 @@ def test_profile_problems_name_the_csv(write_instance):
     path = write_instance(profiles={"gen.csv": broken, "ver.csv": profile_rows()})
     with pytest.raises(InputError) as err:
         load_instance(path)
-    assert err.value.file.endswith("gen.csv") and "throughput" in err.value.field
+    assert (err.value.file or "").endswith("gen.csv") and "throughput" in (err.value.field or "")
 
 
 def test_reserved_shares_reduce_free_units(write_instance):

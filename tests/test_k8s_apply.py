@@ -137,19 +137,21 @@ def test_classification_on_real_objects():
 class _RecordingApplier:
     """Records the calls `deploy` makes; answers as an API server would for a fresh cluster."""
 
-    def __init__(self, existing: dict):
-        self.existing, self.calls = existing, []
+    def __init__(self, existing: dict[tuple[str, str], dict]):
+        self.existing: dict[tuple[str, str], dict] = existing
+        self.calls: list[tuple] = []
 
-    def get(self, obj):
+    def get(self, obj: dict) -> dict | None:
         self.calls.append(("get", obj["kind"], obj["metadata"]["name"]))
         return self.existing.get((obj["kind"], obj["metadata"]["name"]))
 
-    def apply(self, obj, dry_run):
+    def apply(self, obj: dict, dry_run: bool) -> dict:
         self.calls.append(("apply", obj["kind"], obj["metadata"]["name"], dry_run))
         before = self.existing.get((obj["kind"], obj["metadata"]["name"]))
-        unchanged = before is not None and before.get("spec") == obj.get("spec")
-        version = before["metadata"]["resourceVersion"] if unchanged or dry_run else "900"
-        return _as_served(obj, version) if not unchanged else before
+        if before is not None and before.get("spec") == obj.get("spec"):
+            return before  # unchanged
+        version = before["metadata"]["resourceVersion"] if before is not None and dry_run else "900"
+        return _as_served(obj, version)
 
 
 def test_deploy_gets_then_applies_each_object_in_order():

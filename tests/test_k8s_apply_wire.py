@@ -46,7 +46,7 @@ class _Server(BaseHTTPRequestHandler):
     store: dict = {}
     patches: list = []
 
-    def log_message(self, *args):  # keep pytest output clean
+    def log_message(self, format, *args):  # keep pytest output clean
         pass
 
     def _send(self, code: int, body: dict) -> None:

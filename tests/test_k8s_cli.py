@@ -17,7 +17,7 @@ COMBINED = next(c for c in CASES if c.instance == "combined-8xh100" and c.plan_k
 WHOLE = next(c for c in CASES if c.plan_kind == "whole")
 
 
-def run(*args: str):
+def run(*args: str | Path):
     return runner.invoke(app, [str(a) for a in args])
 
 

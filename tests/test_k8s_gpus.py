@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -49,6 +50,7 @@ def test_hami_shares_fit_the_memory_every_gpu_reports(instance, plan_kind):
     for (node, gpu), shares in _per_gpu(plan, lambda r: percent[(r.llm, r.replica)]).items():
         gpu_type = next(n.gpu_type for n in plan.instance.cluster.nodes if n.name == node)
         reported = catalog.gpu(gpu_type).nvml_memory_mib
+        assert reported is not None, gpu_type
         assert sum(reported * p // 100 for p in shares) <= reported, (node, gpu, shares)
         assert sum(shares) <= 100
 
@@ -71,7 +73,7 @@ def test_catalogue_reported_memory_matches_recorded_nvml_answers():
     assert catalog.reported_memory_mib("A100-40G", 40) == 40 * 1024  # no reported total: nominal
 
 
-def _instance_with_uuids(tmp_path, instance: str) -> tuple[object, dict[str, list[str]]]:
+def _instance_with_uuids(tmp_path, instance: str) -> tuple[Path, dict[str, list[str]]]:
     """A copy of a shipped instance whose nodes list GPU UUIDs (profiles made absolute)."""
     source = ROOT / "instances" / f"{instance}.yaml"
     data = yaml.safe_load(source.read_text())

@@ -57,13 +57,16 @@ def test_gqa_and_tied_embeddings_are_read():
 
 def test_mixture_of_experts_shapes():
     qwen = card_from_config(CONFIGS / "Qwen--Qwen3-30B-A3B").moe
+    assert qwen is not None
     assert (qwen.experts, qwen.experts_per_token, qwen.expert_intermediate, qwen.moe_layers) == (128, 8, 768, 48)
     deepseek = card_from_config(CONFIGS / "deepseek-ai--DeepSeek-V3")
+    assert deepseek.moe is not None and deepseek.mla is not None
     assert (deepseek.moe.experts, deepseek.moe.moe_layers, deepseek.moe.shared_intermediate) == (256, 58, 2048)
     assert deepseek.mla.kv_lora_rank == 512
     # MLA keeps one 576-value latent per layer instead of 128 heads of K and V
     assert deepseek.kv_bytes_per_token == 61 * (512 + 64) * 2
     mixtral = card_from_config(CONFIGS / "mistralai--Mixtral-8x7B-v0.1").moe
+    assert mixtral is not None
     assert (mixtral.experts, mixtral.experts_per_token, mixtral.expert_intermediate) == (8, 2, 14336)
 
 

@@ -3,6 +3,7 @@ random instances (1 node of 2-4 GPUs, F = 4, with SLOs, two GPU types for min_co
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -94,7 +95,7 @@ def test_min_cost_on_two_gpu_types(seed):
     if plan is not None:
         types = {n.name: n.gpu_type for n in inst.cluster.nodes}
         busy = {(r.node, s.gpu) for r in plan.placement.replicas for s in r.shards}
-        cost = sum(inst.cluster.gpu_types[types[node]].cost_per_hour for node, _ in busy)
+        cost = sum(inst.cluster.gpu_types[types[node]].cost_per_hour or math.nan for node, _ in busy)  # min_cost: all priced
         assert plan.objective_value == pytest.approx(cost)
         for choice in plan.allocation.llms:  # all replicas of an LLM on its one gpu type
             assert {types[r.node] for r in plan.placement.replicas if r.llm == choice.llm} == {choice.gpu_type}
@@ -125,7 +126,7 @@ def test_enumerate_refuses_gpu_objectives():
 def test_min_cost_needs_prices():
     with pytest.raises(InputError) as err:
         load_instance(INSTANCES / "beam-4xa6000.yaml").with_objective("min_cost")
-    assert "cost_per_hour" in err.value.field
+    assert "cost_per_hour" in (err.value.field or "")
 
 
 def test_shipped_instances_milp_equals_cpsat():
@@ -159,12 +160,13 @@ def test_an_optimum_exactly_on_the_slo_is_feasible_in_every_backend(seed, object
     if inst is None:
         return
     plans = agree(inst)
-    assert all(p is not None for p in plans.values()), "a plan meeting every SLO exactly exists"
-    for plan in plans.values():
+    found = {backend: p for backend, p in plans.items() if p is not None}
+    assert len(found) == len(plans), "a plan meeting every SLO exactly exists"
+    for plan in found.values():
         assert all(w.meets_slo for w in plan.prediction.workflows)
-        assert plan.bound <= plans["bruteforce"].objective_value * (1 + 1e-12) or objective == "max_throughput"
+        assert plan.bound <= found["bruteforce"].objective_value * (1 + 1e-12) or objective == "max_throughput"
     if objective == "max_throughput":  # the load factor 1 meets the SLOs exactly, and no more
-        assert all(p.objective_value == pytest.approx(1.0, rel=2e-3) for p in plans.values())
+        assert all(p.objective_value == pytest.approx(1.0, rel=2e-3) for p in found.values())
 
 
 def _slower(llm, factor: float):
@@ -199,6 +201,7 @@ def test_near_ties_resolve_exactly_and_the_bound_is_a_bound(seed):
         assert all(p is None for p in plans.values())
         return
     for backend, plan in plans.items():
+        assert plan is not None, backend
         assert plan.objective_value == pytest.approx(exact.objective_value, rel=1e-12, abs=0), backend
         assert plan.bound <= exact.objective_value * (1 + 1e-12), backend
         assert plan.status == "optimal"

@@ -58,6 +58,7 @@ def test_exact_check_agrees_with_naive_search(seed):
     assert result.proven
     assert result.placeable == expected
     if result.placeable:
+        assert result.placement is not None
         assert validate_placement(cluster, allocation, result.placement) == []
     greedy = greedy_placement(cluster, allocation)
     if greedy is not None:  # greedy may give up, but never returns an invalid placement

@@ -17,7 +17,7 @@ from scepsy.models.plan.fragmentation import fragmentation_report
 from scepsy.models.instance.instance import Cluster, GpuTypeSpec, Node, load_instance
 from support.synthetic import random_instance
 from scepsy.placement.cpsat import build_placement_model, canonical, solve_placement
-from scepsy.placement.heuristic import first_fit_placement, heuristic_placement, placement_order
+from scepsy.placement.heuristic import HeuristicResult, first_fit_placement, heuristic_placement, placement_order
 from scepsy.placement.objective import Spot, evaluate, number_replicas
 from scepsy.pipeline import plan_and_place
 from scepsy.placement.place import PlacementInfeasibleError, PlacementSettings, feasibility_placer, place
@@ -64,7 +64,7 @@ def exhaustive_best(cluster: Cluster, allocation: Allocation, current: Placement
             if all(free[(d.node, g)] >= c.share for g in gpus)
         ]
     replicas = [(c.llm, c.share) for c in allocation.llms for _ in range(c.replicas)]
-    best = [None]
+    best: list[tuple[int, ...] | None] = [None]
     chosen: list[Spot] = []
 
     def visit(r: int, start: int) -> None:
@@ -89,6 +89,12 @@ def exhaustive_best(cluster: Cluster, allocation: Allocation, current: Placement
     return best[0]
 
 
+def placed(result: HeuristicResult) -> Placement:
+    """The heuristic's placement, where it did not get stuck."""
+    assert result.placement is not None, result.stuck
+    return result.placement
+
+
 def tiny_case(seed: int):
     """1-2 nodes of 4 GPUs (pairs, a quad or no NVLink), F = 4, some GPUs partly reserved; 2-3 LLMs
     of TP 1, 2 or 4 with 1-2 replicas each (up to 6 in all): small enough to enumerate every
@@ -103,7 +109,7 @@ def tiny_case(seed: int):
     return cluster, allocation_of(4, *shapes)
 
 
-def random_current(seed: int, cluster: Cluster, allocation: Allocation) -> Placement:
+def random_current(seed: int, cluster: Cluster, allocation: Allocation) -> Placement | None:
     """A running placement of a nearby allocation: some replica counts and one share changed."""
     rng = np.random.default_rng(900 + seed)
     f = cluster.fractions_per_gpu
@@ -160,7 +166,7 @@ def test_tiny_cases_cover_infeasible_and_replanning_moves():
         for c, a in [tiny_case(s)]
         if exhaustive_best(c, a) is not None
     ]
-    assert any(m > 0 for m in moved) and any(m == 0 for m in moved)
+    assert any(m is not None and m > 0 for m in moved) and any(m == 0 for m in moved)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +218,7 @@ def test_cpsat_strictly_better_somewhere():
 def test_canonical_hint_keeps_the_objective_and_satisfies_symmetry_breaking():
     for seed in range(6):
         cluster, allocation = random_case(seed, 3, layouts=LAYOUTS_8[:2], reserved_gpus=0.0, n_llms=4, fill=0.6)
-        placement = heuristic_placement(cluster, allocation).placement
+        placement = placed(heuristic_placement(cluster, allocation))
         model = build_placement_model(cluster, allocation)
         canon = canonical(model, placement)
         assert validate_placement(cluster, allocation, canon) == []
@@ -246,7 +252,7 @@ def test_order_is_tp_first_then_larger_first():
 def test_inter_node_stage_prefers_the_node_with_least_free_capacity():
     cluster = cluster_of([((0, 1, 2, 3),), ((0, 1, 2, 3),), ((0, 1, 2, 3),)], reserved={("node-1", 0): 3})
     result = heuristic_placement(cluster, allocation_of(10, ("a", 2, 10, 1)))
-    assert result.placement.replicas[0].node == "node-1"
+    assert placed(result).replicas[0].node == "node-1"
 
 
 def test_intra_node_stage_prefers_the_most_balanced_domain_then_least_capacity():
@@ -254,11 +260,11 @@ def test_intra_node_stage_prefers_the_most_balanced_domain_then_least_capacity()
     # (used 1.0 and 0.5), in the empty pair balanced (0.5 and 0.5): the empty pair wins
     cluster = cluster_of([((0, 1), (2, 3))], reserved={("node-0", 0): 5})
     result = heuristic_placement(cluster, allocation_of(10, ("a", 2, 5, 1)))
-    assert [s.gpu for s in result.placement.replicas[0].shards] == [2, 3]
+    assert [s.gpu for s in placed(result).replicas[0].shards] == [2, 3]
     # both GPUs of (0, 1) half used: balanced either way, so the domain with least capacity
     cluster = cluster_of([((0, 1), (2, 3))], reserved={("node-0", 0): 5, ("node-0", 1): 5})
     result = heuristic_placement(cluster, allocation_of(10, ("a", 2, 5, 1)))
-    assert [s.gpu for s in result.placement.replicas[0].shards] == [0, 1]
+    assert [s.gpu for s in placed(result).replicas[0].shards] == [0, 1]
 
 
 def test_sub_gpu_shares_pack_onto_occupied_gpus_first():
@@ -266,14 +272,14 @@ def test_sub_gpu_shares_pack_onto_occupied_gpus_first():
     # with the least free capacity (GPU 3, beside the full GPU 2), not into the empty pair
     cluster = cluster_of([((0, 1), (2, 3))], reserved={("node-0", 2): 4})
     result = heuristic_placement(cluster, allocation_of(10, ("a", 1, 3, 3)))
-    assert sorted(s.gpu for r in result.placement.replicas for s in r.shards) == [2, 2, 3]
+    assert sorted(s.gpu for r in placed(result).replicas for s in r.shards) == [2, 2, 3]
 
 
 def test_tp_shards_balance_over_the_least_used_gpus():
     # a quad with GPUs 0, 1 half used (reserved): a tp-2 half-GPU replica takes the empty GPUs 2, 3
     cluster = cluster_of([((0, 1, 2, 3),)], reserved={("node-0", 0): 5, ("node-0", 1): 5})
     result = heuristic_placement(cluster, allocation_of(10, ("a", 2, 5, 1)))
-    assert [s.gpu for s in result.placement.replicas[0].shards] == [2, 3]
+    assert [s.gpu for s in placed(result).replicas[0].shards] == [2, 3]
 
 
 def test_heuristic_reports_where_it_gets_stuck_and_placement_falls_back_to_the_exact_model():
@@ -281,7 +287,7 @@ def test_heuristic_reports_where_it_gets_stuck_and_placement_falls_back_to_the_e
     cluster = cluster_of([((0, 1, 2, 3),)])
     allocation = allocation_of(10, ("m0", 2, 2, 2), ("m1", 2, 2, 2), ("m2", 1, 10, 1))
     stuck = heuristic_placement(cluster, allocation)
-    assert stuck.placement is None and "replica 0 of llm m2" in stuck.stuck
+    assert stuck.placement is None and "replica 0 of llm m2" in (stuck.stuck or "")
     for settings in (HEURISTIC, EXACT):
         result = place(cluster, allocation, settings)
         assert validate_placement(cluster, allocation, result.placement) == []
@@ -292,6 +298,7 @@ def test_heuristic_reports_where_it_gets_stuck_and_placement_falls_back_to_the_e
 def test_first_fit_start_fills_reserved_domains_then_large_ones():
     cluster = cluster_of([((0, 1, 2, 3),), ((0, 1), (2, 3))], reserved={("node-1", 3): 2})
     placement = first_fit_placement(cluster, allocation_of(10, ("a", 1, 5, 2)))
+    assert placement is not None
     assert {(r.node, r.shards[0].gpu) for r in placement.replicas} == {("node-1", 2), ("node-1", 3)}
 
 
@@ -408,7 +415,7 @@ def test_plan_and_place_returns_a_placed_plan_with_report():
     instance = load_instance(INSTANCES / "rag-16xa6000.yaml")
     plan = plan_and_place(instance)
     assert validate_placement(instance.cluster, plan.allocation, plan.placement) == []
-    assert plan.placement_info.method == "cpsat" and plan.placement_info.status == "optimal"
+    assert plan.placement_info is not None and plan.placement_info.method == "cpsat" and plan.placement_info.status == "optimal"
     data = plan_json(plan, include_wall_time=False)
     assert data["placement_solver"]["wall_time_s"] is None
     assert [f["gpu_type"] for f in data["fragmentation"]] == ["A6000"]

@@ -51,8 +51,10 @@ def test_smaller_share_is_never_faster(profile):
     slow_half = build_profile(frame, "slow half")
     half = slow_half.curve("A6000", 1, 0.5, 48, 2.5)
     whole = slow_half.curve("A6000", 1, 1.0, 48, 2.5)
+    assert half is not None and whole is not None
     for f in (0.3, 0.6, 0.7, 0.9):
         curve = slow_half.curve("A6000", 1, f, 48, 2.5)
+        assert curve is not None
         rates = [0.1 * k * curve.capacity_rps for k in range(1, 11)]
         assert all(curve.latency_s(r) >= whole.latency_s(r) - 1e-12 for r in rates)
         if f > 0.5:
@@ -70,6 +72,7 @@ def test_kv_memory_binds_below_the_smallest_measured_fraction(profile):
 def test_fraction_above_all_profiles_is_no_faster(profile):
     only_half = build_profile(profile_rows(fractions=(0.5,)), "half")
     curve = only_half.curve("A6000", 1, 0.8, memory_gib=48, weights_gib=2.5)
+    assert curve is not None
     assert curve.derived_from == (0.5,)
     # above the only measured share the compute ratio 1.6 (KV ratio 35.9/21.5 = 1.67) scales the
     # capacity; without a second share no speed-up at equal utilisation is assumed
@@ -84,8 +87,9 @@ def test_missing_configuration_is_unavailable(profile):
 
 def test_repeated_rates_are_averaged():
     frame = pd.concat([profile_rows(tps=(1,), fractions=(1.0,))] * 2)
-    frame.iloc[0, frame.columns.get_loc("latency_mean")] = 2.25  # 1.25 and 2.25 average to 1.75
+    frame.iloc[0, list(frame.columns).index("latency_mean")] = 2.25  # 1.25 and 2.25 average to 1.75
     curve = build_profile(frame, "dup").curve("A6000", 1, 1.0, 48, 2.5)
+    assert curve is not None
     assert list(curve.rates_rps) == [2.5, 5.0, 10.0]
     assert curve.latency_s(2.5) == pytest.approx(1.75)
 

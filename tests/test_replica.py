@@ -46,6 +46,7 @@ def test_fast_forward_changes_nothing_and_kv_is_returned(seed, fraction):
     assert fast.busy_s == pytest.approx(slow.busy_s, rel=1e-9)
     assert fast.used == 0 and not fast.running and not fast.waiting
     for request in fast_requests:
+        assert request.first_token_s is not None and request.finish_s is not None
         assert request.first_token_s <= request.finish_s
         assert request._generated == request.completion_tokens
 
@@ -85,6 +86,7 @@ def test_prefix_cache_hits_skip_prefill():
     env.process(run())
     env.run()
     assert second.hit_tokens == 3049 and cold.hit_tokens == 0
+    assert second.first_token_s is not None and cold.first_token_s is not None
     assert (second.first_token_s - second.arrival_s) < 0.5 * (cold.first_token_s - cold.arrival_s)
 
 

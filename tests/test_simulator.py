@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from scepsy.cli import app
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.performance.alp import predict
-from scepsy.models.simulation.autoscaler import HpaSettings
+from scepsy.models.simulation.autoscaler import Autoscaler, HpaSettings
 from scepsy.models.errors import InputError
 from scepsy.models.instance.instance import build_instance, load_instance
 from scepsy.models.instance.workflow import BeamSearchProgram, RagProgram, StagesProgram
@@ -65,7 +65,9 @@ def test_rag_calls_once_each_or_k_parallel_reranks():
     result = simulate(instance, _whole(instance), SHORT)
     for stage in result.workflow("rag").stages:
         assert stage.invocations == pytest.approx(1.0) and stage.parallelism == pytest.approx(1.0)
-    unbatched = instance.workflows[0].program.model_copy(update={"rerank_batched": False, "passages": 6})
+    program = instance.workflows[0].program
+    assert program is not None
+    unbatched = program.model_copy(update={"rerank_batched": False, "passages": 6})
     result = simulate(_with_program(instance, unbatched, 2.0), _whole(instance), SHORT)
     rerank = result.workflow("rag").stage("rerank")
     assert rerank.invocations == pytest.approx(6.0) and rerank.parallelism > 4.0
@@ -150,6 +152,7 @@ def test_autoscaler_scales_up_under_load_within_the_cluster():
     generator = result.llm("rag-gen")
     assert generator.replicas_mean > 1.5
     assert result.gpus_mean <= 8.0 + 1e-9
+    assert isinstance(deployment.controller, Autoscaler)
     assert any(kind == "up" for _, llm, kind, _ in deployment.controller.events if llm == "rag-gen")
 
 

@@ -18,7 +18,8 @@ from scepsy.tracing.statistics.stats import aggregate, stats_to_dict
 _ids = itertools.count()
 
 
-def call(llm, start, end, workflow_id="r0", workflow="wf", status=200, outcome="ok"):
+def call(llm: str, start: float, end: float, workflow_id: str | None = "r0", workflow: str | None = "wf", status: int = 200,
+         outcome: str = "ok") -> CallRecord:
     return CallRecord(call_id=f"c{next(_ids):05d}", llm=llm, path="/v1/chat/completions", start_s=start, end_s=end,
                       status=status, outcome=outcome, workflow=workflow, workflow_id=workflow_id)
 
@@ -107,7 +108,7 @@ def test_relative_share_more_stable_than_absolute_time():
         calls += beam_request(f"r{r}", 1000.0 * r, width=1, steps=scale, gen_s=2.0, ver_s=1.0)
     gen = aggregate(calls).workflow("wf").llms[0]
     assert gen.time_share["mean"] == pytest.approx(2 / 3) and gen.time_share_cv == pytest.approx(0.0, abs=1e-12)
-    assert gen.busy_time_cv > 1.0 and gen.stability_ratio is None  # a zero-spread share: ratio undefined
+    assert gen.busy_time_cv is not None and gen.busy_time_cv > 1.0 and gen.stability_ratio is None  # a zero-spread share: ratio undefined
 
 
 def test_output_drops_into_an_instance():

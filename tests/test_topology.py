@@ -173,7 +173,7 @@ def test_cli_replay_writes_a_node_entry_that_plans(tmp_path, write_instance):
 
     instance = load_instance(write_instance(mutate))
     (node,) = instance.cluster.nodes
-    assert node.name == "a6000-7" and node.domains == ((0, 1), (2, 3)) and node.gpu_uuids[3].startswith("GPU-a6000003")
+    assert node.name == "a6000-7" and node.domains == ((0, 1), (2, 3)) and node.gpu_uuids is not None and node.gpu_uuids[3].startswith("GPU-a6000003")
     planned = scepsy("plan", instance.source, "--json")
     assert planned.returncode == 0, planned.stderr
     assert {p["node"] for p in json.loads(planned.stdout)["placement"]} == {"a6000-7"}

@@ -151,12 +151,12 @@ def test_replicas_moved_between_neighbouring_rates():
     frame = run_study(instance, Axes(total_rates=[1.0, 3.0, 6.0], clusters=[8]), PlanSettings())
     for llm, rows in frame.groupby("llm"):
         rows = rows.sort_values("rate_rps").reset_index()
-        assert pd.isna(rows.loc[0, "replicas_moved"])
+        assert rows["replicas_moved"].isna().iloc[0]  # the first rate has no neighbour below
         for k in (1, 2):
-            before, after = rows.loc[k - 1], rows.loc[k]
-            same = (before.gpu_type, before.tp, before.fraction) == (after.gpu_type, after.tp, after.fraction)
-            expected = abs(after.replicas - before.replicas) if same else after.replicas + before.replicas
-            assert after.replicas_moved == expected
+            before, after = rows.iloc[k - 1].to_dict(), rows.iloc[k].to_dict()
+            same = (before["gpu_type"], before["tp"], before["fraction"]) == (after["gpu_type"], after["tp"], after["fraction"])
+            expected = abs(after["replicas"] - before["replicas"]) if same else after["replicas"] + before["replicas"]
+            assert after["replicas_moved"] == expected
     totals = frame.groupby("scenario")[["replicas_moved", "replicas_moved_total"]].agg({"replicas_moved": "sum", "replicas_moved_total": "first"})
     assert (totals["replicas_moved"].iloc[1:] == totals["replicas_moved_total"].iloc[1:]).all()
 

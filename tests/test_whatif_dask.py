@@ -20,7 +20,7 @@ distributed = pytest.importorskip("dask.distributed")
 
 @pytest.fixture(scope="module")
 def cluster():
-    import dask
+    import dask.config
 
     # a task whose worker dies is not retried on another worker (the default retries 3 times)
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):

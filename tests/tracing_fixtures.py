@@ -7,6 +7,7 @@ import the fixtures they use.
 from __future__ import annotations
 
 import pytest
+from openai.types import CompletionUsage
 
 from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app
 from support.scripted import ScriptedEngine
@@ -49,3 +50,17 @@ def wait_for(condition, timeout_s: float = 30.0):
             return True
         time.sleep(0.01)
     raise AssertionError("condition not met in time")
+
+
+def usage_of(response) -> CompletionUsage:
+    """The usage of an OpenAI response or stream chunk: optional in the client's types, always
+    sent by the servers under test (a missing one fails the test here)."""
+    assert response.usage is not None, response
+    return response.usage
+
+
+def cached_tokens(response) -> int:
+    """The prompt tokens a response says came from the prefix cache."""
+    details = usage_of(response).prompt_tokens_details
+    assert details is not None and details.cached_tokens is not None, response
+    return details.cached_tokens

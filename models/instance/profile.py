@@ -159,6 +159,8 @@ def _capacity_rps(measured: tuple[ProfileCurve, ...], fraction: float, kv) -> fl
         if fraction < near.fraction:  # a KV cache that all but vanishes bounds it further
             ratio = min(ratio, _kv_ratio(kv, fraction, near.fraction))
         return near.capacity_rps * ratio
+    if not measured:
+        raise ValueError("a profile curve needs at least one measured share")
     (near,) = measured
     return near.capacity_rps * min(fraction / near.fraction, _kv_ratio(kv, fraction, near.fraction))
 
@@ -274,7 +276,8 @@ def _scaled_by_shape(measured, fraction: float, shape):
 
     def latency(utilisation: np.ndarray, metric: str) -> np.ndarray:
         # latency never falls with the load (a measured curve's wiggles are not carried over)
-        return sum(w * r * np.maximum.accumulate(c.latency_s(utilisation * c.capacity_rps, metric)) for c, w, r in ratios)
+        start = np.zeros(np.shape(utilisation))  # sum()'s 0 as an array: same values, typed
+        return sum((w * r * np.maximum.accumulate(c.latency_s(utilisation * c.capacity_rps, metric)) for c, w, r in ratios), start)
 
     return capacity, latency, tuple(c for c, _ in weighted)
 

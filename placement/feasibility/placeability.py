@@ -77,35 +77,35 @@ def exact_placement(
 
     # n[j, k]: replicas of shape k in domain j (only where the domain has the type and the size)
     n = {
-        (j, k): model.NewIntVar(0, counts[k], f"n[{j},{k}]")
+        (j, k): model.new_int_var(0, counts[k], f"n[{j},{k}]")
         for j in range(len(domains))
         for k in shapes
         if (j, k) in index.gpus
     }
     # c[i, k]: shards of shape k on GPU i of domain j
-    c = {(j, g, k): model.NewIntVar(0, counts[k], f"c[{j},{g},{k}]") for (j, k) in n for g in index.gpus[(j, k)]}
+    c = {(j, g, k): model.new_int_var(0, counts[k], f"c[{j},{g},{k}]") for (j, k) in n for g in index.gpus[(j, k)]}
     # every replica placed
     for k in shapes:
-        model.Add(sum(v for (j, kk), v in n.items() if kk == k) == counts[k])
+        model.add(sum(v for (j, kk), v in n.items() if kk == k) == counts[k])
     # a domain holds all shards of its replicas, at most one per GPU per replica
     for (j, k), v in n.items():
-        model.Add(sum(c[(j, g, k)] for g in domains[j].gpus if (j, g, k) in c) == k[1] * v)
+        model.add(sum(c[(j, g, k)] for g in domains[j].gpus if (j, g, k) in c) == k[1] * v)
         for g in domains[j].gpus:
             if (j, g, k) in c:
-                model.Add(c[(j, g, k)] <= v)
+                model.add(c[(j, g, k)] <= v)
     # GPU capacity, and used[j, g] when the GPU hosts a shard
     used = {}
     for j, domain in enumerate(domains):
         for g in domain.gpus:
             terms = [k[2] * c[(j, g, k)] for k in shapes if (j, g, k) in c]
             if terms:
-                used[(j, g)] = model.NewBoolVar(f"used[{j},{g}]")
-                model.Add(sum(terms) <= free[(domain.node, g)] * used[(j, g)])
+                used[(j, g)] = model.new_bool_var(f"used[{j},{g}]")
+                model.add(sum(terms) <= free[(domain.node, g)] * used[(j, g)])
     if gpu_cost is not None:
-        model.Minimize(sum(int(round(gpu_cost[domains[j].gpu_type] * 1e6)) * v for (j, _), v in used.items()))
+        model.minimize(sum(int(round(gpu_cost[domains[j].gpu_type] * 1e6)) * v for (j, _), v in used.items()))
 
     solver = cpsat_solver(time_limit_s)
-    status = solver.Solve(model)
+    status = solver.solve(model)
     if status == cp_model.INFEASIBLE:
         return PlacementCheck(None, True)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -115,10 +115,10 @@ def exact_placement(
     pending = {k: [(llm, r) for llm, r, shape in replica_list(allocation) if shape == k] for k in shapes}
     placed: list[ReplicaPlacement] = []
     for (j, k), v in sorted(n.items()):
-        count = solver.Value(v)
+        count = solver.value(v)
         if count == 0:
             continue
-        positions = [g for g in domains[j].gpus if (j, g, k) in c for _ in range(solver.Value(c[(j, g, k)]))]
+        positions = [g for g in domains[j].gpus if (j, g, k) in c for _ in range(solver.value(c[(j, g, k)]))]
         for r in range(count):
             llm, replica = pending[k].pop(0)
             gpus = sorted(positions[r + t * count] for t in range(k[1]))

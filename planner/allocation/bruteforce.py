@@ -67,7 +67,8 @@ def solve_bruteforce(
     lower_gpus = {g: np.ceil(u / f) for g, u in units_by_type.items()}
 
     def latency_sum(weights) -> np.ndarray:
-        return sum(w * latency[m] for m, w in weights.items())
+        start = np.zeros(index.shape[1])  # sum()'s 0 as an array (one entry per combination): same values, typed
+        return sum((w * latency[m] for m, w in weights.items()), start)
 
     stages: list[np.ndarray] = []  # per stage: exact values or lower bounds
     for stage in objective.stages:

@@ -76,7 +76,7 @@ __all__ = [
 @dataclass
 class StageExpr:
     name: str
-    expr: cp_model.LinearExpr
+    expr: cp_model.LinearExprT  # an int when the stage has no terms
     unit: float  # value of one integer step in the stage's own unit (s, ratio, GPUs or units)
     # rounded latency stages: the most integer steps by which rounding can move a plan's value
     # either way, summed over its terms times two (0: the stage is exact)
@@ -94,15 +94,15 @@ class AllocationModel:
     exact_gpus: bool = False  # GPU stages exact (placement counts) rather than a lower bound
     cuts: int = 0
     fixed: list[str] = field(default_factory=list)
-    window: object = None  # literals of the open tie window (open_window)
-    probe: object = None
+    window: cp_model.IntVar | None = None  # literals of the open tie window (open_window)
+    probe: cp_model.IntVar | None = None
 
     def decode(self, solver: cp_model.CpSolver) -> Allocation:
-        return chosen_allocation(self.fractions_per_gpu, self.options, lambda key: solver.BooleanValue(self.x[key]))
+        return chosen_allocation(self.fractions_per_gpu, self.options, lambda key: solver.boolean_value(self.x[key]))
 
 
 def _weighted(terms) -> cp_model.LinearExpr:
-    return cp_model.LinearExpr.WeightedSum([v for _, v in terms], [k for k, _ in terms])
+    return cp_model.LinearExpr.weighted_sum([v for _, v in terms], [k for k, _ in terms])
 
 
 def _row(x, row: Row) -> cp_model.LinearExpr:
@@ -115,15 +115,15 @@ def build_allocation_model(
     model = cp_model.CpModel()
 
     # x[m, o]: LLM m runs option o
-    x = {(m, i): model.NewBoolVar(f"x[{m},{o.gpu_type},{o.tp},{o.share},{o.replicas}]") for m, i, o in items(options)}
+    x = {(m, i): model.new_bool_var(f"x[{m},{o.gpu_type},{o.tp},{o.share},{o.replicas}]") for m, i, o in items(options)}
 
     # one configuration per LLM
     for m, opts in options.items():
-        model.AddExactlyOne(x[(m, i)] for i in range(len(opts)))
+        model.add_exactly_one(x[(m, i)] for i in range(len(opts)))
 
     # share units of TP >= t replicas fit the domains of size >= t; bin-packing inequalities
     for row in capacity_rows(cluster, options):
-        model.Add(_row(x, row) <= row.rhs)
+        model.add(_row(x, row) <= row.rhs)
 
     # placement counts (exact) where the cluster is small enough, with the GPUs they use
     used = add_placement_counts(model, cluster, options, x) if placement_counts else None
@@ -136,7 +136,7 @@ def build_allocation_model(
         weights = objective.coefficients[workflow]
         step = _stage_grid(options, lambda m: weights.get(m, 0.0))
         terms = [(math.floor(weights[m] * o.latency_s / step), x[(m, i)]) for m, i, o in items(options) if weights.get(m, 0.0) > 0]
-        model.Add(_weighted(terms) <= math.floor(limit * (1 + SLO_TOLERANCE) / step))
+        model.add(_weighted(terms) <= math.floor(limit * (1 + SLO_TOLERANCE) / step))
 
     stages = [_stage_expr(model, options, x, gpus, stage) for stage in objective.stages]
     return AllocationModel(model, options, x, stages, cluster.fractions_per_gpu, exact_gpus=used is not None)
@@ -150,10 +150,10 @@ def _gpus_by_type(model, cluster: Cluster, options, x, used) -> dict[str, cp_mod
         if used is not None:
             gpus[gpu_type] = sum(v for (node, _), v in sorted(used.items()) if cluster.node(node).gpu_type == gpu_type)
             continue
-        count = model.NewIntVar(0, cluster.gpu_count(gpu_type), f"gpus[{gpu_type}]")
+        count = model.new_int_var(0, cluster.gpu_count(gpu_type), f"gpus[{gpu_type}]")
         units = [(o.units, x[(m, i)]) for m, i, o in items(options) if o.gpu_type == gpu_type]
         if units:
-            model.Add(cluster.fractions_per_gpu * count >= _weighted(units))
+            model.add(cluster.fractions_per_gpu * count >= _weighted(units))
         gpus[gpu_type] = count
     return gpus
 
@@ -174,18 +174,18 @@ def add_placement_counts(
     for k in shapes:
         # n[j, k]: replicas of shape k in domain j;  c[j, g, k]: their shards on GPU g
         for j in counts.eligible[k]:
-            n[(j, k)] = model.NewIntVar(0, most[k], f"n[{j},{k}]")
+            n[(j, k)] = model.new_int_var(0, most[k], f"n[{j},{k}]")
             for g in counts.gpus[(j, k)]:
-                c[(j, g, k)] = model.NewIntVar(0, most[k], f"c[{j},{g},{k}]")
+                c[(j, g, k)] = model.new_int_var(0, most[k], f"c[{j},{g},{k}]")
         # every replica of shape k is in some domain
         replicas = _weighted([(o.replicas, x[(m, i)]) for m, i, o in items if o.shape == k])
-        model.Add(sum(n[(j, k)] for j in counts.eligible[k]) == replicas)
+        model.add(sum(n[(j, k)] for j in counts.eligible[k]) == replicas)
         # a domain holds tp shards per replica, at most one per GPU per replica
         for j in counts.eligible[k]:
             shards = [c[(j, g, k)] for g in counts.gpus[(j, k)]]
-            model.Add(sum(shards) == k[1] * n[(j, k)])
+            model.add(sum(shards) == k[1] * n[(j, k)])
             for v in shards:
-                model.Add(v <= n[(j, k)])
+                model.add(v <= n[(j, k)])
     # GPU capacity; used[i] when GPU i hosts a shard (its load is positive)
     used = {}
     for j, domain in enumerate(domains):
@@ -193,18 +193,18 @@ def add_placement_counts(
         for g in domain.gpus:
             free = cluster.free_units(domain.node, g)
             terms = [(k[2], c[(j, g, k)]) for k in shapes if (j, g, k) in c]
-            used[(domain.node, g)] = flag = model.NewBoolVar(f"used[{domain.node},{g}]")
+            used[(domain.node, g)] = flag = model.new_bool_var(f"used[{domain.node},{g}]")
             load = _weighted(terms) if terms else 0
             if terms:
-                model.Add(load <= free * flag)
-                model.Add(load >= flag)
+                model.add(load <= free * flag)
+                model.add(load >= flag)
             else:
-                model.Add(flag == 0)
+                model.add(flag == 0)
             loads.append((free, load, flag))
         # GPUs of a domain with equal free units are interchangeable: order their loads
         for (free_a, load_a, used_a), (free_b, load_b, used_b) in zip(loads, loads[1:]):
             if free_a == free_b and not (isinstance(load_a, int) and isinstance(load_b, int)):
-                model.Add(load_a >= load_b)
+                model.add(load_a >= load_b)
     return used
 
 
@@ -255,9 +255,9 @@ def _stage_expr(model, options, x, gpus, stage, resolution: float = GRID_RESOLUT
         rows = [lambda m, row=row: row.get(m, 0.0) for row in stage.weights.values()]
         step = min(_stage_grid(options, row, resolution) for row in rows)
         scaled = [_scaled(options, x, row, step) for row in rows]
-        z = model.NewIntVar(0, max(upper for _, upper in scaled), "z")
+        z = model.new_int_var(0, max(upper for _, upper in scaled), "z")
         for expr, _ in scaled:
-            model.Add(z >= expr)
+            model.add(z >= expr)
         llms = tuple(m for m in options if any(row(m) > 0 for row in rows))
         return StageExpr(stage.name, z, step, slack=len(llms), llms=llms)
     if isinstance(stage, GpuCount):
@@ -273,11 +273,11 @@ def add_placement_cut(am: AllocationModel, allocation: Allocation) -> None:
     """Forbid `allocation` and every allocation at least as hard to place (formulation.cut_rows)."""
     below = []
     for row in cut_rows(am.options, allocation):
-        fewer = am.model.NewBoolVar(f"cut{am.cuts}:{row.name}")
+        fewer = am.model.new_bool_var(f"cut{am.cuts}:{row.name}")
         # fewer => R_{g,t,s} < R*_{g,t,s}; at least one shape must need fewer replicas
-        am.model.Add(_row(am.x, row) <= row.rhs).OnlyEnforceIf(fewer)
+        am.model.add(_row(am.x, row) <= row.rhs).only_enforce_if(fewer)
         below.append(fewer)
-    am.model.AddBoolOr(below)
+    am.model.add_bool_or(below)
     am.cuts += 1
 
 
@@ -290,9 +290,9 @@ def add_combination_cut(am: AllocationModel, allocation: Allocation, llms, enfor
         for i, o in enumerate(am.options[m])
         if configuration(o) == configuration(allocation.of(m))
     ]
-    constraint = am.model.AddBoolOr([v.Not() for v in chosen])
+    constraint = am.model.add_bool_or([v.negated() for v in chosen])
     if enforce is not None:
-        constraint.OnlyEnforceIf(enforce)
+        constraint.only_enforce_if(enforce)
 
 
 def fine_stage(am: AllocationModel, stage) -> StageExpr:
@@ -303,7 +303,7 @@ def fine_stage(am: AllocationModel, stage) -> StageExpr:
 def keep_window(am: AllocationModel, stage: StageExpr, value: int) -> None:
     """Keep the stage within its rounding slack of `value`: every plan at least as good in floating
     point as one of scaled value `value` stays; later stages choose among them."""
-    am.model.Add(stage.expr <= value + stage.slack)
+    am.model.add(stage.expr <= value + stage.slack)
     am.fixed.append(stage.name)
 
 
@@ -311,11 +311,11 @@ def open_window(am: AllocationModel, stage: StageExpr, value: int) -> None:
     """Restrict the model, until `close_window`, to the plans the integer grid cannot tell apart
     from one of scaled value `value` (scaled <= value + slack), and let `forbid(..., probe=True)`
     cuts hold only as long."""
-    am.window = am.model.NewBoolVar(f"window[{stage.name}]")
-    am.model.Add(stage.expr <= value + stage.slack).OnlyEnforceIf(am.window)
-    am.probe = am.model.NewBoolVar(f"probe[{stage.name}]")
-    am.model.ClearAssumptions()
-    am.model.AddAssumptions([am.window, am.probe])
+    am.window = am.model.new_bool_var(f"window[{stage.name}]")
+    am.model.add(stage.expr <= value + stage.slack).only_enforce_if(am.window)
+    am.probe = am.model.new_bool_var(f"probe[{stage.name}]")
+    am.model.clear_assumptions()
+    am.model.add_assumptions([am.window, am.probe])
 
 
 def forbid(am: AllocationModel, allocation: Allocation, llms, probe: bool = False) -> None:
@@ -324,8 +324,9 @@ def forbid(am: AllocationModel, allocation: Allocation, llms, probe: bool = Fals
 
 def close_window(am: AllocationModel, stage: StageExpr) -> None:
     """Drop the probe cuts; the window stays, so later stages choose among its plans."""
-    am.model.ClearAssumptions()
-    am.model.AddBoolOr([am.window])
+    assert am.window is not None, "close_window without open_window"
+    am.model.clear_assumptions()
+    am.model.add_bool_or([am.window])
     am.fixed.append(stage.name)
 
 
@@ -343,31 +344,31 @@ def solve_stage(
 ) -> tuple[StageResult, Allocation | None]:
     """Minimise one stage; the decoded allocation, or None without a solution. `parameters`: more
     CP-SAT parameters (PlanSettings.stage_parameters)."""
-    am.model.ClearObjective()
-    am.model.Minimize(stage.expr)
-    am.model.ClearHints()
+    am.model.clear_objective()
+    am.model.minimize(stage.expr)
+    am.model.clear_hints()
     if hint is not None:
-        # what AddHint does per variable (x are positive literals), in two bulk appends
+        # what add_hint does per variable (x are positive literals), in two bulk appends
         pairs = sorted(hint_for(am, hint).items())
-        am.model.Proto().solution_hint.vars.extend([am.x[key].Index() for key, _ in pairs])
-        am.model.Proto().solution_hint.values.extend([value for _, value in pairs])
+        am.model.proto.solution_hint.vars.extend([am.x[key].index for key, _ in pairs])
+        am.model.proto.solution_hint.values.extend([value for _, value in pairs])
     # presolve and probing cost more than they save on these models (bench/solver_scaling.py):
     # probing alone added seconds and millions of binary clauses at 128 GPUs
     solver = cpsat_solver(time_limit_s, workers, cp_model_presolve=False, cp_model_probing_level=0, **parameters)
-    status = solver.Solve(am.model)
+    status = solver.solve(am.model)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     result = StageResult(
         STATUS_NAMES.get(status, "unknown"),
-        int(round(solver.ObjectiveValue())) if found else None,
-        solver.BestObjectiveBound() if found else math.nan,
-        solver.WallTime(),
+        int(round(solver.objective_value)) if found else None,
+        solver.best_objective_bound if found else math.nan,
+        solver.wall_time,
     )
     return result, (am.decode(solver) if found else None)
 
 
 def fix_stage(am: AllocationModel, stage: StageExpr, value: int) -> None:
     """Keep a solved stage at (or below) its optimum while the next stage is optimised."""
-    am.model.Add(stage.expr <= value)
+    am.model.add(stage.expr <= value)
     am.fixed.append(stage.name)
 
 

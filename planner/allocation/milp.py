@@ -257,6 +257,7 @@ def solve_stage(mm: MilpModel, stage: MilpStage, time_limit_s: float, workers: i
     if not found:
         return StageResult("unknown", None, math.nan, 0.0), None
     value = pulp.value(stage.expr)
+    assert isinstance(value, (int, float)), value  # a plan was found: the stage has a number
     optimal = mm.problem.sol_status == pulp.LpSolutionOptimal
     bound = value if optimal else _dual_bound(mm, value)
     return StageResult("optimal" if optimal else "feasible", value, bound, 0.0), mm.decode()

@@ -16,7 +16,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import Any, Callable
 
 from scepsy.models.instance.allocation import Allocation
 from scepsy.models.performance.alp import predict
@@ -271,7 +271,8 @@ def _solve_model(
         if coarse
         else cheapest_placeable(instance, options, placer)
     )
-    model = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
+    # the backend's own model (cpsat.AllocationModel or milp.MilpModel), used alike through `backend`
+    model: Any = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
     hint = warm[0] if warm is not None else None
     tuning = dict(settings.stage_parameters) if backend is cpsat else {}
     solve = lambda m, stage, limit, h: backend.solve_stage(m, stage, limit, settings.workers, h, **tuning)  # noqa: E731
@@ -290,6 +291,7 @@ def _solve_model(
             if index == 0 and result.status == "infeasible":
                 return None
             break  # time limit: keep the best plan of the earlier stages
+        assert check is not None  # run returns an allocation with its placement check
         if result.status == "optimal" and getattr(stage, "slack", 0):
             ties = _settle_ties(loop, backend, stage, objective, index, result.value, (allocation, check))
             allocation, check = ties.best

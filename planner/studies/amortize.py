@@ -425,7 +425,7 @@ def _rival_exists(
     proves the true row above the bound) -> solve for feasibility -> a rival found is checked for
     placement, and cut off (in the base too) if it does not place."""
     model = base.model.clone()
-    x = {key: model.get_bool_var_from_proto_index(v.Index()) for key, v in base.x.items()}
+    x = {key: model.get_bool_var_from_proto_index(v.index) for key, v in base.x.items()}
     am = cpsat.AllocationModel(model, base.options, x, [], base.fractions_per_gpu)
     keyed = [((m, configuration(o)), (m, i)) for m, opts in base.options.items() for i, o in enumerate(opts)]  # read once, not per row
     index: dict[str, dict[Key, int]] = {m: {} for m in base.options}
@@ -434,16 +434,16 @@ def _rival_exists(
     inside = [(key, x[mi]) for key, mi in keyed if key in block_options]
     outside = [x[mi] for key, mi in keyed if key not in block_options]
     if outside:
-        model.Add(sum(outside) == 0)
+        model.add(sum(outside) == 0)
     for m in keep:
-        model.Add(x[(m, index[m][chosen[m]])] == 1)
-    model.Add(sum(x[(m, index[m][chosen[m]])] for m in change) <= len(change) - 1)
+        model.add(x[(m, index[m][chosen[m]])] == 1)
+    model.add(sum(x[(m, index[m][chosen[m]])] for m in change) <= len(change) - 1)
     for gaps, bound, margin in rows:
         if margin <= 0:
             return True  # nothing to separate by: treat as not proven
         step = margin / DELTA_STEPS
         terms = [(math.floor(gaps[key] / step), v) for key, v in inside]
-        model.Add(cp_model.LinearExpr.WeightedSum([v for _, v in terms], [c for c, _ in terms]) <= math.floor(bound / step))
+        model.add(cp_model.LinearExpr.weighted_sum([v for _, v in terms], [c for c, _ in terms]) <= math.floor(bound / step))
     deadline = time.perf_counter() + settings.time_limit_s
     while True:
         # presolve and probing as in planner/allocation/cpsat.py (they cost more than they save
@@ -452,7 +452,7 @@ def _rival_exists(
             deadline - time.perf_counter(), settings.workers,
             cp_model_presolve=False, cp_model_probing_level=0, linearization_level=0,
         )
-        status = solver.Solve(model)
+        status = solver.solve(model)
         if status == cp_model.INFEASIBLE:
             return False
         if status != cp_model.FEASIBLE and status != cp_model.OPTIMAL:

@@ -85,7 +85,9 @@ def _dask(function, tasks, workers: int, address: str | None):
 
     cluster = None
     if address is None:
-        cluster = LocalCluster(n_workers=max(workers, 1), threads_per_worker=1, processes=True, dashboard_address=None)
+        # None: no dashboard, as distributed's LocalCluster docstring says; pyright infers str from the
+        # unannotated parameter's default ":8787"
+        cluster = LocalCluster(n_workers=max(workers, 1), threads_per_worker=1, processes=True, dashboard_address=None)  # pyright: ignore[reportArgumentType]
     try:
         with Client(address or cluster) as client:
             futures = client.map(_guarded, [function] * len(tasks), tasks, pure=False, retries=0)

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> None:
     except _usage_errors() as exc:
         context = getattr(exc, "ctx", None)
         where = f" (see {context.command_path} --help)" if context is not None else ""
-        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        format_message = getattr(exc, "format_message", None)
+        message = format_message() if callable(format_message) else str(exc)
         say(f"error: {message}{where}")
         sys.exit(getattr(exc, "exit_code", 2))
     except typer.Abort:

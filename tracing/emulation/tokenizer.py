@@ -37,7 +37,7 @@ import hashlib
 import math
 import random
 import re
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 # one alternative per piece kind, in the order a BPE pre-tokenizer tries them
 _PIECES = re.compile(
@@ -102,7 +102,7 @@ def message_text(content) -> str:
     return "".join(parts)
 
 
-def chat_units(messages: Iterable[dict]) -> list[str]:
+def chat_units(messages: Iterable[Mapping[str, Any]]) -> list[str]:
     """Units of a chat prompt under the Llama-3 template, generation prompt included."""
     units = [BEGIN_OF_TEXT]
     for message in messages:

@@ -291,6 +291,6 @@ def test_a_neighbour_the_engine_model_cannot_describe_is_not_interpolated_from()
     shape = share_model("llama-3.1-8b", "A6000", 2, kept)
     assert _capacity_outliers(kept, shape) == {0.2}
     got = replace(profile, curves={key: kept}).curve("A6000", 2, 0.3, 48.0, 14.96, shape)
-    assert got.derived_from == (0.4,)
+    assert got is not None and got.derived_from == (0.4,)
     rates = np.linspace(0.1, 0.8, 15) * truth.capacity_rps
     assert float(np.max(np.abs(got.latency_s(rates) / truth.latency_s(rates) - 1))) <= 0.10

@@ -8,7 +8,9 @@ Grid (models/performance/engine_comparison.py): Llama-3.1-8B, Llama-3.1-70B, Qwe
 from their config.json) x A100-80G, H100-SXM, H200, B200, L40S, RTX PRO 6000 x TP 1, 2, 4 x decode
 (batch 1, 8, 32, 64 at 1,024 tokens of context) and prefill (one prompt of 512 or 2,048 tokens),
 where the model fits. Errors are builtin / AIConfigurator - 1 per iteration. The calibration is fitted
-on the training half of the points and reported on the held-out half.
+on the fit half of the points (every other point of each model x GPU x phase group sorted by batch,
+length and TP) and reported on the held-out half: mean absolute errors per (GPU, phase) and per
+(GPU, TP, phase), each half before (the model uncalibrated) and after the fit.
 """
 
 from __future__ import annotations
@@ -28,11 +30,34 @@ ROOT = Path(__file__).resolve().parents[1]
 KEEP = ("H100-SXM",)  # the shipped profiles carry H100 rows: its numbers stay (docs/engine-model.md)
 
 
-def _group(comparisons):
+def _mean_abs(errors) -> float:
+    return 100 * float(np.abs(errors).mean()) if len(errors) else float("nan")
+
+
+def _groups(comparisons, with_tp: bool):
     groups = {}
     for c in comparisons:
-        groups.setdefault((c.point.gpu, c.point.phase), []).append(c.error)
+        key = (c.point.gpu, c.point.tp, c.point.phase) if with_tp else (c.point.gpu, c.point.phase)
+        groups.setdefault(key, []).append(c.error)
     return groups
+
+
+def _table(comparisons, recalibrated, training, with_tp: bool) -> None:
+    """Mean absolute error per group: training and held-out halves, before and after the fit."""
+    halves = {}
+    for side, chosen in (("fit", True), ("held", False)):
+        halves[side, "before"] = _groups([c for c in comparisons if (c.point in training) == chosen], with_tp)
+        halves[side, "after"] = _groups([c for c in recalibrated if (c.point in training) == chosen], with_tp)
+    every = _groups(comparisons, with_tp)
+    label = "| GPU | TP | phase" if with_tp else "| GPU | phase"
+    print(f"{label} | points | built-in error, mean | fit half, before | fit half, recalibrated | "
+          "held-out, before | held-out, recalibrated |")
+    print("|---" * (len(label.split("|")) - 1) + "|---:" * 6 + "|")
+    for key in sorted(every):
+        cells = " | ".join(f"{_mean_abs(halves[h][key] if key in halves[h] else []):.1f}%" for h in
+                           (("fit", "before"), ("fit", "after"), ("held", "before"), ("held", "after")))
+        print(f"| {' | '.join(map(str, key))} | {len(every[key])} | {100 * np.mean(every[key]):+.1f}% | {cells} |")
+    print()
 
 
 def main() -> None:
@@ -45,34 +70,27 @@ def main() -> None:
     by_name = {c.name: c for c in cards}
     comparisons, skipped = compare(grid_points(cards), args.backend)
     calibration = fit_calibration(by_name, comparisons, keep=KEEP)
-    held_out = calibrated_errors(by_name, comparisons, calibration, training=False)
+    recalibrated = calibrated_errors(by_name, comparisons, calibration)
     training = training_points(comparisons)
-    before, after = _group(comparisons), _group(held_out)
-    before_held = _group([c for c in comparisons if c.point not in training])
     print(f"AIConfigurator {package_version()}, {args.backend} database; {len(comparisons)} points "
-          f"({len(training)} training)\n")
-    print("| GPU | phase | points | built-in error, mean (all points) | mean abs | held-out mean abs, before | held-out mean abs, recalibrated |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for key in sorted(before):
-        errors = np.array(before[key])
-        print(f"| {key[0]} | {key[1]} | {len(errors)} | {100 * errors.mean():+.1f}% | {100 * np.abs(errors).mean():.1f}% | "
-              f"{100 * np.abs(before_held[key]).mean():.1f}% | {100 * np.abs(after[key]).mean():.1f}% |")
-    all_before = np.abs([c.error for c in comparisons])
-    held_before = np.abs([c.error for c in comparisons if c.point not in training])
-    held_after = np.abs([c.error for c in held_out])
-    print(f"\nall points: mean abs error {100 * all_before.mean():.1f}%; held-out: {100 * held_before.mean():.1f}% "
-          f"before, {100 * held_after.mean():.1f}% recalibrated (largest {100 * held_after.max():.1f}%)")
+          f"({len(training)} in the fit half)\n")
+    _table(comparisons, recalibrated, training, with_tp=False)
+    _table(comparisons, recalibrated, training, with_tp=True)
+    held_before = [c.error for c in comparisons if c.point not in training]
+    held_after = [c.error for c in recalibrated if c.point not in training]
+    print(f"all points: mean abs error {_mean_abs([c.error for c in comparisons]):.1f}% before; held-out: "
+          f"{_mean_abs(held_before):.1f}% before, {_mean_abs(held_after):.1f}% recalibrated "
+          f"(largest {100 * np.abs(held_after).max():.1f}%)")
     by_model = {}
-    for c, h in zip([c for c in comparisons if c.point not in training], held_out):
-        by_model.setdefault(c.point.model, []).append((abs(c.error), abs(h.error)))
+    for c, h in zip(comparisons, recalibrated):
+        if c.point not in training:
+            by_model.setdefault(c.point.model, []).append((abs(c.error), abs(h.error)))
     for name, pairs in sorted(by_model.items()):
         b, a = np.mean(pairs, axis=0)
         print(f"  {name}: held-out mean abs {100 * b:.1f}% -> {100 * a:.1f}%")
     print(f"\nmoe_efficiency = {calibration.moe_efficiency}")
-    print("| GPU | compute_scale | memory_scale | link_scale |")
-    print("|---|---:|---:|---:|")
-    for name, (compute, memory, link) in sorted(calibration.scales.items()):
-        print(f"| {name} | {compute:g} | {memory:g} | {link:g} |")
+    for name, fields in sorted(calibration.gpus.items()):
+        print(f"{name}: " + ", ".join(f"{k}={v:g}" for k, v in fields.items()))
     for line in skipped:
         print(f"skipped: {line}")
 

@@ -78,6 +78,59 @@ def test_pcie_all_reduce_is_slower_than_nvlink():
     assert pcie.breakdown(work).comm_s > nvlink.breakdown(work).comm_s
 
 
+def test_a_pcie_ring_pays_one_latency_per_hop_and_the_host_path_beyond_its_switch():
+    """Alpha-beta all-reduce over PCIe: the small-message latency grows with the ring's hops; an
+    L40S ring of four leaves its PCIe switch and runs at the host path's bandwidth."""
+    from dataclasses import replace
+
+    model = catalog.model("llama-3.1-8b")
+    l4 = catalog.gpu("L4")
+    small = IterationWork(decode_sequences=1, decode_context=100)
+    comm = {tp: Engine(model, l4, tp=tp).breakdown(small).comm_s for tp in (2, 4)}
+    per_allreduce = {tp: comm[tp] / (2 * model.layers) for tp in comm}
+    assert per_allreduce[4] > 2.9 * l4.pcie_latency_us * 1e-6 and per_allreduce[2] < 1.1 * l4.pcie_latency_us * 1e-6
+    l40s = catalog.gpu("L40S")
+    assert l40s.pcie_switch_gpus == 2 and l40s.pcie_host_gbps is not None
+    prefill = IterationWork(prefill_tokens=2048, prefill_attention=causal_attention(2048), prefills_finishing=1)
+    host = Engine(model, l40s, tp=4).breakdown(prefill).comm_s
+    no_host = Engine(model, replace(l40s, pcie_host_gbps=None), tp=4).breakdown(prefill).comm_s
+    assert host > 3 * no_host
+    assert Engine(model, l40s, tp=2).breakdown(prefill).comm_s == Engine(model, replace(l40s, pcie_host_gbps=None), tp=2).breakdown(prefill).comm_s
+
+
+def test_routed_experts_are_their_own_roofline(tmp_path):
+    """MoE: the routed experts' weights are streamed and then multiplied (no overlap); dense models
+    have no expert term."""
+    from scepsy.models.catalog.model_config import card_from_config
+    from pathlib import Path
+
+    moe = card_from_config(Path(__file__).parent / "fixtures" / "model_configs" / "Qwen--Qwen3-30B-A3B")
+    h100 = catalog.gpu("H100")
+    dense = Engine(catalog.model("llama-3.1-8b"), h100).breakdown(IterationWork(decode_sequences=8, decode_context=8000))
+    assert dense.experts_s == 0
+    engine = Engine(moe, h100)
+    one = engine.breakdown(IterationWork(decode_sequences=1, decode_context=1000))
+    many = engine.breakdown(IterationWork(prefill_tokens=2048, prefill_attention=causal_attention(2048), prefills_finishing=1))
+    assert 0 < one.experts_s < many.experts_s
+    rate = h100.hbm_gbps * 1e9 * engine._memory_efficiency
+    assert one.experts_s >= moe.routed_expert_bytes_for(1) / rate
+    assert math.isclose(one.total_s, max(one.compute_s, one.memory_s) + one.experts_s + one.elementwise_s + one.comm_s
+                        + one.overhead_s)
+
+
+def test_elementwise_traffic_is_replicated_norms_and_sharded_activations():
+    """Per token and layer: two fused add-norms (4 x hidden bf16 values each) on every shard, and
+    the gate activation (3 x intermediate) split over the shards."""
+    model = catalog.model("llama-3.1-8b")
+    per_token_layer = {tp: model.elementwise_bytes(1, tp) / model.layers for tp in (1, 4)}
+    norms = 2 * 4 * model.hidden * 2
+    assert per_token_layer[1] == norms + 3 * model.intermediate * 2
+    assert per_token_layer[4] == norms + 3 * model.intermediate * 2 / 4
+    work = IterationWork(prefill_tokens=2048, prefill_attention=causal_attention(2048), prefills_finishing=1)
+    tp1, tp4 = (Engine(model, catalog.gpu("H100"), tp=tp).breakdown(work).elementwise_s for tp in (1, 4))
+    assert tp4 > tp1 / 4  # the norms do not shrink with TP
+
+
 def test_encoders_only_prefill():
     engine = Engine(catalog.model("bge-reranker-base"), catalog.gpu("A6000"))
     assert engine.model.kv_bytes_per_token == 0

@@ -12,7 +12,7 @@ pytest.importorskip("aiconfigurator_core")
 from scepsy.models.catalog.catalog import CALIBRATION, model  # noqa: E402
 from scepsy.models.performance.engine import MOE_EFFICIENCY  # noqa: E402
 from scepsy.models.performance.engine_comparison import (  # noqa: E402
-    Calibration, calibrated_errors, compare, fit_calibration, grid_points, training_points,
+    Calibration, calibrated_errors, compare, default_models, fit_calibration, grid_points, training_points,
 )
 from scepsy.models.catalog.model_config import card_from_config  # noqa: E402
 
@@ -49,7 +49,62 @@ def test_the_shipped_calibration_lowers_the_error_on_b200(b200):
     after = calibrated_errors(cards, comparisons, shipped)
     assert sum(abs(c.error) for c in after) / len(after) < 0.8 * before
     fitted = fit_calibration(cards, comparisons, keep=("H100-SXM",))
-    assert set(fitted.scales) <= {"B200"}
+    assert set(fitted.gpus) <= {"B200"}
     training_error = [sum(abs(c.error) for c in calibrated_errors(cards, comparisons, calibration, training=True))
                       for calibration in (Calibration({}, 1.0), fitted)]
     assert training_error[1] < training_error[0]
+
+
+@pytest.fixture(scope="module")
+def full_grid():
+    cards = default_models(CONFIGS)
+    comparisons, _ = compare(grid_points(cards))
+    return {c.name: c for c in cards}, comparisons
+
+
+def _held_out_groups(comparisons) -> dict[tuple[str, str], float]:
+    groups: dict[tuple[str, str], list[float]] = {}
+    for c in comparisons:
+        groups.setdefault((c.point.gpu, c.point.phase), []).append(abs(c.error))
+    return {k: sum(v) / len(v) for k, v in groups.items()}
+
+
+def test_the_shipped_calibration_is_the_fit_on_the_fit_half(full_grid):
+    cards, comparisons = full_grid
+    fitted = fit_calibration(cards, comparisons, keep=("H100-SXM",))
+    assert fitted.moe_efficiency == MOE_EFFICIENCY
+    assert {name: dict(fields) for name, fields in fitted.gpus.items()} == CALIBRATION
+
+
+def test_held_out_errors_stay_within_the_stated_bounds(full_grid):
+    """docs/engine-model.md: every (GPU, phase) group of the held-out half within 15% mean absolute
+    error except B200 prefill (16.1%: its MoE kernels do not speed up from TP 2 to 4 and its GEMM
+    efficiency grows with size; bound 17%); all held-out points 9.4% (bound 10%)."""
+    cards, comparisons = full_grid
+    shipped = Calibration(CALIBRATION, MOE_EFFICIENCY)
+    held_out = calibrated_errors(cards, comparisons, shipped, training=False)
+    before = _held_out_groups([c for c in comparisons if c.point not in training_points(comparisons)])
+    after = _held_out_groups(held_out)
+    for key, error in after.items():
+        assert error <= (0.17 if key == ("B200", "prefill") else 0.15), (key, error)
+    assert sum(abs(c.error) for c in held_out) / len(held_out) <= 0.10
+    assert after[("L40S", "prefill")] < 0.2 * before[("L40S", "prefill")]  # the host path of a 4-GPU ring
+
+
+@pytest.mark.parametrize("gpu_name", ["A100-80G", "H200", "L40S"])
+def test_elementwise_kernels_match_aiconfigurators_measured_ones(gpu_name):
+    """The elementwise term (norms with residual adds, gate activation) against AIConfigurator's
+    measured add_norm and act_gate kernels of a 2,048-token Llama-3.1-8B prefill, within 15%
+    (measured: -4.5% A100, -10% H200, -8.8% L40S; no constant of it is fitted)."""
+    from scepsy.models.catalog.catalog import gpu
+    from scepsy.models.performance.aiconfigurator import AiconfiguratorTimer
+    from scepsy.models.performance.engine import Engine
+
+    card = model("llama-3.1-8b")
+    timer = AiconfiguratorTimer(card, gpu(gpu_name))
+    context, _ = timer._handle.run_static_per_op(batch_size=1, isl=2048, osl=2)
+    measured_ms = sum(ms for name, ms, _, _ in context if "add_norm" in name or "act_gate" in name)
+    point = grid_points([card], gpus=(gpu_name,), tps=(1,))[-1][1]
+    assert point.phase == "prefill" and point.length == 2048
+    ours_ms = Engine(card, gpu(gpu_name)).breakdown(point.work).elementwise_s * 1e3
+    assert abs(ours_ms / measured_ms - 1) < 0.15, (ours_ms, measured_ms)

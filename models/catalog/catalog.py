@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from scepsy.models.errors import InputError
 
@@ -40,7 +41,11 @@ class GpuCard:
     source: str
     aliases: tuple[str, ...] = ()
     nvlink_latency_us: float = 8.0  # one small all-reduce over NVLink (estimate)
-    pcie_latency_us: float = 25.0  # one small all-reduce over PCIe (estimate)
+    pcie_latency_us: float = 25.0  # one small all-reduce over PCIe between two GPUs (estimate)
+    # a PCIe host whose switches join at most `pcie_switch_gpus` GPUs peer to peer: a larger ring's
+    # slowest hop runs through the host, at `pcie_host_gbps` (effective, bidirectional; None: no such limit)
+    pcie_switch_gpus: int = 8
+    pcie_host_gbps: float | None = None
     nvml_memory_mib: int | None = None  # total memory NVML (nvidia-smi memory.total) reports, MiB
     # calibration against AIConfigurator's measured kernels (CALIBRATION below): the engine
     # settings' efficiencies are multiplied by these on this GPU
@@ -232,10 +237,20 @@ class ModelCard:
         streamed = self._layer_bytes(self.dense_params) + self.lm_head_params * BYTES_BF16
         if self.moe is None or tokens <= 1:
             return streamed
-        e, k = self.moe.experts, self.moe.experts_per_token
-        touched = e * (1.0 - (1.0 - k / e) ** tokens)
-        extra_experts = max(touched - k, 0.0)
+        extra_experts = max(self._experts_touched(tokens) - self.moe.experts_per_token, 0.0)
         return streamed + self.moe.moe_layers * extra_experts * self.expert_params * self._layer_bytes_per_param
+
+    def _experts_touched(self, tokens: int) -> float:
+        """Expected distinct routed experts of one MoE layer that `tokens` tokens use."""
+        assert self.moe is not None
+        e, k = self.moe.experts, self.moe.experts_per_token
+        return k if tokens <= 1 else e * (1.0 - (1.0 - k / e) ** tokens)
+
+    def routed_expert_bytes_for(self, tokens: int) -> float:
+        """The routed experts' part of `streamed_weight_bytes_for(tokens)` (0 for dense models)."""
+        if self.moe is None:
+            return 0.0
+        return self.moe.moe_layers * self._experts_touched(tokens) * self.expert_params * self._layer_bytes_per_param
 
     # -- KV cache and attention -----------------------------------------------------------------
 
@@ -261,6 +276,18 @@ class ModelCard:
     def kv_bytes_read(self, kv_tokens: float, sequences: int) -> float:
         """KV bytes one iteration reads and writes for `kv_tokens` tokens of `sequences` sequences."""
         return self.kv_bytes_per_token * self._windowed(kv_tokens, sequences)
+
+    def elementwise_bytes(self, tokens: int, tp: int = 1) -> float:
+        """Activation bytes one GPU of `tp` reads and writes in the elementwise kernels between the
+        matrix multiplications, for `tokens` tokens: per layer two normalisations with their
+        residual adds (read residual and input, write both: 4 x hidden, replicated on every
+        shard) and per dense-MLP layer the gate activation (read gate and up, write their product:
+        3 x intermediate / tp; without a gate 2 x). Routed experts' activations are left in the
+        expert term; embedding gathers are negligible."""
+        dense_mlp_layers = self.layers - (self.moe.moe_layers if self.moe else 0)
+        norms = self.layers * 2 * 4 * self.hidden
+        activation = dense_mlp_layers * (3 if self.gated_mlp else 2) * self.intermediate / tp
+        return tokens * (norms + activation) * BYTES_BF16
 
     def attention_flops(self, attended: float, tokens: int) -> float:
         """FLOPs of the score and value products over `attended` positions of `tokens` query
@@ -314,7 +341,11 @@ GPUS: dict[str, GpuCard] = {
         # H200 SXM 141GB: HBM3e 4.8 TB/s, BF16 989 TFLOPS dense, NVLink 900 GB/s, PCIe Gen5.
         GpuCard("H200", 141.0, 4800.0, 989.4, 900.0, 8, 128.0, _DATASHEET["H200"], ("H200-SXM", "H200-141GB"), nvml_memory_mib=143771),
         # L40S: 48 GB GDDR6, 864 GB/s, BF16 733 TFLOPS with sparsity -> 362.05 dense, no NVLink, PCIe Gen4.
-        GpuCard("L40S", 48.0, 864.0, 362.05, None, 1, 64.0, _DATASHEET["L40S"], nvml_memory_mib=46068),
+        # pcie_switch_gpus=2: in AIConfigurator's measured L40S host two GPUs all-reduce peer to peer
+        # and four do not (its vLLM custom all-reduce table, systems/data/l40s/comm/vllm/0.22.0:
+        # 268M bf16 values in 28.0 ms on two GPUs, 216 ms on four); the host bandwidth is fitted below.
+        GpuCard("L40S", 48.0, 864.0, 362.05, None, 1, 64.0, _DATASHEET["L40S"], nvml_memory_mib=46068,
+                pcie_switch_gpus=2),
         # L4: 24 GB GDDR6, 300 GB/s, BF16 242 TFLOPS with sparsity -> 121 dense, no NVLink, PCIe Gen4.
         GpuCard("L4", 24.0, 300.0, 121.0, None, 1, 64.0, _DATASHEET["L4"], nvml_memory_mib=23034),
     )
@@ -359,19 +390,22 @@ GPUS.update({
 })
 
 
-# Recalibration against AIConfigurator 0.12.0's measured kernels (vLLM database), fitted on half of
-# the grid of bench/engine_model_comparison.py and reported on the other half (docs/engine-model.md,
-# "Against AIConfigurator"): the engine settings' (compute, memory, link) efficiencies are scaled by
-# these on each GPU. Only GPUs the built-in model was more than 15% off on, and not H100-SXM, whose
-# numbers the shipped profiles (instances/profiles/*.csv) were generated with.
-CALIBRATION = {
-    "A100-80G": (0.95, 0.875, 0.45),
-    "B200": (0.9, 1.225, 0.3),
-    "H200": (1.0, 1.1, 0.75),
-    "RTX-PRO-6000": (0.9, 1.1, 0.65),
+# Recalibration against AIConfigurator (aiconfigurator-core 0.12.0, its vLLM databases: 0.24.0, and
+# 0.14.0 for A100), fitted on 2026-12-01 by models/performance/engine_comparison.py `fit_calibration`
+# on the fit half of the grid of bench/engine_model_comparison.py (every other point of each model x
+# GPU x phase group sorted by batch, length and TP) and reported on the other half
+# (docs/engine-model.md, "Against AIConfigurator"): per GPU, the GpuCard fields below (efficiency
+# scales, the small all-reduce latency, the host path's bandwidth). Only GPUs the built-in model
+# was more than 15% off on in the fit half, and not H100-SXM, whose numbers the shipped profiles
+# (instances/profiles/*.csv) were generated with.
+CALIBRATION: dict[str, dict[str, float]] = {
+    "B200": {"compute_scale": 0.95, "memory_scale": 1.025, "link_scale": 0.35, "nvlink_latency_us": 4},
+    "L40S": {"compute_scale": 0.85, "memory_scale": 1.075, "link_scale": 0.9, "pcie_latency_us": 2, "pcie_host_gbps": 7.5},
+    "RTX-PRO-6000": {"compute_scale": 1.2, "memory_scale": 1.125, "link_scale": 0.65, "pcie_latency_us": 6},
 }
-for _name, (_compute, _memory, _link) in CALIBRATION.items():
-    GPUS[_name] = replace(GPUS[_name], compute_scale=_compute, memory_scale=_memory, link_scale=_link)
+for _name, _fields in CALIBRATION.items():
+    _changes: dict[str, Any] = dict(_fields)  # GpuCard fields, each a number
+    GPUS[_name] = replace(GPUS[_name], **_changes)
 
 
 def _hf(repo: str) -> str:

@@ -6,18 +6,24 @@ processes the new prompt tokens of some sequences (chunked prefill) and one toke
 decoding sequence. `iteration_time_s(batch)` is the time of one iteration:
 
     T        = prefill tokens + decode sequences                            tokens in the iteration
-    FLOPs    = 2 * P_dense * T                                              layer matmuls
+    FLOPs    = 2 * (P_dense - P_routed) * T                                 layer matmuls
              + 2 * P_head * (decode sequences + prefills finishing)         LM head (decoders only)
              + 4 * layers * heads * head_dim * A                            attention; A = attended
                                                                             positions summed over tokens
-    bytes    = 2 * (P_dense + P_head)                                       weights streamed once
+    bytes    = 2 * (P_dense - P_routed + P_head)                            weights streamed once
              + kv_bytes_per_token * (decode context + prefill past + T)     KV read and written
     compute  = FLOPs / (tp * f * bf16_rate * compute_efficiency)
     memory   = bytes / (tp * f * hbm_bandwidth * memory_efficiency)
+    experts  = 2 * P_routed * T / (compute rate * moe_efficiency)           MoE: routed experts, loaded
+             + expert bytes(T) / memory rate                                then multiplied (no overlap)
+    elementwise = T * layers * (2 * 4 * hidden + 3 * intermediate / tp) * 2 bytes / (f * hbm * memory_efficiency)
+                                                                            norms + residual adds, gate
     comm     = 2 * layers * allreduce(T * hidden * 2 bytes)                 tp > 1 only
     allreduce(B) = latency + 2 (tp-1)/tp * B / (link_bandwidth_per_direction * link_efficiency)
+                   (PCIe: latency per hop, (tp - 1) hops; a ring larger than the PCIe switch group
+                   runs at the host path's bandwidth)
     overhead = iteration_overhead + layers * layer_overhead + sequences * sequence_overhead
-    time     = max(compute, memory) + comm + overhead
+    time     = max(compute, memory) + experts + elementwise + comm + overhead
 
 The GPU fraction f scales compute and memory bandwidth (co-located MPS clients contend for HBM,
 so a share of f is the conservative, placement-independent assumption). The link is NVLink when
@@ -34,9 +40,10 @@ attention is bidirectional within each sequence (A = sum of squared lengths) and
 The efficiency and overhead constants are calibrated against published measurements; the fit
 and its error are in docs/engine-model.md (bench/engine_validation.py reproduces the table). Per
 GPU, the catalog's compute/memory/link scales multiply the efficiencies (fitted against
-AIConfigurator, bench/engine_model_comparison.py); the routed-expert FLOPs of MoE models run at
-`moe_efficiency` of the dense rate, the weights streamed per iteration are the experts its tokens
-touch (models/catalog/catalog.py), and sliding-window layers read at most their window of KV.
+AIConfigurator, bench/engine_model_comparison.py, with the all-reduce latency and host path); the
+routed-expert FLOPs of MoE models run at `moe_efficiency` of the dense rate, the expert weights
+streamed per iteration are the experts its tokens touch (models/catalog/catalog.py), and
+sliding-window layers read at most their window of KV.
 
 `Engine(..., timer=...)` replaces the roofline time of every iteration by another engine model's
 (`IterationTimer`, models/performance/aiconfigurator.py); memory and scheduler limits stay this module's.
@@ -53,9 +60,10 @@ from typing import Protocol
 from scepsy.models.catalog.catalog import BYTES_BF16, GpuCard, ModelCard
 
 GIB = 1024**3
-# Fitted against AIConfigurator's measured MoE kernels (docs/engine-model.md, "Against AIConfigurator"):
-# grouped expert GEMMs over few tokens per expert run well below the dense GEMM rate.
-MOE_EFFICIENCY = 0.2
+# Fitted against AIConfigurator's measured MoE kernels on the fit half of its grid (docs/engine-model.md,
+# "Against AIConfigurator"; models/catalog/catalog.py CALIBRATION has the protocol): grouped expert
+# GEMMs over few tokens per expert run well below the dense GEMM rate.
+MOE_EFFICIENCY = 0.45
 
 
 @dataclass(frozen=True)
@@ -125,10 +133,12 @@ class IterationTime:
     memory_s: float
     comm_s: float
     overhead_s: float
+    experts_s: float = 0.0  # routed-expert GEMMs of MoE models (weights streamed, then multiplied)
+    elementwise_s: float = 0.0  # norms, residual adds and activations between the matmuls (HBM-bound)
 
     @property
     def total_s(self) -> float:
-        return max(self.compute_s, self.memory_s) + self.comm_s + self.overhead_s
+        return max(self.compute_s, self.memory_s) + self.experts_s + self.elementwise_s + self.comm_s + self.overhead_s
 
     @property
     def bound(self) -> str:
@@ -205,12 +215,18 @@ class Engine:
     # -- time -----------------------------------------------------------------------------------
 
     def _allreduce_s(self, nbytes: float) -> float:
+        """A ring all-reduce of `nbytes` (alpha-beta): latency + 2 (tp-1)/tp nbytes / bandwidth."""
+        ring_bytes = 2 * (self.tp - 1) / self.tp * nbytes
+        efficiency = min(self.settings.link_efficiency * self.gpu.link_scale, 1.0)
         if self.link == "nvlink" and self.gpu.nvlink_gbps is not None:  # a GPU without NVLink: PCIe
-            bandwidth, latency_us = self.gpu.nvlink_gbps, self.gpu.nvlink_latency_us
-        else:
-            bandwidth, latency_us = self.gpu.pcie_gbps, self.gpu.pcie_latency_us
-        per_direction = bandwidth / 2 * 1e9 * min(self.settings.link_efficiency * self.gpu.link_scale, 1.0)
-        return latency_us * 1e-6 + 2 * (self.tp - 1) / self.tp * nbytes / per_direction
+            return self.gpu.nvlink_latency_us * 1e-6 + ring_bytes / (self.gpu.nvlink_gbps / 2 * 1e9 * efficiency)
+        # over PCIe the small-message latency grows with the ring's hops (the card's figure: two GPUs)
+        latency_s = self.gpu.pcie_latency_us * 1e-6 * (self.tp - 1)
+        if self.gpu.pcie_host_gbps is not None and self.tp > self.gpu.pcie_switch_gpus:
+            # the ring leaves the PCIe switch: its slowest hop runs through the host, at the
+            # bandwidth fitted for that path (an effective figure: no efficiency applies)
+            return latency_s + ring_bytes / (self.gpu.pcie_host_gbps / 2 * 1e9)
+        return latency_s + ring_bytes / (self.gpu.pcie_gbps / 2 * 1e9 * efficiency)
 
     def breakdown(self, work: IterationWork) -> IterationTime:
         """The parts of one iteration's time (see the module doc for the formulas)."""
@@ -219,20 +235,27 @@ class Engine:
         if tokens <= 0:
             return IterationTime(0.0, 0.0, 0.0, 0.0)
         attended = work.prefill_attention + work.decode_context
-        flops = 2.0 * m.dense_params * tokens
+        expert_flops = 2.0 * m.routed_expert_params * tokens
+        expert_bytes = m.routed_expert_bytes_for(tokens)
+        flops = 2.0 * m.dense_params * tokens - expert_flops
         flops += 2.0 * m.lm_head_params * work.sequences
         flops += m.attention_flops(attended, tokens)
         kv_tokens = work.decode_context + work.prefill_past_tokens + tokens
-        nbytes = m.streamed_weight_bytes_for(tokens) + m.kv_bytes_read(kv_tokens, max(work.sequences, 1))
+        nbytes = m.streamed_weight_bytes_for(tokens) - expert_bytes + m.kv_bytes_read(kv_tokens, max(work.sequences, 1))
         share = self.tp * self.fraction
-        flops += 2.0 * m.routed_expert_params * tokens * (1.0 / s.moe_efficiency - 1.0)  # slower expert GEMMs
-        compute_s = flops / (share * self.gpu.bf16_tflops * 1e12 * self._compute_efficiency)
-        memory_s = nbytes / (share * self.gpu.hbm_gbps * 1e9 * self._memory_efficiency)
+        flop_rate = share * self.gpu.bf16_tflops * 1e12 * self._compute_efficiency
+        byte_rate = share * self.gpu.hbm_gbps * 1e9 * self._memory_efficiency
+        compute_s = flops / flop_rate
+        memory_s = nbytes / byte_rate
+        # grouped expert GEMMs over few tokens per expert: loading and multiplying do not overlap
+        experts_s = expert_flops / (flop_rate * s.moe_efficiency) + expert_bytes / byte_rate
+        # separate kernels between the matmuls, streaming activations: they add to the matmuls' time
+        elementwise_s = m.elementwise_bytes(tokens, self.tp) / (byte_rate / self.tp)
         comm_s = 0.0
         if self.tp > 1:
             comm_s = 2 * m.layers * self._allreduce_s(tokens * m.hidden * BYTES_BF16)
         overhead_s = s.iteration_overhead_s + m.layers * s.layer_overhead_s + work.sequences * s.sequence_overhead_s
-        return IterationTime(compute_s, memory_s, comm_s, overhead_s)
+        return IterationTime(compute_s, memory_s, comm_s, overhead_s, experts_s, elementwise_s)
 
     def iteration_time_s(self, work: IterationWork) -> float:
         if self.timer is not None:
@@ -262,7 +285,7 @@ class Engine:
             share * self.gpu.bf16_tflops * 1e12 * self._compute_efficiency
         )
         memory_slope = m.kv_bytes_per_token * batch / (share * self.gpu.hbm_gbps * 1e9 * self._memory_efficiency)
-        fixed = first.comm_s + first.overhead_s
+        fixed = first.experts_s + first.elementwise_s + first.comm_s + first.overhead_s
         return [
             max(first.compute_s + i * compute_slope, first.memory_s + i * memory_slope) + fixed for i in range(steps)
         ]

@@ -7,11 +7,12 @@ times each with both engine models (models/performance/engine.py and models/perf
     prefill  one iteration prefilling `batch` prompts of `length` tokens
 
 and `error = builtin / aiconfigurator - 1`. `fit_calibration` recalibrates the built-in model where
-it is more than 15% off, on the training half of the points (`training_points`): the efficiency of the
-routed-expert GEMMs of MoE models (EngineSettings.moe_efficiency), and per GPU the scales of the
-compute, memory and link efficiencies (GpuCard.compute_scale, memory_scale, link_scale), by grid
-search on the mean absolute log ratio; `calibrated_errors` re-times the held-out half with it
-(out of sample). bench/engine_model_comparison.py prints the tables of docs/engine-model.md.
+it is more than 15% off, on the training (fit) half of the points (`training_points`): the efficiency
+of the routed-expert GEMMs of MoE models (EngineSettings.moe_efficiency), and per GPU the GpuCard
+fields of `fitted_fields` (compute, memory and link scales, the all-reduce latency of its link, a
+PCIe host path's bandwidth), by grid search on the mean absolute log ratio; `calibrated_errors`
+re-times the held-out half with it (out of sample). bench/engine_model_comparison.py prints the
+tables of docs/engine-model.md.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from scepsy.models.performance.aiconfigurator import AiconfiguratorTimer, EngineModelUnavailable
-from scepsy.models.catalog.catalog import ModelCard, gpu, model
+from scepsy.models.catalog.catalog import GpuCard, ModelCard, gpu, model
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, IterationWork, causal_attention
 from scepsy.models.catalog.model_config import card_from_config
 
@@ -31,7 +32,6 @@ DECODE_CONTEXT = 1024
 PREFILL_LENGTHS = (512, 2048)
 TPS = (1, 2, 4)
 GPUS = ("A100-80G", "H100-SXM", "H200", "B200", "L40S", "RTX-PRO-6000")
-UNCALIBRATED = (1.0, 1.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -98,107 +98,122 @@ def compare(points: Sequence[tuple[ModelCard, Point]], backend: str = "vllm") ->
         timer = timers[key]
         if timer is None:
             continue
-        builtin = builtin_time_s(card, point, UNCALIBRATED, 1.0)  # the model before the recalibration
+        builtin = builtin_time_s(card, point, {}, 1.0)  # the model before the recalibration
         results.append(Comparison(point, builtin, timer.iteration_time_s(point.work)))
     return results, skipped
 
 
 def training_points(comparisons: Sequence[Comparison]) -> set[Point]:
-    """The fixed split, stratified: within each (model, GPU, phase) group, sorted by (tp, batch,
-    length), every other point fits the calibration; the others measure it out of sample."""
+    """The fixed split, stratified: within each (model, GPU, phase) group, sorted by (batch, length,
+    tp), every other point fits the calibration; the others measure it out of sample. (Sorted by
+    length before tp, both prompt lengths and every TP are on both sides of the split.)"""
     groups: dict[tuple[str, str, str], list[Point]] = {}
     for c in comparisons:
         groups.setdefault((c.point.model, c.point.gpu, c.point.phase), []).append(c.point)
     return {p for points in groups.values()
-            for i, p in enumerate(sorted(points, key=lambda p: (p.tp, p.batch, p.length))) if i % 2 == 0}
+            for i, p in enumerate(sorted(points, key=lambda p: (p.batch, p.length, p.tp))) if i % 2 == 0}
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Per-GPU efficiency scales (models/catalog/catalog.py GpuCard) and the MoE efficiency."""
+    """Per GPU, the GpuCard fields fitted (models/catalog/catalog.py CALIBRATION), and the MoE efficiency."""
 
-    scales: Mapping[str, tuple[float, float, float]]  # gpu -> (compute, memory, link)
+    gpus: Mapping[str, Mapping[str, float]]  # gpu -> {field: value}, fields of FIELD_GRID
     moe_efficiency: float
 
 
-SCALE_GRID = {
-    "compute": tuple(round(0.50 + 0.05 * i, 2) for i in range(19)),  # 0.50 .. 1.40 (efficiency <= 1)
-    "memory": tuple(round(0.75 + 0.025 * i, 3) for i in range(21)),  # 0.75 .. 1.25
-    "link": tuple(round(0.10 + 0.05 * i, 2) for i in range(27)),  # 0.10 .. 1.40
+# the fitted GpuCard fields, their values before any fit, and the values the grid search tries
+UNCALIBRATED: dict[str, float | None] = {"compute_scale": 1.0, "memory_scale": 1.0, "link_scale": 1.0,
+                                         "nvlink_latency_us": 8.0, "pcie_latency_us": 25.0, "pcie_host_gbps": None}
+FIELD_GRID: dict[str, tuple[float, ...]] = {
+    "compute_scale": tuple(round(0.50 + 0.05 * i, 2) for i in range(19)),  # 0.50 .. 1.40 (efficiency <= 1)
+    "memory_scale": tuple(round(0.75 + 0.025 * i, 3) for i in range(25)),  # 0.75 .. 1.35 (efficiency <= 1)
+    "link_scale": tuple(round(0.10 + 0.05 * i, 2) for i in range(27)),  # 0.10 .. 1.40
+    "nvlink_latency_us": (1, 2, 3, 4, 5, 6, 7, 8, 10, 12),
+    "pcie_latency_us": (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15, 20, 25),
+    "pcie_host_gbps": tuple(round(0.5 * i, 1) for i in range(2, 41)),  # 1 .. 20 GB/s
 }
 MOE_GRID = tuple(round(0.20 + 0.05 * i, 2) for i in range(17))  # 0.20 .. 1.00 (a prior: not below a fifth)
 
 
-def builtin_time_s(card: ModelCard, point: Point, scales: tuple[float, float, float] = (1.0, 1.0, 1.0),
+def fitted_fields(name: str) -> tuple[str, ...]:
+    """What is fitted on a GPU: the three efficiency scales, the latency of the link its TP uses,
+    and the host path's bandwidth where a PCIe ring of the grid's TP leaves its switch."""
+    card = gpu(name)
+    fields = ("compute_scale", "memory_scale", "link_scale", "nvlink_latency_us" if card.nvlink_gbps else "pcie_latency_us")
+    return fields + (("pcie_host_gbps",) if not card.nvlink_gbps and card.pcie_switch_gpus < max(TPS) else ())
+
+
+def uncalibrated_gpu(name: str, fields: Mapping[str, float] = {}) -> GpuCard:
+    """The catalog's GPU without its calibration, with `fields` set."""
+    changes: dict[str, Any] = {**UNCALIBRATED, **fields}  # GpuCard fields, each a number (or None)
+    return replace(gpu(name), **changes)
+
+
+def builtin_time_s(card: ModelCard, point: Point, fields: Mapping[str, float] = {},
                    moe_efficiency: float = DEFAULT_SETTINGS.moe_efficiency) -> float:
-    compute, memory, link = scales
-    card_gpu = replace(gpu(point.gpu), compute_scale=compute, memory_scale=memory, link_scale=link)
     settings = replace(DEFAULT_SETTINGS, moe_efficiency=moe_efficiency)
-    return Engine(card, card_gpu, point.tp, settings=settings).iteration_time_s(point.work)
+    return Engine(card, uncalibrated_gpu(point.gpu, fields), point.tp, settings=settings).iteration_time_s(point.work)
 
 
-def _loss(items, scales_of, moe_efficiency) -> float:
+def _loss(items, fields_of, moe_efficiency) -> float:
     """Mean absolute log ratio builtin / aiconfigurator."""
     if not items:
         return 0.0
-    return sum(abs(math.log(builtin_time_s(card, c.point, scales_of(c.point.gpu), moe_efficiency) / c.aiconfigurator_s))
+    return sum(abs(math.log(builtin_time_s(card, c.point, fields_of(c.point.gpu), moe_efficiency) / c.aiconfigurator_s))
                for card, c in items) / len(items)
 
 
-def _fit_moe(items, scales_of) -> float:
+def _fit_moe(items, fields_of) -> float:
     moe = [(card, c) for card, c in items if card.moe is not None]
-    return min(MOE_GRID, key=lambda e: (_loss(moe, scales_of, e), abs(e - 1))) if moe else 1.0
+    return min(MOE_GRID, key=lambda e: (_loss(moe, fields_of, e), abs(e - 1))) if moe else 1.0
 
 
-def _fit_scale(items, scales: list[float], index: int, moe_efficiency: float) -> float:
-    """One scale by grid search (ties: the value nearest 1); items empty: unchanged."""
-    if not items:
-        return scales[index]
-    grid = list(SCALE_GRID.values())[index]
-
-    def loss(value):
-        trial = tuple(value if i == index else v for i, v in enumerate(scales))
-        return _loss(items, lambda _: trial, moe_efficiency), abs(value - 1)
-
-    return min(grid, key=loss)
+def _nearest_default(name: str, field_name: str, value: float) -> float:
+    default = UNCALIBRATED[field_name]
+    return abs(value - (default if default is not None else gpu(name).pcie_gbps))
 
 
-def _fit_gpu(items, moe_efficiency: float) -> tuple[float, float, float]:
-    """Compute scale from single-GPU prefills, memory scale from single-GPU decodes, link scale
-    from the tensor-parallel points (each fitted with the others fixed)."""
-    scales = [1.0, 1.0, 1.0]
-    single = [(card, c) for card, c in items if c.point.tp == 1]
-    scales[0] = _fit_scale([(k, c) for k, c in single if c.point.phase == "prefill"], scales, 0, moe_efficiency)
-    scales[1] = _fit_scale([(k, c) for k, c in single if c.point.phase == "decode"], scales, 1, moe_efficiency)
-    scales[2] = _fit_scale([(k, c) for k, c in items if c.point.tp > 1], scales, 2, moe_efficiency)
-    return scales[0], scales[1], scales[2]
+def _fit_gpu(name: str, items, start: Mapping[str, float], moe_efficiency: float, sweeps: int = 2) -> dict[str, float]:
+    """The GPU's fields by coordinate descent on a grid: each field in turn with the others fixed,
+    `sweeps` times (ties: the value nearest the uncalibrated one)."""
+    fields = dict(start)
+    for _ in range(sweeps):
+        for field_name in fitted_fields(name):
+            def loss(value, field_name=field_name):
+                trial = {**fields, field_name: value}
+                return _loss(items, lambda _: trial, moe_efficiency), _nearest_default(name, field_name, value)
+            fields[field_name] = min(FIELD_GRID[field_name], key=loss)
+    return fields
 
 
 def fit_calibration(cards: Mapping[str, ModelCard], comparisons: Sequence[Comparison], keep: Iterable[str] = (),
-                    threshold: float = 0.15) -> Calibration:
-    """Fit on the training points: the MoE efficiency, then per-GPU scales for every GPU with a
-    (phase) group whose training error exceeds `threshold` -- except the GPUs in `keep` (whose
-    numbers shipped profiles were generated with), and kept only if neither phase's training error
-    grows -- then the MoE efficiency again."""
+                    threshold: float = 0.15, rounds: int = 2) -> Calibration:
+    """Fit on the training points, `rounds` times: the MoE efficiency, then the fields of every
+    GPU with a (phase) group whose training error exceeds `threshold` -- except the GPUs in `keep`
+    (whose numbers shipped profiles were generated with) -- kept only if the larger of the two
+    phases' training errors falls."""
     training = training_points(comparisons)
     items = [(cards[c.point.model], c) for c in comparisons if c.point in training]
-    scales: dict[str, tuple[float, float, float]] = {}
+    fitted: dict[str, dict[str, float]] = {}
 
-    def scales_of(name: str) -> tuple[float, float, float]:
-        return scales.get(name, UNCALIBRATED)
+    def fields_of(name: str) -> Mapping[str, float]:
+        return fitted.get(name, {})
 
-    moe_efficiency = _fit_moe(items, scales_of)
-    for name in sorted({c.point.gpu for _, c in items} - set(keep)):
-        mine = [(card, c) for card, c in items if c.point.gpu == name]
-        off = any(_loss([(card, c) for card, c in mine if c.point.phase == phase], scales_of, moe_efficiency) > threshold
-                  for phase in ("decode", "prefill"))
-        if off:
-            fitted = _fit_gpu([(card, c) for card, c in mine if card.moe is None], moe_efficiency)
-            before = [_loss([i for i in mine if i[1].point.phase == ph], scales_of, moe_efficiency) for ph in ("decode", "prefill")]
-            after = [_loss([i for i in mine if i[1].point.phase == ph], lambda _: fitted, moe_efficiency) for ph in ("decode", "prefill")]
-            if all(a <= b for a, b in zip(after, before)):  # kept only if no phase gets worse
-                scales[name] = fitted
-    return Calibration(dict(scales), _fit_moe(items, scales_of))
+    moe_efficiency = 1.0
+    for _ in range(rounds):
+        moe_efficiency = _fit_moe(items, fields_of)
+        for name in sorted({c.point.gpu for _, c in items} - set(keep)):
+            mine = [(card, c) for card, c in items if c.point.gpu == name]
+            phases = [[i for i in mine if i[1].point.phase == phase] for phase in ("decode", "prefill")]
+            before = [_loss(group, fields_of, moe_efficiency) for group in phases]
+            if name not in fitted and max(before) <= threshold:
+                continue
+            trial = _fit_gpu(name, mine, fields_of(name), moe_efficiency)
+            after = [_loss(group, lambda _: trial, moe_efficiency) for group in phases]
+            if max(after) < max(before):  # kept only if the worse phase improves
+                fitted[name] = trial
+    return Calibration({name: dict(fields) for name, fields in fitted.items()}, moe_efficiency)
 
 
 def calibrated_errors(cards: Mapping[str, ModelCard], comparisons: Sequence[Comparison], calibration: Calibration,
@@ -206,7 +221,7 @@ def calibrated_errors(cards: Mapping[str, ModelCard], comparisons: Sequence[Comp
     """The comparisons re-timed with `calibration` (only the training or held-out points if given)."""
     split = training_points(comparisons)
     chosen = [c for c in comparisons if training is None or (c.point in split) == training]
-    return [Comparison(c.point, builtin_time_s(cards[c.point.model], c.point, calibration.scales.get(c.point.gpu, (1.0, 1.0, 1.0)),
+    return [Comparison(c.point, builtin_time_s(cards[c.point.model], c.point, calibration.gpus.get(c.point.gpu, {}),
                                                calibration.moe_efficiency), c.aiconfigurator_s) for c in chosen]
 
 

@@ -16,7 +16,9 @@ instances/README.md. The pipeline is the paper's, run on the simulator instead o
 2. profile: for every LLM, its traced calls are replayed on one replica as the paper's profiler
    does: traced workflow requests start as a Poisson process and replay their calls of that LLM
    in order, with their prefix-cache dependencies (models/profiles/synthesize.py: saturation throughput,
-   then 15 call rates from 5% to 120% of it, about 400 calls each) for every GPU type, TP degree
+   then 15 call rates from 5% to 120% of it, about 400 calls each (6,400 for e5-base-v2's short
+   queries), and rates past them until the stability boundary is bracketed and bisected, so that
+   the capacity is the curve's, not the grid's) for every GPU type, TP degree
    and fraction below, on the engine model of models/performance/engine.py with the numbers of
    models/catalog/catalog.py.
 """

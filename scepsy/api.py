@@ -23,7 +23,7 @@ from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance, load_instance
 from scepsy.models.inputs import kind_of
-from scepsy.models.instance.profile import read_profile_frame, write_profile
+from scepsy.models.instance.profile import build_profile, capacity_inversions, read_profile_frame, write_profile
 from scepsy.models.output import writing
 from scepsy.models.performance.aiconfigurator import make_timer
 from scepsy.models.performance.alp import AllocationError, Prediction
@@ -278,8 +278,14 @@ class SynthesizedProfile:
             "mean_completion_tokens": round(self.requests.mean_completion_tokens, 1),
             "rows": int(len(self.frame)),
             "capacity_rps": self.capacities_rps(),
+            "capacity_inversions": self.capacity_inversions(),
             "skipped": [{"tp": s.tp, "fraction": s.fraction, "reason": s.reason} for s in self.skipped],
         }
+
+    def capacity_inversions(self) -> list[str]:
+        """A line per measured fraction of the rows with less capacity than a smaller share of the
+        same (gpu_type, tp) (models/instance/profile.py `capacity_inversions`)."""
+        return [i.message() for i in capacity_inversions(build_profile(self.frame, "synthesized rows"))]
 
 
 def synthesize_profile(

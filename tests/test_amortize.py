@@ -45,11 +45,13 @@ def test_combined_rate_line_equals_independent_plans():
 @pytest.mark.slow
 def test_per_workflow_rates_and_the_unconstrained_optimum():
     """Fig. 9's axis (beam fixed, rag varied) on 64 GPUs: the shared beam reference is solved once,
-    and at low rates every LLM gets its fastest option without a solve."""
+    and at low rates every LLM gets its fastest option without a solve: at 6 requests/s; at 2 the
+    embedder's shares 0.8, 0.9 and 1.0 are within 7 microseconds of each other (e5-base-v2 at light
+    load), not fastest by the margin the shortcut needs, so that scenario is solved."""
     base = COMBINED.with_cluster_size(64).with_arrival_rates({"beam": 5.0})
     instances = [base.with_arrival_rates({"rag": r}) for r in (2.0, 6.0, 30.0, 60.0)]
     answers = plan_family(instances, PlanSettings())
-    assert answers[0].method == "unconstrained"
+    assert [a.method for a in answers[:2]] == ["solved", "unconstrained"]
     assert_equal_to_independent(instances, answers)
 
 

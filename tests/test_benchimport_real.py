@@ -100,3 +100,28 @@ def test_cli_import_of_a_sweep_combination(tmp_path):
     assert header.endswith(",concurrency")
     refused = CliRunner().invoke(app, ["profiles", "import", str(SWEEP), "--gpu-type", "A10G", "--out", str(out)])
     assert refused.exit_code == 2 and "oneSERVE" in "".join(refused.output.split())
+
+
+def test_import_notes_a_larger_share_measured_with_less_capacity(tmp_path):
+    """Runs imported at fraction 0.5 up to 16 req/s and, at fraction 1.0, only the 1 and 2 req/s
+    runs: the whole GPU would have less capacity than half of it, which the same engine cannot
+    have; the import writes the rows and says so (models/instance/profile.py capacity_inversions)."""
+    from typer.testing import CliRunner
+
+    from scepsy.cli import app
+
+    lines = (RESULTS / "sglang_llama_3_3_70b_online_output.jsonl").read_text().splitlines()
+    every, first_two = tmp_path / "every.jsonl", tmp_path / "two.jsonl"
+    every.write_text("\n".join(lines[:5]) + "\n")
+    first_two.write_text("\n".join(lines[:2]) + "\n")
+    out = tmp_path / "p.csv"
+    runner = CliRunner()
+    common = ["profiles", "import", "--gpu-type", "H200", "--tp", "1", "--out", str(out)]
+    half = runner.invoke(app, [*common, str(every), "--fraction", "0.5"])
+    assert half.exit_code == 0, half.output
+    assert "capacity_rps" not in half.output
+    whole = runner.invoke(app, [*common, str(first_two), "--fraction", "1.0"])
+    assert whole.exit_code == 0, whole.output
+    assert "H200 tp1: capacity_rps 2 at fraction 1 is below" in whole.output
+    assert "a larger share is not slower" in whole.output
+    assert set(load_profile(out).curves[("H200", 1)][i].fraction for i in (0, 1)) == {0.5, 1.0}

@@ -152,7 +152,7 @@ def test_cli_synthesizes_a_profile_from_a_config_json(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
     assert summary["model_card"]["weights"] == "fp8" and summary["model_card"]["params_b"] == pytest.approx(32.8, rel=0.01)
-    assert summary["engine_model"] == "builtin" and summary["rows"] == 15
+    assert summary["engine_model"] == "builtin" and summary["rows"] > 15  # the grid, then rows locating the stability boundary
     # bf16 weights (61 GiB) leave less KV cache on one 80 GiB GPU than fp8 (31 GiB): less capacity
     bf16 = CliRunner().invoke(app, [
         "profiles", "synthesize", "--model", str(CONFIGS / "Qwen--Qwen3-32B-FP8"), "--weights", "bf16", "--gpu", "H100-PCIE",

@@ -96,11 +96,12 @@ def test_cli_synthesize_writes_and_merges(tmp_path):
     result = runner.invoke(app, [*common, "--gpu", "A6000", "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output)
-    assert summary["rows"] == 30 and set(summary["capacity_rps"]) == {"tp1/f0.1", "tp1/f1"}
+    # 15 grid rows per fraction, and the rows that locate the stability boundary past them
+    assert summary["rows"] >= 30 and set(summary["capacity_rps"]) == {"tp1/f0.1", "tp1/f1"}
     again = runner.invoke(app, [*common, "--gpu", "H100", "--merge"])
     assert again.exit_code == 0, again.output
     frame = pd.read_csv(out)
-    assert set(frame["gpu_type"]) == {"A6000", "H100"} and len(frame) == 60
+    assert set(frame["gpu_type"]) == {"A6000", "H100"} and (frame["gpu_type"] == "A6000").sum() == summary["rows"]
 
 
 def test_cli_synthesize_bad_input_is_one_line_exit_2(tmp_path):
@@ -163,3 +164,71 @@ def test_tracing_proxy_exports_are_a_request_source(tmp_path):
     source = load_request_source(str(path), llm="gen")
     assert len(source.shapes) == 3 and "1 calls without token counts" in source.name
     assert [[len(w) for w in s.waves] for s in source.sessions] == [[2], [1]]
+
+
+# -- the capacity is located on the curve, not on the grid (models/profiles/synthesize.py `sweep`) --
+
+
+def queue_row(capacity_rps: float):
+    """A replica of `capacity_rps` (M/M/1 mean latency at 10 ms of service): stable below it."""
+    def measure(rate: float) -> dict:
+        stable = rate < capacity_rps
+        latency = 0.01 / (1 - rate / capacity_rps) if stable else 100.0
+        return {"arrival_rate": rate, "throughput": rate if stable else 0.9 * capacity_rps, "latency_mean": latency}
+    return measure
+
+
+@pytest.mark.parametrize("estimate_rps", [25.0, 95.0, 104.0])
+def test_the_sweep_brackets_the_stability_boundary_however_far_off_the_saturation_estimate(estimate_rps):
+    from scepsy.models.profiles.synthesize import RATE_POINTS, sweep
+
+    settings = SynthesisSettings()
+    rows = sweep(queue_row(100.0), estimate_rps, settings)
+    stable = max(r["arrival_rate"] for r in rows if r["throughput"] >= 0.95 * r["arrival_rate"])
+    unstable = min(r["arrival_rate"] for r in rows if r["throughput"] < 0.95 * r["arrival_rate"])
+    assert stable < 100.0 <= unstable
+    # a grid step past the grid (1.2 x) is 0.25 x, one within it 0.1 x; four bisections cut it 16-fold
+    assert unstable - stable <= 0.25 * 1.25 ** 8 * estimate_rps / 16 and (unstable - stable) / stable < 0.02
+    # the grid rows are the ones a sweep without the extra rows writes
+    grid = sweep(queue_row(100.0), estimate_rps, SynthesisSettings(max_extensions=0, refine_steps=0))
+    assert [r["arrival_rate"] for r in grid] == [p * estimate_rps for p in RATE_POINTS]
+    assert all(row in rows for row in grid)
+
+
+def test_a_short_sweep_is_extended_until_a_row_is_unstable():
+    """A closed loop of session replays with think times under-estimates saturation: the grid up to
+    1.2 x of a quarter of the capacity is all stable, so the sweep goes on past it."""
+    from scepsy.models.profiles.synthesize import sweep
+
+    rows = sweep(queue_row(100.0), 25.0, SynthesisSettings(refine_steps=0))
+    assert max(r["arrival_rate"] for r in rows) >= 100.0
+    assert sweep(queue_row(100.0), 25.0, SynthesisSettings(max_extensions=0, refine_steps=0))[-1]["arrival_rate"] == 30.0
+
+
+def test_prefill_only_calls_get_enough_requests_per_point_for_their_lumps():
+    """One chunked-prefill iteration finishes 2048 / 32 = 64 e5-base-v2 queries at once: 400 of them
+    per point left stability to where the last lump fell; 100 iterations' worth are replayed."""
+    from scepsy.models.performance.engine import Engine
+    from scepsy.models.profiles.synthesize import requests_per_point
+
+    encoder = Engine(catalog.model("e5-base-v2"), catalog.gpu("A6000"), 1, 1.0)
+    decoder = Engine(catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), 1, 1.0)
+    queries, chats = load_request_source("fixed:32,0"), load_request_source("fixed:400,60")
+    assert requests_per_point(queries, encoder, SynthesisSettings()) == 100 * 64
+    assert requests_per_point(chats, decoder, SynthesisSettings()) == 400
+    assert requests_per_point(load_request_source("fixed:4000,0"), encoder, SynthesisSettings()) == 400
+    assert requests_per_point(queries, encoder, SynthesisSettings(requests_per_point=80)) == 80
+
+
+def test_synthesized_capacity_lies_on_the_stability_boundary():
+    """A real sweep (engine model): the largest stable rate and the slowest unstable one above it
+    are within 1% of each other, wherever the saturation estimate put the grid."""
+    frame, _ = synthesize(
+        catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), [1], [0.3, 1.0],
+        load_request_source("fixed:400,60"), SynthesisSettings(requests_per_point=80), gpu_type="A6000",
+    )
+    for _, rows in frame.groupby("fraction"):
+        stable = rows["throughput"] >= 0.95 * rows["arrival_rate"]
+        capacity = rows.loc[stable, "arrival_rate"].max()
+        above = rows.loc[~stable & (rows["arrival_rate"] > capacity), "arrival_rate"]
+        assert len(above) and above.min() / capacity - 1 < 0.01

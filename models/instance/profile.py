@@ -216,15 +216,37 @@ def _latency_at_load(measured, fraction: float, utilisation: np.ndarray, metric:
     return latency
 
 
+# a measured share whose capacity departs from the engine model's by more than this factor beyond
+# the profile's median departure is in a regime the model does not describe (a KV cache so small
+# that the replica thrashes: the 8B verifier on two A6000 halves at f = 0.2 measures 13.5
+# requests/s where the fitted model says 18.5, while 0.3-1.0 are within 5% of it)
+OUTLIER_CAPACITY_FACTOR = 1.28
+MIN_SHARES_FOR_OUTLIERS = 4  # the median departure needs a few measured shares
+
+
+def _capacity_outliers(measured: tuple[ProfileCurve, ...], shape) -> set[float]:
+    """Measured shares whose capacity the engine model misses by more than OUTLIER_CAPACITY_FACTOR
+    beyond the profile's median miss (log ratios of measured to modelled capacity)."""
+    if len(measured) < MIN_SHARES_FOR_OUTLIERS:
+        return set()
+    residual = {c.fraction: math.log(c.capacity_rps / shape.at(c.fraction)[0]) for c in measured}
+    centre = float(np.median(list(residual.values())))
+    return {f for f, r in residual.items() if abs(r - centre) > math.log(OUTLIER_CAPACITY_FACTOR)}
+
+
 def _shape_weights(measured: tuple[ProfileCurve, ...], fraction: float, shape) -> list[tuple[ProfileCurve, float]]:
     """The measured curves an engine-model-scaled curve is built from and their weights: the two
     neighbours, weighted linearly in the share (so the result is exact on each), else the nearest;
     a neighbour in another regime of the engine model than `fraction` (`shape.regime`: the KV
-    cache caps the batch, or not) is left out while the other one shares it."""
+    cache caps the batch, or not), or one whose capacity the model misses far more than the rest
+    (`_capacity_outliers`), is left out while the other one is not."""
     smaller = [c for c in measured if c.fraction < fraction]
     larger = [c for c in measured if c.fraction > fraction]
     if smaller and larger:
         lo, hi = smaller[-1], larger[0]
+        outliers = _capacity_outliers(measured, shape)  # first: the model's regimes do not hold there
+        if (lo.fraction in outliers) != (hi.fraction in outliers):
+            return [(hi if lo.fraction in outliers else lo, 1.0)]
         regime = shape.regime(fraction)
         same_lo, same_hi = shape.regime(lo.fraction) == regime, shape.regime(hi.fraction) == regime
         if same_lo != same_hi:
@@ -302,6 +324,43 @@ def derive_curve(measured: tuple[ProfileCurve, ...], fraction: float, kv, shape=
         latencies[metric] = _frozen(latency)
     sources = tuple(c.fraction for c in near)
     return ProfileCurve(measured[0].gpu_type, measured[0].tp, fraction, _frozen(rates), latencies, derived_from=sources)
+
+
+CAPACITY_INVERSION_TOLERANCE = 0.02  # a larger share measured this much slower is flagged
+
+
+@dataclass(frozen=True)
+class CapacityInversion:
+    """A larger GPU share of one (gpu_type, tp) measured with less capacity than a smaller one:
+    the same engine with more compute and KV cache is not slower, so the measurement is suspect
+    (too few requests per rate point, a sweep that stopped short of saturation)."""
+
+    gpu_type: str
+    tp: int
+    smaller_fraction: float
+    smaller_capacity_rps: float
+    larger_fraction: float
+    larger_capacity_rps: float
+
+    def message(self) -> str:
+        return (f"{self.gpu_type} tp{self.tp}: capacity_rps {self.larger_capacity_rps:.4g} at fraction "
+                f"{self.larger_fraction:g} is below {self.smaller_capacity_rps:.4g} at {self.smaller_fraction:g}; "
+                "a larger share is not slower: re-measure both with more requests per rate point "
+                "and rates past saturation")
+
+
+def capacity_inversions(profile: LlmProfile, tolerance: float = CAPACITY_INVERSION_TOLERANCE) -> list[CapacityInversion]:
+    """Measured fractions whose capacity is below a smaller measured fraction's (by more than
+    `tolerance`), per (gpu_type, tp); each larger fraction named once, against the smaller
+    fraction of the largest capacity."""
+    found = []
+    for (gpu_type, tp), curves in sorted(profile.curves.items()):
+        for index, larger in enumerate(curves[1:], start=1):
+            fastest = max(curves[:index], key=lambda c: c.capacity_rps)
+            if larger.capacity_rps < fastest.capacity_rps * (1 - tolerance):
+                found.append(CapacityInversion(gpu_type, tp, fastest.fraction, fastest.capacity_rps,
+                                               larger.fraction, larger.capacity_rps))
+    return found
 
 
 def _bad_row(source: str, column: str, row: int, problem: str, fix: str) -> InputError:
@@ -434,13 +493,22 @@ def load_profile(path: Path | str) -> LlmProfile:
     return build_profile(read_profile_table(path), str(path))
 
 
+FLOAT_FORMAT = "%.6g"
+
+
+def as_written(value: float) -> float:
+    """`value` as `write_profile` writes it and the loader reads it back, so that a writer can
+    judge a row's stability on the numbers the loader will see."""
+    return float(FLOAT_FORMAT % value)
+
+
 def write_profile(rows, path: Path | str) -> None:
     """Write profile rows (a pandas DataFrame) in the canonical column order, sorted, with stable
     float formatting."""
     columns = list(PROFILE_COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in rows and rows[c].notna().any()]
     frame = rows.loc[:, columns].sort_values(["gpu_type", "tp", "fraction", "arrival_rate"])
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, index=False, float_format="%.6g", lineterminator="\n")
+    frame.to_csv(path, index=False, float_format=FLOAT_FORMAT, lineterminator="\n")
 
 
 def units_for_memory(need_gib: float, tp: int, memory_gib: float, fractions_per_gpu: int) -> int:

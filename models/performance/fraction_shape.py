@@ -13,7 +13,7 @@ those ratios for one model on one GPU type and TP degree (models/performance/eng
 
 (`chunk(budget)` is one iteration of `budget` prompt tokens, the chunked-prefill token budget).
 kv_tokens(f) is the replica's KV cache at share f, a step in the share that cuts the batch where
-the cache runs short (the 8B verifier on one H100 triples its capacity from f = 0.3 to 0.4), and
+the cache runs short (the 8B verifier on one H100 gains 63% of capacity from f = 0.3 to 0.4), and
 iteration times are work / share plus fixed costs. The request shape (P prompt and C completion
 tokens, at most B sequences at once) is not in a profile: it is the grid point whose T and L, up to
 one scale each, best fit the measured fractions (least squares of the log ratios, plus a tenth of

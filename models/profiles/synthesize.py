@@ -3,7 +3,11 @@
 For each (tp, fraction) of one model on one GPU type, `synthesize` finds the replica's saturation
 throughput (a closed loop that keeps the engine full), then sweeps the arrival rate from light
 load (5% of it) to past saturation (120%), simulating `requests_per_point` Poisson arrivals per
-rate on models/performance/replica.py. Every rate point becomes one profile row (models/instance/profile.py format):
+rate on models/performance/replica.py. The capacity, the largest stable rate, is then located on
+the curve rather than on the grid (`sweep`): rates past the grid until one is unstable (a closed
+loop of session replays with think times can underestimate saturation severalfold), then
+bisections between the largest stable and the next unstable rate. Every rate point becomes one
+profile row (models/instance/profile.py format):
 
     throughput   the rate times completions / arrivals in the window from the end of the warm-up
                  (the first `warmup_fraction` of the requests) to the last arrival: the replica's
@@ -58,7 +62,7 @@ from scepsy.models.catalog.catalog import GpuCard, ModelCard
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings, IterationTimer
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import check_input, read_text
-from scepsy.models.instance.profile import PROFILE_COLUMNS, STABLE_THROUGHPUT_RATIO
+from scepsy.models.instance.profile import PROFILE_COLUMNS, STABLE_THROUGHPUT_RATIO, as_written
 from scepsy.models.performance.replica import ReplicaSim, Request
 
 AZURE_DIR = Path("shared") / "data" / "azure-llm-inference-2023"
@@ -291,12 +295,25 @@ def load_request_source(spec: str, llm: str | None = None) -> RequestSource:
 
 @dataclass(frozen=True)
 class SynthesisSettings:
-    requests_per_point: int = 400
+    # None: DEFAULT_REQUESTS_PER_POINT, or more for lumpy completions (`requests_per_point`)
+    requests_per_point: int | None = None
     rate_points: tuple[float, ...] = RATE_POINTS  # fractions of the saturation throughput
     warmup_fraction: float = 0.25  # long enough for the queue to reach its steady level
     min_sessions: int = 300  # traced requests replayed per rate point, at least
     seed: int = 0
     engine: EngineSettings = DEFAULT_SETTINGS
+    # the capacity (largest stable rate) is found on the curve, not on the grid: past the grid,
+    # the rate grows by EXTENSION_FACTOR until a row is unstable (at most `max_extensions` times),
+    # then `refine_steps` bisections between the largest stable rate and the next unstable one
+    max_extensions: int = 8
+    refine_steps: int = 4
+    # requests whose completions come in lumps (prefill-only calls: a chunked-prefill iteration
+    # finishes budget / prompt of them at once) are replayed for at least this many iterations'
+    # worth per point, so that the stability count is not decided by where a lump falls
+    min_lump_iterations: int = 100
+
+
+DEFAULT_REQUESTS_PER_POINT = 400
 
 
 def check_context(source: RequestSource, model: ModelCard) -> None:
@@ -415,13 +432,14 @@ def _row(rate: float, requests: list[Request], window: tuple[float, float], meas
     arrived = sum(1 for r in requests if start <= r.arrival_s <= end)
     done = [r for r in measured if r.finish_s is not None]
     latencies = np.array([r.latency_s for r in done]) if done else np.array([math.inf])
+    # rounded as written: a ratio of exactly 0.95 (57 of 60) must be judged alike here and by the loader
     return {
-        "arrival_rate": rate,
-        "throughput": rate * completed / max(arrived, 1),
-        "latency_mean": float(latencies.mean()),
-        "latency_p50": float(np.percentile(latencies, 50)),
-        "latency_p90": float(np.percentile(latencies, 90)),
-        "latency_p99": float(np.percentile(latencies, 99)),
+        "arrival_rate": as_written(rate),
+        "throughput": as_written(rate * completed / max(arrived, 1)),
+        "latency_mean": as_written(float(latencies.mean())),
+        "latency_p50": as_written(float(np.percentile(latencies, 50))),
+        "latency_p90": as_written(float(np.percentile(latencies, 90))),
+        "latency_p99": as_written(float(np.percentile(latencies, 99))),
     }
 
 
@@ -483,24 +501,73 @@ class Skipped:
     reason: str
 
 
+EXTENSION_FACTOR = 1.25
+
+
 def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisSettings) -> list[dict]:
-    """Rows of one (gpu, tp, fraction) curve: the sweep from 5% to 120% of saturation. A source
-    with sessions is replayed session by session (dependencies and prefix cache simulated);
-    otherwise its calls arrive independently (traced cache hits replayed as hits)."""
+    """Rows of one (gpu, tp, fraction) curve: the sweep from 5% to 120% of saturation, extended
+    and refined around the stability boundary (`sweep`). A source with sessions is replayed
+    session by session (dependencies and prefix cache simulated); otherwise its calls arrive
+    independently (traced cache hits replayed as hits)."""
     rng = random.Random(settings.seed)
-    n = settings.requests_per_point
+    n = requests_per_point(source, engine, settings)
     if source.sessions:
         sessions: list[Session] = []
         while sum(s.calls for s in sessions) < n or len(sessions) < settings.min_sessions:
             sessions.append(_fit_session(source.sessions[rng.randrange(len(source.sessions))], engine))
         saturation = session_saturation_rps(engine, sessions)
         gaps = _unit_gaps(rng, len(sessions))
-        return [measure_sessions_point(engine, sessions, gaps, point * saturation, settings.warmup_fraction)
-                for point in settings.rate_points]
+        return sweep(lambda rate: measure_sessions_point(engine, sessions, gaps, rate, settings.warmup_fraction),
+                     saturation, settings)
     shapes = [fit_shape(s, engine) for s in source.sample(rng, n)]
     saturation = saturation_rps(engine, shapes)
     gaps = _unit_gaps(rng, len(shapes))
-    return [measure_point(engine, shapes, gaps, point * saturation, settings.warmup_fraction) for point in settings.rate_points]
+    return sweep(lambda rate: measure_point(engine, shapes, gaps, rate, settings.warmup_fraction), saturation, settings)
+
+
+def _stable(row: dict) -> bool:
+    return row["throughput"] >= STABLE_THROUGHPUT_RATIO * row["arrival_rate"]
+
+
+def sweep(measure: Callable[[float], dict], saturation_rps_: float, settings: SynthesisSettings) -> list[dict]:
+    """Rows at the grid `settings.rate_points` x the saturation estimate, then: while the fastest
+    row is still stable (the estimate fell short of the replica's capacity, as a closed loop of
+    session replays with think times does), rates EXTENSION_FACTOR apart until one is not; then
+    bisections between the largest stable rate and the slowest unstable rate above it. The
+    largest stable rate, the profile's capacity, is so the stability boundary of the curve to
+    within 10% / 2^refine_steps of the grid, not whichever grid point happens to lie below it.
+    The grid rows are the same with or without the extra ones (common random numbers)."""
+    rows = [measure(point * saturation_rps_) for point in settings.rate_points]
+    for _ in range(settings.max_extensions):
+        fastest = max(rows, key=lambda r: r["arrival_rate"])
+        if not _stable(fastest):
+            break
+        rows.append(measure(fastest["arrival_rate"] * EXTENSION_FACTOR))
+    for _ in range(settings.refine_steps):
+        stable = [r["arrival_rate"] for r in rows if _stable(r)]
+        if not stable:
+            break
+        above = [r["arrival_rate"] for r in rows if not _stable(r) and r["arrival_rate"] > max(stable)]
+        if not above:
+            break
+        rows.append(measure((max(stable) + min(above)) / 2))
+    return sorted(rows, key=lambda r: r["arrival_rate"])
+
+
+def requests_per_point(source: RequestSource, engine: Engine, settings: SynthesisSettings) -> int:
+    """The settings' count if given; else DEFAULT_REQUESTS_PER_POINT, raised for prefill-only
+    calls (encoders, scoring calls of one output token), which finish `budget / prompt` at a
+    time, to `min_lump_iterations` iterations' worth: with e5-base-v2's 32-token queries one
+    iteration finishes 64 of them, and 400 requests left the stability count (completions over
+    arrivals in a 300-request window) to where the last lump fell (capacities 0.84-1.08 x apart
+    at neighbouring rates)."""
+    if settings.requests_per_point is not None:
+        return settings.requests_per_point
+    if source.mean_completion_tokens > 1:
+        return DEFAULT_REQUESTS_PER_POINT
+    budget = engine.settings.max_num_batched_tokens
+    per_iteration = max(budget // max(int(source.mean_prompt_tokens), 1), 1)
+    return max(DEFAULT_REQUESTS_PER_POINT, settings.min_lump_iterations * per_iteration)
 
 
 def _unit_gaps(rng: random.Random, count: int) -> np.ndarray:

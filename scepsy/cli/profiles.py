@@ -43,7 +43,7 @@ def profiles_synthesize(
     llm: Annotated[Optional[str], typer.Option("--llm", help="With a calls JSONL: use only this LLM's calls.")] = None,
     gpu_type_name: Annotated[Optional[str], typer.Option("--gpu-type-name", help="gpu_type label in the CSV (default: --gpu as given).")] = None,
     min_kv_gib: Annotated[float, typer.Option("--min-kv-gib", min=0.0, help="Skip fractions whose KV cache is smaller.")] = 0.0,
-    requests_per_point: Annotated[int, typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point.")] = 400,
+    requests_per_point: Annotated[Optional[int], typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point (default: 400, more for prefill-only calls whose completions come in batches).")] = None,
     merge: Annotated[bool, typer.Option("--merge", help="Keep the rows of other (gpu_type, tp) pairs already in --out.")] = False,
     weights: WeightsOpt = None,
     engine_model: EngineModelOpt = "builtin",
@@ -73,6 +73,8 @@ def profiles_synthesize(
         with writing(out):
             write_profile(result.frame, out)
         summary = result.summary(out)
+        for message in [] if json_output else summary["capacity_inversions"]:
+            stderr.print(f"note: {out}: {message}", markup=False, highlight=False)
         emit_json(summary, None, json_output)
         if not json_output:
             stdout.print(f"wrote {out}: {summary['rows']} rows ({summary['model']} on {summary['gpu_type']}, requests {summary['requests']})")
@@ -96,6 +98,16 @@ def _write_profile_rows(rows, out: Path) -> None:
 
     check_output(out)
     api.write_profile_rows(rows, out)
+    note_capacity_inversions(out)
+
+
+def note_capacity_inversions(out: Path) -> None:
+    """One stderr note per measured fraction of the written profile that has less capacity than a
+    smaller share of the same (gpu_type, tp) (models/instance/profile.py `capacity_inversions`)."""
+    from scepsy.models.instance.profile import capacity_inversions, load_profile
+
+    for inversion in capacity_inversions(load_profile(out)):
+        stderr.print(f"note: {out}: {inversion.message()}", markup=False, highlight=False)
 
 
 @app.command()

@@ -65,7 +65,8 @@ class PlanSettings:
     # more CP-SAT parameters for the allocation stages, (name, value) pairs (none: its defaults).
     # The optimum does not depend on them; what-if grids turn off the LP relaxation and symmetry
     # detection, faster on their lazy-cut models (planner/studies/amortize.py)
-    stage_parameters: tuple[tuple[str, int], ...] = ()
+    # (a deterministic limit, ("max_deterministic_time", s), stops at the same point on any machine)
+    stage_parameters: tuple[tuple[str, int | float], ...] = ()
     load_tolerance: float = 1e-3  # max_throughput: relative width of the final bisection bracket
     # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
     # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
@@ -100,17 +101,32 @@ def check_backend(instance: Instance, settings: PlanSettings) -> None:
 
 
 def references(instance: Instance, settings: PlanSettings, placer: Placer) -> dict[str, float] | None:
+    """ref_w for the egalitarian stage (solo_references without the notes)."""
+    return solo_references(instance, settings, placer)[0]
+
+
+def solo_references(
+    instance: Instance, settings: PlanSettings, placer: Placer,
+) -> tuple[dict[str, float] | None, tuple[str, ...]]:
     """ref_w for the egalitarian stage: latency_slo_s, else the workflow's own optimum alone on
     the cluster (its LLMs only, at its own rate), always from an exact backend so that every
     backend optimises the same objective. The solo problems are independent: they are solved side
-    by side (CP-SAT releases the interpreter while it searches)."""
+    by side (CP-SAT releases the interpreter while it searches). The notes name the references
+    that the time limit left unproven: each is then a solo plan's latency, above the solo optimum,
+    so the joint plan's ratios are understated: make_plan marks it not proven optimal, with no gap."""
     if not needs_references(instance, instance.objective):
-        return None
+        return None, ()
     exact = solo_settings(instance, settings)
     alone = [w.name for w in instance.workflows if w.latency_slo_s is None]
     with ThreadPoolExecutor(max_workers=REFERENCE_THREADS) as pool:
-        latencies = pool.map(lambda name: _solo_latency(instance, name, exact, placer), alone)
-        return dict(zip(alone, latencies))
+        outcomes = list(pool.map(lambda name: _solo_outcome(instance, name, exact, placer), alone))
+    unproven = [name for name, o in zip(alone, outcomes) if o.status != "optimal"]
+    notes = (
+        (f"the solo optimum of {', '.join(unproven)} was not proven (time limit or pruned options); its "
+         "reference is a solo plan's latency, so this plan is not proven optimal and its gap is unknown",)
+        if unproven else ()
+    )
+    return {name: o.values[0] for name, o in zip(alone, outcomes)}, notes
 
 
 def solo_settings(instance: Instance, settings: PlanSettings) -> PlanSettings:
@@ -127,11 +143,11 @@ def solo_problem(instance: Instance, workflow: str) -> tuple[Instance, Objective
     return alone, replace(objective, stages=objective.stages[:1])
 
 
-def _solo_latency(instance: Instance, workflow: str, settings: PlanSettings, placer: Placer) -> float:
-    """The optimal latency of one workflow alone on the cluster (the latency stage only)."""
+def _solo_outcome(instance: Instance, workflow: str, settings: PlanSettings, placer: Placer) -> Outcome:
+    """One workflow alone on the cluster, solved for its latency (the latency stage only)."""
     alone, objective = solo_problem(instance, workflow)
     deadline = time.perf_counter() + settings.time_limit_s
-    return solve_at_load(alone, objective, settings, placer, deadline).values[0]
+    return solve_at_load(alone, objective, settings, placer, deadline)
 
 
 def placer_for(objective: Objective, placer: Placer) -> Placer:

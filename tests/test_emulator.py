@@ -6,11 +6,14 @@ model says (its timer only fires late), so a measured latency is at least the mo
 float rounding). It can be late by (a) the HTTP and JSON work of server and client, 1-5 ms per
 request on this 2-core machine, (b) the lateness of the final iteration's timer, at most a few ms
 (uvloop's timers have millisecond resolution; lateness does not accumulate over iterations, see
-tracing/emulation/livereplica.py), and (c) scheduling noise when other jobs share the two cores. The bounds
-below are therefore one-sided: `modelled - 1 ms <= measured <= modelled + 5% + 40 ms`, on the
-median of repeated requests (times measured from a first token on may look early by that token's
-own lateness, up to 15 ms); a wrong iteration count (one token too many or few) already moves a
-latency by 40-95 ms with the models used here, and batching or queueing errors by far more.
+tracing/emulation/livereplica.py), and (c) scheduling noise when other jobs share the two cores,
+which has no bound. The assertions are therefore one-sided, `measured >= modelled - 1 ms` (`within`),
+on the median of repeated requests (times measured from a first token on may look early by that
+token's own lateness, ORIGIN_LATENESS_S); how late the emulator may be is a speed target of
+bench/emulator_e2e.py. A wrong iteration count (one token too few) already moves a latency
+by 40-95 ms with the models used here, and batching or queueing errors by far more, so too-early
+answers fail; the batching tests also assert the other side by ratios (aggregate tokens/s of a
+batch against one request alone), which load moves far less than it moves absolute times.
 """
 
 from __future__ import annotations
@@ -276,7 +279,7 @@ def test_client_disconnect_frees_the_sequence(gen):
         for _ in response.iter_lines():
             if _metric(gen.url, "vllm:generation_tokens_total") >= 2:
                 break
-    wait_for(lambda: _metric(gen.url, "vllm:num_requests_running") == 0, timeout_s=2.0)
+    wait_for(lambda: _metric(gen.url, "vllm:num_requests_running") == 0)  # an event, awaited however slow
     assert _metric(gen.url, "scepsy_emulator_aborted_sequences_total") == 1
     assert _metric(gen.url, "vllm:generation_tokens_total") < 100
 

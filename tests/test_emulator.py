@@ -511,16 +511,20 @@ def test_beam_search_on_emulated_replicas_profiles_like_the_engine_model(tmp_pat
     `scepsy aggregate` and `scepsy profile` measure it; the measured light-load profile of the
     generator agrees with `scepsy profiles synthesize` for the same model, GPU and traced calls.
 
-    The emulators run 10x faster than modelled time (`speedup`), so measured rates are divided and
-    latencies multiplied by 10 before comparing. That also multiplies the HTTP hops (client,
-    emulator; a few ms of wall time per call) by 10: the replayed calls come out up to ~10% slower
-    than the simulation, which has no HTTP. bench/emulator_e2e.py runs the full sweep at 2x.
+    The emulators run 4x faster than modelled time (`speedup`), so measured rates are divided and
+    latencies multiplied by 4 before comparing. That also multiplies the HTTP hops (client,
+    emulator; 2-8 ms of wall time per call, the more the busier the cores) by 4: the replayed calls
+    come out a few % slower than the simulation, which has no HTTP. The 15% allowed is 34 ms of
+    wall time per call, over four times what two CPU-bound processes beside the suite cost (at 10x
+    the margin was 14 ms, and a loaded machine came within 8 ms of it); a wrong batch or one decode
+    iteration too many per call moves the latency by more. bench/emulator_e2e.py runs the full
+    sweep at 2x.
     """
     from scepsy.models.instance.profile import read_profile_frame
     from scepsy.tracing.capture.store import TraceStore
     from examples.workflows import BeamSearch, run_closed_loop
 
-    speedup = 10.0
+    speedup = 4.0
     gen_config = emulator_config("llama-3.1-8b", "A6000", fraction=0.5, served_model_names=["gen"], speedup=speedup)
     ver_config = emulator_config("llama-3.1-8b-prm", "A6000", fraction=0.5, served_model_names=["ver"], speedup=speedup)
     traces = tmp_path / "traces.db"

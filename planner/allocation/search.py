@@ -101,32 +101,50 @@ def check_backend(instance: Instance, settings: PlanSettings) -> None:
 
 
 def references(instance: Instance, settings: PlanSettings, placer: Placer) -> dict[str, float] | None:
-    """ref_w for the egalitarian stage (solo_references without the notes)."""
-    return solo_references(instance, settings, placer)[0]
+    """ref_w for the egalitarian stage (solo_references' values)."""
+    return solo_references(instance, settings, placer).values
 
 
-def solo_references(
-    instance: Instance, settings: PlanSettings, placer: Placer,
-) -> tuple[dict[str, float] | None, tuple[str, ...]]:
+@dataclass(frozen=True)
+class References:
+    """The egalitarian references and how far they may lie above the solo optima."""
+
+    values: dict[str, float] | None
+    # max_w ref_w / (a true lower bound of workflow w's solo optimum): 1 where every solo optimum
+    # is proven, inf where one is unproven without a bound
+    overestimate: float = 1.0
+    notes: tuple[str, ...] = ()
+
+
+def solo_references(instance: Instance, settings: PlanSettings, placer: Placer) -> References:
     """ref_w for the egalitarian stage: latency_slo_s, else the workflow's own optimum alone on
     the cluster (its LLMs only, at its own rate), always from an exact backend so that every
     backend optimises the same objective. The solo problems are independent: they are solved side
-    by side (CP-SAT releases the interpreter while it searches). The notes name the references
-    that the time limit left unproven: each is then a solo plan's latency, above the solo optimum,
-    so the joint plan's ratios are understated: make_plan marks it not proven optimal, with no gap."""
+    by side (CP-SAT releases the interpreter while it searches). A solo optimum the time limit (or
+    option pruning) leaves unproven gives as ref_w a solo plan's latency, at most `overestimate`
+    times the optimum: the joint plan's ratios are then understated by at most that factor."""
     if not needs_references(instance, instance.objective):
-        return None, ()
+        return References(None)
     exact = solo_settings(instance, settings)
     alone = [w.name for w in instance.workflows if w.latency_slo_s is None]
     with ThreadPoolExecutor(max_workers=REFERENCE_THREADS) as pool:
-        outcomes = list(pool.map(lambda name: _solo_outcome(instance, name, exact, placer), alone))
-    unproven = [name for name, o in zip(alone, outcomes) if o.status != "optimal"]
-    notes = (
-        (f"the solo optimum of {', '.join(unproven)} was not proven (time limit or pruned options); its "
-         "reference is a solo plan's latency, so this plan is not proven optimal and its gap is unknown",)
-        if unproven else ()
+        outcomes = dict(zip(alone, pool.map(lambda name: _solo_outcome(instance, name, exact, placer), alone)))
+    values = {name: o.values[0] for name, o in outcomes.items()}
+    unproven = [name for name, o in outcomes.items() if o.status != "optimal"]
+    if not unproven:
+        return References(values)
+    bounds = [outcomes[name].bound for name in unproven]
+    overestimate = max(
+        (values[name] / b if math.isfinite(b) and b > 0 else math.inf) for name, b in zip(unproven, bounds)
     )
-    return {name: o.values[0] for name, o in zip(alone, outcomes)}, notes
+    factor = f"up to {overestimate:.4g}x the optimum, and the bound accounts for it" if math.isfinite(overestimate) else (
+        "above the optimum by an unknown factor, so no bound is claimed"
+    )
+    note = (
+        f"the solo optimum of {', '.join(unproven)} was not proven (time limit or pruned options); its reference "
+        f"is a solo plan's latency, {factor}"
+    )
+    return References(values, overestimate, (note,))
 
 
 def solo_settings(instance: Instance, settings: PlanSettings) -> PlanSettings:

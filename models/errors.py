@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 
 class ScepsyError(Exception):
     """Base class of every error scepsy reports to a user (never shown as a traceback)."""
@@ -42,3 +44,24 @@ class TimeLimitError(ScepsyError):
     instance is too large for the limit). The CLI exits with code 3."""
 
     exit_code = 3
+
+
+def past_deadline(deadline: float | None) -> bool:
+    """Whether time.perf_counter() is past `deadline` (perf_counter seconds; None: no limit)."""
+    return deadline is not None and time.perf_counter() > deadline
+
+
+def too_large_for_limit(doing: str, limit: str = "--time-limit-s") -> TimeLimitError:
+    """The error of a step a command's time limit covers (reading the instance, loading profiles,
+    building options, placement) that ran out: `doing` says where, `limit` names the option that
+    sets the limit, so the message says what to do."""
+    return TimeLimitError(
+        f"the time limit passed while {doing}: the instance is too large for the limit; "
+        f"raise {limit}, or plan a smaller instance (fewer GPUs, nodes or LLMs)"
+    )
+
+
+def check_deadline(deadline: float | None, doing: str, limit: str = "--time-limit-s") -> None:
+    """The one deadline check of every step the time limit covers (see too_large_for_limit)."""
+    if past_deadline(deadline):
+        raise too_large_for_limit(doing, limit)

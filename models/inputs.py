@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from scepsy.models.errors import InputError
+from scepsy.models.errors import InputError, check_deadline
 
 DEFAULT_MAX_INPUT_MIB = 1024
 MAX_INPUT_ENV = "SCEPSY_MAX_INPUT_MIB"
@@ -103,7 +103,16 @@ def read_text(path: Path | str, fix: str = "check the path") -> str:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses a key given twice in one mapping (merge keys `<<` still override)."""
+    """SafeLoader that refuses a key given twice in one mapping (merge keys `<<` still override),
+    and stops at `deadline` (perf_counter seconds; None: never): a large instance file takes
+    seconds to parse, and a command's time limit covers reading it."""
+
+    deadline: float | None = None
+    source = "the YAML file"
+
+    def compose_node(self, parent, index):
+        check_deadline(self.deadline, f"reading {self.source}")
+        return super().compose_node(parent, index)
 
 
 def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
@@ -127,10 +136,22 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 
 
-def parse_yaml_text(text: str, source: str) -> object:
-    """Parse YAML text safely; malformed, duplicate-key or too deeply nested YAML is an InputError."""
+def _load_single(text: str, source: str, deadline: float | None) -> object:
+    """yaml.load with the loader stopping at `deadline` (TimeLimitError)."""
+    loader = _UniqueKeyLoader(text)
+    loader.source = source
+    loader.deadline = deadline
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def parse_yaml_text(text: str, source: str, deadline: float | None = None) -> object:
+    """Parse YAML text safely; malformed, duplicate-key or too deeply nested YAML is an InputError;
+    past `deadline` (perf_counter seconds) a TimeLimitError."""
+    try:
+        return _load_single(text, source, deadline)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else None
@@ -141,9 +162,9 @@ def parse_yaml_text(text: str, source: str) -> object:
         raise InputError(source, None, "YAML nested too deeply to read", "flatten the structure") from None
 
 
-def load_yaml(path: Path | str, fix: str = "check the path") -> object:
-    """Read (bounded) and parse one YAML file."""
-    return parse_yaml_text(read_text(path, fix), str(path))
+def load_yaml(path: Path | str, fix: str = "check the path", deadline: float | None = None) -> object:
+    """Read (bounded) and parse one YAML file (stopping at `deadline`, perf_counter seconds)."""
+    return parse_yaml_text(read_text(path, fix), str(path), deadline)
 
 
 def load_yaml_documents(path: Path | str, fix: str = "check the path") -> list:

@@ -125,8 +125,12 @@ class ModelTooLargeError(Exception):
     """Building the model passed its deadline: the cluster is too large for the time limit."""
 
 
-def _check_deadline(deadline: float | None) -> None:
-    if deadline is not None and time.perf_counter() > deadline:
+CHECK_EVERY = 256  # loop steps between two deadline checks while building (each step is cheap)
+
+
+def _check_deadline(deadline: float | None, step: int = 0) -> None:
+    """Past `deadline`: ModelTooLargeError; in a loop only every CHECK_EVERY steps (`step`)."""
+    if step % CHECK_EVERY == 0 and deadline is not None and time.perf_counter() > deadline:
         raise ModelTooLargeError()
 
 
@@ -142,9 +146,12 @@ def build_placement_model(
     share = {m.llm: m.share for m in llms}
     tp = {m.llm: m.tp for m in llms}
     domains = cluster.domains()
+    _check_deadline(deadline)  # each of these steps is linear in the GPUs: a second for a million
     free = {(d.node, g): cluster.free_units(d.node, g) for d in domains for g in d.gpus}
+    _check_deadline(deadline)
     clean = {i for i, units in free.items() if units == f}
     candidates = keep_candidates(cluster, allocation, current)
+    _check_deadline(deadline)
     model = cp_model.CpModel()
 
     # n[j, m]: replicas of m in domain j;  c[i, m]: shards of fractional m on GPU i;  x[i]: whole shard
@@ -153,8 +160,7 @@ def build_placement_model(
     upper: dict[tuple[Gpu, str], int] = {}
     x: dict[Gpu, Var] = {}
     for j, domain in enumerate(domains):
-        if j % 256 == 0:
-            _check_deadline(deadline)
+        _check_deadline(deadline, j)
         gpus = [(domain.node, g) for g in domain.gpus]
         for choice in llms:
             if domain.gpu_type != choice.gpu_type or domain.size < choice.tp:
@@ -198,7 +204,8 @@ def build_placement_model(
     for (j, m), var in n.items():
         if m in whole:
             whole_in_domain[j].append((tp[m], var))
-    for j, replicas in whole_in_domain.items():
+    for step, (j, replicas) in enumerate(whole_in_domain.items()):
+        _check_deadline(deadline, step)
         gpus = [(domains[j].node, g) for g in domains[j].gpus if (domains[j].node, g) in x]
         model.add(sum(x[i] for i in gpus) == _sum(replicas))
     for i, kept in kept_whole.items():
@@ -207,7 +214,8 @@ def build_placement_model(
         model.add(sum(kept) <= n[(j, m)])
 
     # fractional shards: t_m per replica in its domain, on distinct GPUs (round robin), kept ones stay
-    for (j, m), replica_count in n.items():
+    for step, ((j, m), replica_count) in enumerate(n.items()):
+        _check_deadline(deadline, step)
         if m in whole:
             continue
         gpus = [(domains[j].node, g) for g in domains[j].gpus if ((domains[j].node, g), m) in c]
@@ -232,7 +240,8 @@ def build_placement_model(
     }
     u: dict[Gpu, Var] = {}
     loads: dict[Gpu, list[tuple[int, Var]]] = {}
-    for i in sorted(modelled):
+    for step, i in enumerate(sorted(modelled)):
+        _check_deadline(deadline, step)
         loads[i] = [(share[m], var) for m, var in fractional.get(i, [])] + ([(f, x[i])] if i in x else [])
         if i in clean:
             u[i] = model.new_bool_var(f"u[{i[0]}/{i[1]}]")
@@ -245,7 +254,8 @@ def build_placement_model(
     # e[i, m], h[i]: a GPU is one LLM's or shared (only where two fractional LLMs could meet)
     e: dict[tuple[Gpu, str], Var] = {}
     h: dict[Gpu, Var] = {}
-    for i, terms in sorted(fractional.items()):
+    for step, (i, terms) in enumerate(sorted(fractional.items())):
+        _check_deadline(deadline, step)
         if len(terms) < 2:
             continue
         h[i] = model.new_bool_var(f"h[{i[0]}/{i[1]}]")

@@ -14,11 +14,9 @@ otherwise the exact model proved that the replicas cannot be packed together.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Cluster
-from scepsy.placement.feasibility.packing import gpu_weight_capacity, max_replicas, packing_weights
+from scepsy.placement.feasibility.packing import free_in_domains, gpu_weight_capacity, max_replicas, packing_weights
 
 
 def _gpus(units: int, f: int) -> str:
@@ -36,7 +34,6 @@ def explain_unplaceable(cluster: Cluster, allocation: Allocation) -> str:
 def necessary_condition_violated(cluster: Cluster, allocation: Allocation) -> str | None:
     """Checks 1-5 of the module docstring; None when all hold."""
     f = cluster.fractions_per_gpu
-    domains = cluster.domains()
     for c in allocation.llms:
         fraction = c.share / f
         if c.gpu_type not in cluster.used_gpu_types():
@@ -56,21 +53,19 @@ def necessary_condition_violated(cluster: Cluster, allocation: Allocation) -> st
             )
     for gpu_type in sorted({c.gpu_type for c in allocation.llms}):
         choices = [c for c in allocation.llms if c.gpu_type == gpu_type]
-        free = sum(cluster.free_units(n.name, g) for n in cluster.nodes if n.gpu_type == gpu_type for g in range(n.gpus))
+        frees = free_in_domains(cluster, gpu_type, 1)  # free units -> GPUs, counted per domain kind
+        free = sum(units * gpus for units, gpus in frees.items())
         need = sum(c.units for c in choices)
         if need > free:
             return f"the replicas on {gpu_type} need {_gpus(need, f)} GPUs but {_gpus(free, f)} are free (after reservations)"
         for t in sorted({c.tp for c in choices if c.tp > 1}):
-            room = sum(
-                cluster.free_units(d.node, g) for d in domains if d.gpu_type == gpu_type and d.size >= t for g in d.gpus
-            )
+            room = sum(units * gpus for units, gpus in free_in_domains(cluster, gpu_type, t).items())
             wide = sum(c.units for c in choices if c.tp >= t)
             if wide > room:
                 return (
                     f"the replicas with tp >= {t} on {gpu_type} need {_gpus(wide, f)} GPUs inside NVLink domains of "
                     f"at least {t} GPUs, which have {_gpus(room, f)} free"
                 )
-        frees = Counter(cluster.free_units(n.name, g) for n in cluster.nodes if n.gpu_type == gpu_type for g in range(n.gpus))
         for weight in packing_weights(f):
             load = sum(c.tp * c.replicas * weight[c.share] for c in choices)
             capacity = sum(k * gpu_weight_capacity(weight, units) for units, k in frees.items())

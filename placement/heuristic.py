@@ -120,10 +120,16 @@ class _ClusterState:
         self.f = self.cluster.fractions_per_gpu
         self.nodes = list(self.cluster.nodes)
         self.index = {n.name: i for i, n in enumerate(self.nodes)}
-        self.free = [tuple(self.cluster.free_units(n.name, g) for g in range(n.gpus)) for n in self.nodes]
+        reserved = {node for node, _ in self.cluster.reserved_units}
+        whole: dict[int, tuple[int, ...]] = {}  # a node without reservations: every unit free (shared tuple)
+        self.free = [
+            tuple(self.cluster.free_units(n.name, g) for g in range(n.gpus)) if n.name in reserved
+            else whole.setdefault(n.gpus, (self.f,) * n.gpus)
+            for n in self.nodes
+        ]
         self.groups: dict[tuple, list[int]] = {}
-        for i in range(len(self.nodes)):
-            self._join(i)
+        for i in range(len(self.nodes)):  # ascending: each group's list stays sorted
+            self.groups.setdefault(self._key(i), []).append(i)
 
     def _key(self, i: int) -> tuple:
         node = self.nodes[i]
@@ -189,10 +195,13 @@ def _pins(cluster: Cluster, allocation: Allocation, current: Placement | None) -
     """Keep candidates that fit together, at most d_m per LLM, in (llm, replica) order."""
     replicas = {c.llm: c.replicas for c in allocation.llms}
     shares = {c.llm: c.share for c in allocation.llms}
+    candidates = keep_candidates(cluster, allocation, current)
+    if not candidates:  # a first plan: no per-GPU table to build
+        return []
     free = {(n.name, g): cluster.free_units(n.name, g) for n in cluster.nodes for g in range(n.gpus)}
     count: dict[str, int] = {}
     pins = []
-    for candidate in keep_candidates(cluster, allocation, current):
+    for candidate in candidates:
         share = shares[candidate.llm]
         if count.get(candidate.llm, 0) >= replicas[candidate.llm]:
             continue

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from scepsy.models.instance.allocation import Allocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Cluster
+from scepsy.models.plan.fragmentation import domain_counts_after
 from scepsy.models.plan.plan import PlacementObjective
 
 from .current import keep_candidates, movable_replicas
@@ -28,12 +29,10 @@ def evaluate(cluster: Cluster, allocation: Allocation, placement: Placement, cur
     for rp in placement.replicas:
         for shard in rp.shards:
             taken.setdefault((rp.node, shard.gpu), set()).add(rp.llm)
-
-    def free(node: str, gpu: int) -> bool:
-        return (node, gpu) not in taken and cluster.free_units(node, gpu) == f
-
-    free_gpus = sum(free(n.name, g) for n in cluster.nodes for g in range(n.gpus))
-    free_domains = sum(all(free(d.node, g) for g in d.gpus) for d in cluster.domains())
+    # a GPU is free when all its units are: no reservation and no shard (shards have units)
+    kinds = domain_counts_after(cluster, placement)
+    free_gpus = sum(sum(u == f for u in free) * count for (_, free), count in kinds.items())
+    free_domains = sum(count for (_, free), count in kinds.items() if all(u == f for u in free))
     shared = sum(len(llms) > 1 for llms in taken.values())
     if current is None:
         return PlacementObjective(free_domains, free_gpus, shared)

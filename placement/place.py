@@ -34,6 +34,7 @@ from .objective import evaluate
 
 METHODS = ("cpsat", "heuristic")
 DEFAULT_TIME_LIMIT_S = 10.0
+MIN_CHECK_S = 0.01  # the count model's time past the planning deadline: undecided, the search then stops
 
 
 @dataclass(frozen=True)
@@ -77,13 +78,13 @@ def _gap(outcome: CpsatOutcome) -> tuple[float | None, str | None]:
     return None, None
 
 
-def _heuristic_method(cluster, allocation, settings, heuristic, hint, notes) -> tuple[Placement, str]:
+def _heuristic_method(cluster, allocation, settings, heuristic, hint, notes, deadline) -> tuple[Placement, str]:
     if heuristic.placement is not None:
         return heuristic.placement, "heuristic"
     if hint is not None:
         notes.append("placed by the planner's exact placement check instead")
         return hint, "feasible"
-    check = exact_placement(cluster, allocation, settings.time_limit_s)
+    check = exact_placement(cluster, allocation, max(deadline - time.perf_counter(), MIN_CHECK_S))
     if check.placement is None:
         raise _unplaceable(cluster, allocation) if check.proven else _undecided(settings)
     notes.append("placed by the exact count model instead")
@@ -122,13 +123,15 @@ def place(
     settings: PlacementSettings = PlacementSettings(),
     current: Placement | None = None,
     hint: Placement | None = None,
+    deadline: float | None = None,
 ) -> PlacementResult:
     """Place `allocation` on `cluster` (module docstring). `hint`: a valid placement to start from
-    when the heuristic gets stuck (the planner's). Never changes its inputs."""
+    when the heuristic gets stuck (the planner's). The time limit counts from this call, and ends
+    by `deadline` (perf_counter seconds) when that is earlier. Never changes its inputs."""
     if settings.method not in METHODS:
         raise ValueError(f"unknown placement method {settings.method!r}; use one of {', '.join(METHODS)}")
     start = time.perf_counter()
-    deadline = start + settings.time_limit_s
+    deadline = start + settings.time_limit_s if deadline is None else min(deadline, start + settings.time_limit_s)
     violated = necessary_condition_violated(cluster, allocation)
     if violated is not None:  # a proof by itself, before any search
         raise PlacementInfeasibleError(f"the allocation cannot be placed: {violated}")
@@ -139,7 +142,7 @@ def place(
     bounds: tuple[tuple[str, int], ...] = ()
     gap = gap_stage = None
     if settings.method == "heuristic":
-        placement, status = _heuristic_method(cluster, allocation, settings, heuristic, hint, notes)
+        placement, status = _heuristic_method(cluster, allocation, settings, heuristic, hint, notes, deadline)
     else:
         placement, status, bounds, gap, gap_stage = _cpsat_method(
             cluster, allocation, settings, current, heuristic, hint, notes, deadline
@@ -160,14 +163,19 @@ def place(
     return PlacementResult(placement, info, fragmentation_report(cluster, placement))
 
 
-def feasibility_placer(settings: PlacementSettings = PlacementSettings()) -> Placer:
+def feasibility_placer(settings: PlacementSettings = PlacementSettings(), deadline: float | None = None) -> Placer:
     """The placer of the allocation search's cut loop: the heuristic, then the exact count model
-    (so an allocation is cut off only when it is proven unplaceable, or undecided in time)."""
+    (so an allocation is cut off only when it is proven unplaceable, or undecided in time). The
+    count model gets the placement time limit, and no more than is left before `deadline` (the
+    planning deadline, perf_counter seconds)."""
 
     def placer(cluster: Cluster, allocation: Allocation) -> PlacementCheck:
         result = heuristic_placement(cluster, allocation)
         if result.placement is not None:
             return PlacementCheck(result.placement, True)
-        return exact_placement(cluster, allocation, settings.time_limit_s)
+        limit_s = settings.time_limit_s
+        if deadline is not None:
+            limit_s = min(limit_s, max(deadline - time.perf_counter(), MIN_CHECK_S))
+        return exact_placement(cluster, allocation, limit_s)
 
     return placer

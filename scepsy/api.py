@@ -55,13 +55,15 @@ AllocationLike = Allocation | str | Path
 PlacementLike = Placement | str | Path
 
 
-def load(instance: InstanceLike, objective: str | None = None, welfare: str | None = None) -> Instance:
-    """An instance (loaded from its YAML file when given a path), with objective and welfare overridden."""
+def load(instance: InstanceLike, objective: str | None = None, welfare: str | None = None,
+         deadline: float | None = None) -> Instance:
+    """An instance (loaded from its YAML file when given a path), with objective and welfare
+    overridden; past `deadline` (time.perf_counter seconds) loading stops with TimeLimitError."""
     if objective is not None and objective not in OBJECTIVES:
         raise InputError(None, "--objective", f"unknown objective {objective!r}", f"use one of: {', '.join(OBJECTIVES)}")
     if welfare is not None and welfare not in WELFARES:
         raise InputError(None, "--welfare", f"unknown welfare {welfare!r}", f"use one of: {', '.join(WELFARES)}")
-    loaded = instance if isinstance(instance, Instance) else load_instance(Path(instance))
+    loaded = instance if isinstance(instance, Instance) else load_instance(Path(instance), deadline)
     if objective is None and welfare is None:
         return loaded
     return loaded.with_objective(objective or loaded.objective, welfare)
@@ -98,12 +100,16 @@ def plan(
     placement_time_limit_s: float = 10.0,
     current: PlacementLike | None = None,
     workers: int = 1,
+    started_s: float | None = None,
 ) -> Plan:
     """The optimal allocation, placed (`scepsy plan`); `current` re-plans keeping replicas in place.
-    The time limit counts from this call: loading the instance and building the options are in it."""
-    started_s = time.perf_counter()
+    The time limit counts from `started_s` (time.perf_counter seconds; None: this call): loading
+    the instance and building the options are in it, and the placement ends within its own limit
+    after that, so the whole call takes at most time_limit_s + placement_time_limit_s (docs/model.md,
+    "Time limits")."""
+    started_s = time.perf_counter() if started_s is None else started_s
     placing = placement_settings(placement, placement_time_limit_s, workers)
-    loaded = load(instance, objective, welfare)
+    loaded = load(instance, objective, welfare, deadline=started_s + time_limit_s)
     settings = PlanSettings(backend=backend, time_limit_s=time_limit_s, workers=workers, started_s=started_s)
     return plan_and_place(loaded, settings, placing, _current(loaded, current))
 

@@ -32,8 +32,9 @@ def plan_and_place(
 
     GPU objectives (min_gpus, min_cost) count the GPUs of the planner's fewest-GPU placement; a
     re-placement that would use more (costlier) GPUs is not taken, so the plan keeps its value."""
-    plan = make_plan(instance, plan_settings, feasibility_placer(settings))
-    result = place(instance.cluster, plan.allocation, settings, current, hint=plan.placement)
+    planning_ends = None if plan_settings.started_s is None else plan_settings.started_s + plan_settings.time_limit_s
+    plan = make_plan(instance, plan_settings, feasibility_placer(settings, planning_ends))
+    result = place(instance.cluster, plan.allocation, settings, current, hint=plan.placement, deadline=_ends_by(plan_settings, settings))
     if instance.objective in ("min_gpus", "min_cost") and current is None:
         if _gpu_cost(instance, result.placement) > _gpu_cost(instance, plan.placement) + 1e-9:
             info = replace(
@@ -43,6 +44,14 @@ def plan_and_place(
             )
             return replace(plan, placement_info=info, fragmentation=fragmentation_report(instance.cluster, plan.placement))
     return replace(plan, placement=result.placement, placement_info=result.info, fragmentation=result.fragmentation)
+
+
+def _ends_by(plan_settings: PlanSettings, settings: PlacementSettings) -> float | None:
+    """When the whole command must end (perf_counter seconds): both time limits after it started.
+    The placement keeps its own limit from its start; this caps it when planning ran late."""
+    if plan_settings.started_s is None:
+        return None
+    return plan_settings.started_s + plan_settings.time_limit_s + settings.time_limit_s
 
 
 def _gpu_cost(instance: Instance, placement: Placement) -> float:

@@ -5,6 +5,7 @@ scepsy`, and the optional dependencies that the core install leaves out."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -39,6 +40,18 @@ def test_the_api_answers_what_the_commands_answer(tmp_path):
     assert predicted.workflow("beam").latency_s == pytest.approx(planned.prediction.workflow("beam").latency_s)
     simulated = simulate(DEFAULT, planned.allocation, rate_rps=1.0, settings=SimulationSettings(duration_s=20.0))
     assert [w.name for w in simulated.workflows] == ["beam"] and simulated.workflows[0].completed > 0
+
+
+def test_a_milp_plan_leaves_stdout_where_it_was(capfd):
+    """The MILP backend silences HiGHS's banner on file descriptor 1 while the reference problems
+    are solved side by side on two threads (combined-8xh100 is egalitarian): afterwards, what the
+    caller prints still arrives (it went to /dev/null before the fix)."""
+    before = os.fstat(1)
+    planned = plan(INSTANCES / "combined-8xh100.yaml", backend="milp")
+    after = os.fstat(1)
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)
+    print(f"objective_value {planned.objective_value}", flush=True)
+    assert capfd.readouterr().out == f"objective_value {planned.objective_value}\n"
 
 
 def test_one_writer_for_planned_and_placed_documents(tmp_path):

@@ -11,6 +11,8 @@ import yaml
 
 from conftest import INSTANCES, profile_rows
 
+from scepsy.planner.allocation.search import TIE_TOLERANCE
+
 DEFAULT = INSTANCES / "beam-4xa6000.yaml"
 
 
@@ -63,6 +65,24 @@ def test_same_input_byte_identical_apart_from_wall_time(backend):
         return json.dumps(plan, indent=2)
 
     assert run() == run()
+
+
+def test_milp_prints_the_plan_that_cpsat_finds_on_the_combined_instance():
+    """Regression: `plan combined-8xh100.yaml --backend milp --json` exited 0 and printed nothing.
+    Its egalitarian objective solves both workflows alone on two threads first, and their
+    interleaved stdout silencing left file descriptor 1 on /dev/null (planner/allocation/milp.py).
+    A subprocess, not CliRunner: only the real descriptor 1 shows it."""
+
+    def planned(backend):
+        result = scepsy("plan", INSTANCES / "combined-8xh100.yaml", "--backend", backend, "--json")
+        assert result.returncode == 0 and result.stdout, f"{backend}: exit {result.returncode}, {result.stderr!r}"
+        return json.loads(result.stdout)
+
+    milp, cpsat = planned("milp"), planned("cpsat")
+    assert milp["solver"]["backend"] == "milp" and milp["status"] == cpsat["status"] == "optimal"
+    # equal to TIE_TOLERANCE (docs/model.md), as far as the document's 9 significant digits show
+    assert milp["objective_value"] == pytest.approx(cpsat["objective_value"], rel=TIE_TOLERANCE)
+    assert milp["bound"] == pytest.approx(cpsat["bound"], rel=TIE_TOLERANCE)
 
 
 def test_bad_yaml_exits_2_with_one_line(tmp_path):

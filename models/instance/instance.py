@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Literal, Mapping
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from scepsy.models.errors import InputError
+from scepsy.models.errors import InputError, check_deadline
 from scepsy.models.inputs import kind_of, load_yaml
 from scepsy.models.instance.profile import LlmProfile, load_profile
 from scepsy.models.instance.workflow import Program, ProgramSpec, program_llms
@@ -156,22 +158,57 @@ class Cluster:
         return [Domain(n.name, n.gpu_type, d) for n in self.nodes for d in n.domains]
 
     def node(self, name: str) -> Node:
-        for node in self.nodes:
-            if node.name == name:
-                return node
-        raise KeyError(name)
+        return self._nodes_by_name[name]
+
+    @cached_property
+    def _nodes_by_name(self) -> dict[str, Node]:
+        return {node.name: node for node in self.nodes}
 
     def free_units(self, node: str, gpu: int) -> int:
         return self.fractions_per_gpu - self.reserved_units.get((node, gpu), 0)
 
     def gpu_count(self, gpu_type: str | None = None) -> int:
-        return sum(n.gpus for n in self.nodes if gpu_type is None or n.gpu_type == gpu_type)
+        if gpu_type is None:
+            return sum(gpus for gpus, _ in self._by_type.values())
+        return self._by_type.get(gpu_type, (0, 0))[0]
 
     def used_gpu_types(self) -> list[str]:
-        return sorted({n.gpu_type for n in self.nodes})
+        return sorted(self._by_type)
 
     def largest_domain(self, gpu_type: str) -> int:
-        return max((len(d) for n in self.nodes if n.gpu_type == gpu_type for d in n.domains), default=0)
+        return self._by_type.get(gpu_type, (0, 0))[1]
+
+    @cached_property
+    def _layouts(self) -> Counter[tuple[str, int, tuple[tuple[int, ...], ...]]]:
+        """(gpu type, GPUs, NVLink domains) -> nodes laid out so: the questions below are answered per
+        layout, not per GPU, because a cluster may have a million GPUs (and is frozen, so the
+        answers are kept)."""
+        return Counter((n.gpu_type, n.gpus, n.domains) for n in self.nodes)
+
+    @cached_property
+    def _by_type(self) -> dict[str, tuple[int, int]]:
+        """gpu type -> (GPUs, GPUs of its largest NVLink domain)."""
+        summary: dict[str, tuple[int, int]] = {}
+        for (gpu_type, node_gpus, domains), count in self._layouts.items():
+            gpus, largest = summary.get(gpu_type, (0, 0))
+            summary[gpu_type] = (gpus + count * node_gpus, max([largest] + [len(d) for d in domains]))
+        return summary
+
+    @cached_property
+    def domain_counts(self) -> Mapping[tuple[str, tuple[int, ...]], int]:
+        """(gpu type, free units of each GPU) -> how many NVLink domains are alike so: a cluster of a
+        million GPUs has a handful of kinds. Reserved GPUs are counted node by node."""
+        counts: Counter[tuple[str, tuple[int, ...]]] = Counter()
+        for (gpu_type, _, domains), count in self._layouts.items():
+            for domain in domains:
+                counts[(gpu_type, (self.fractions_per_gpu,) * len(domain))] += count
+        reserved = {node for node, _ in self.reserved_units}
+        for node in self.nodes if reserved else ():
+            if node.name in reserved:
+                for domain in node.domains:
+                    counts[(node.gpu_type, (self.fractions_per_gpu,) * len(domain))] -= 1
+                    counts[(node.gpu_type, tuple(self.free_units(node.name, g) for g in domain))] += 1
+        return +counts  # drops the kinds no domain is left of
 
 
 @dataclass(frozen=True)
@@ -364,12 +401,17 @@ def _validation_error(source: str, exc: ValidationError, raw: dict | None) -> In
     return InputError(source, _field_path(tuple(first["loc"]), raw), problem, fix)
 
 
-def parse_yaml(path: Path) -> object:
-    """Read one YAML input: bounded, regular files only, duplicate keys refused (models/files.py)."""
-    return load_yaml(path, "pass a readable YAML file")
+def parse_yaml(path: Path, deadline: float | None = None) -> object:
+    """Read one YAML input: bounded, regular files only, duplicate keys refused (models/inputs.py),
+    stopping at `deadline` (perf_counter seconds: TimeLimitError)."""
+    return load_yaml(path, "pass a readable YAML file", deadline)
 
 
-def _expand_nodes(source: str, spec: ClusterSpec) -> tuple[Node, ...]:
+# nodes expanded between two deadline checks: a million GPUs take about a second to expand
+EXPAND_CHUNK = 10_000
+
+
+def _expand_nodes(source: str, spec: ClusterSpec, deadline: float | None = None) -> tuple[Node, ...]:
     total = sum((node.count or 1) * node.gpus for node in spec.nodes)
     if total > MAX_CLUSTER_GPUS:
         raise InputError(source, "cluster.nodes", f"{total:,} GPUs, more than the {MAX_CLUSTER_GPUS:,} scepsy plans for",
@@ -377,6 +419,7 @@ def _expand_nodes(source: str, spec: ClusterSpec) -> tuple[Node, ...]:
     nodes: list[Node] = []
     for i, node in enumerate(spec.nodes):
         where = f"cluster.nodes[{i}] ({node.name})"
+        check_deadline(deadline, f"expanding {where} ({total:,} GPUs in all)")
         if node.gpu_type not in spec.gpu_types:
             known = ", ".join(sorted(spec.gpu_types))
             raise InputError(source, f"{where}.gpu_type", f"unknown gpu type {node.gpu_type!r}", f"use one of: {known}")
@@ -420,7 +463,10 @@ def _expand_nodes(source: str, spec: ClusterSpec) -> tuple[Node, ...]:
                     "use the node's name as `kubectl get nodes` shows it: lowercase letters, digits, '-' and '.', at most 63",
                 )
         uuids = tuple(node.gpu_uuids) if node.gpu_uuids is not None else None
-        nodes += [Node(name, node.gpu_type, node.gpus, tuple(domains), uuids) for name in names]
+        layout = tuple(domains)
+        for first in range(0, len(names), EXPAND_CHUNK):
+            check_deadline(deadline, f"expanding {where} ({total:,} GPUs in all)")
+            nodes += [Node(name, node.gpu_type, node.gpus, layout, uuids) for name in names[first:first + EXPAND_CHUNK]]
     names_seen: set[str] = set()
     for expanded in nodes:
         if expanded.name in names_seen:
@@ -491,8 +537,10 @@ def _default_tp_degrees(cluster: Cluster) -> tuple[int, ...]:
     return tuple(degrees)
 
 
-def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Cluster, profiles: dict[Path, LlmProfile]) -> Llm:
+def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Cluster, profiles: dict[Path, LlmProfile],
+               deadline: float | None = None) -> Llm:
     where = f"llms[{index}] ({spec.name})"
+    check_deadline(deadline, f"loading {where} and its profile")
     largest = max(cluster.largest_domain(g) for g in cluster.used_gpu_types())
     if spec.tp_degrees is not None:
         if not spec.tp_degrees:
@@ -544,9 +592,10 @@ def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Clus
 
 def _check_latency_metric(source: str, metric: str, llms) -> None:
     """A percentile objective needs that percentile in every profile (imported benchmark results
-    may carry only the mean)."""
+    may carry only the mean). Each profile file is checked once, at its first LLM."""
+    first_of_profile = {llm.profile_path: llm for llm in reversed(llms)}
     for llm in llms:
-        if metric in llm.profile.missing_metrics():
+        if first_of_profile[llm.profile_path] is llm and metric in llm.profile.missing_metrics():
             raise InputError(
                 llm.profile_path, f"column latency_{metric}",
                 f"llm {llm.name}'s profile has no {metric} latencies (empty cells: the benchmark did not measure them), "
@@ -556,7 +605,10 @@ def _check_latency_metric(source: str, metric: str, llms) -> None:
             )
 
 
-def build_instance(raw: object, source: str, base: Path) -> Instance:
+def build_instance(raw: object, source: str, base: Path, deadline: float | None = None) -> Instance:
+    """The instance of a parsed instance file (`base`: the folder profile paths are relative to).
+    Past `deadline` (perf_counter seconds) it raises TimeLimitError: a command's time limit covers
+    loading the instance (expanding its nodes, loading each profile file once)."""
     if not isinstance(raw, dict):
         raise InputError(source, None, "the file is not a YAML mapping", "start with `cluster:`, `llms:` and `workflows:`")
     try:
@@ -565,7 +617,7 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
         raise _validation_error(source, exc, raw) from None
     _check_unique(source, "llms", [m.name for m in spec.llms])
     _check_unique(source, "workflows", [w.name for w in spec.workflows])
-    nodes = _expand_nodes(source, spec.cluster)
+    nodes = _expand_nodes(source, spec.cluster, deadline)
     cluster = Cluster(
         fractions_per_gpu=spec.cluster.fractions_per_gpu,
         gpu_types=dict(spec.cluster.gpu_types),
@@ -606,7 +658,7 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
         if name not in used:
             raise InputError(source, f"llms[{i}] ({name})", "no workflow calls this llm", "add it to a workflow's stages or remove it")
     profiles: dict[Path, LlmProfile] = {}
-    llms = tuple(_build_llm(source, base, i, m, cluster, profiles) for i, m in enumerate(spec.llms))
+    llms = tuple(_build_llm(source, base, i, m, cluster, profiles, deadline) for i, m in enumerate(spec.llms))
     _check_latency_metric(source, spec.latency_metric, llms)
     return Instance(
         cluster=cluster,
@@ -620,7 +672,8 @@ def build_instance(raw: object, source: str, base: Path) -> Instance:
     ).with_objective(spec.objective)
 
 
-def load_instance(path: Path | str) -> Instance:
+def load_instance(path: Path | str, deadline: float | None = None) -> Instance:
+    """The instance in a YAML file; past `deadline` (perf_counter seconds) TimeLimitError."""
     path = Path(path)
-    return build_instance(parse_yaml(path), str(path), path.parent)
+    return build_instance(parse_yaml(path, deadline), str(path), path.parent, deadline)
 

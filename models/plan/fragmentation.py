@@ -18,6 +18,7 @@ small: the capacity is there but not in one piece.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 from scepsy.models.instance.allocation import Placement
@@ -43,36 +44,44 @@ class GpuTypeFragmentation:
         return out
 
 
-def free_units_after(cluster: Cluster, placement: Placement | None) -> dict[tuple[str, int], int]:
-    """(node, gpu) -> units still free after the reservations and the placement."""
-    free = {(n.name, g): cluster.free_units(n.name, g) for n in cluster.nodes for g in range(n.gpus)}
+def domain_counts_after(cluster: Cluster, placement: Placement | None) -> Counter[tuple[str, tuple[int, ...]]]:
+    """Cluster.domain_counts after the placement: only the domains the placement touches change
+    kind, so this takes time in the placement's size, not in the cluster's (a million GPUs)."""
+    counts = Counter(cluster.domain_counts)
+    taken: dict[tuple[str, int], int] = {}
     for replica in placement.replicas if placement is not None else ():
         for shard in replica.shards:
-            free[(replica.node, shard.gpu)] -= shard.units
-    return free
+            taken[(replica.node, shard.gpu)] = taken.get((replica.node, shard.gpu), 0) + shard.units
+    for name in sorted({node for node, _ in taken}):
+        node = cluster.node(name)
+        for domain in node.domains:
+            if any((name, g) in taken for g in domain):
+                before = tuple(cluster.free_units(name, g) for g in domain)
+                counts[(node.gpu_type, before)] -= 1
+                counts[(node.gpu_type, tuple(units - taken.get((name, g), 0) for g, units in zip(domain, before)))] += 1
+    return +counts  # drops the kinds no domain is left of
 
 
 def fragmentation_report(cluster: Cluster, placement: Placement | None) -> tuple[GpuTypeFragmentation, ...]:
-    """The report above, one entry per gpu type of the cluster, sorted by gpu type."""
+    """The report above, one entry per gpu type of the cluster, sorted by gpu type (counted per
+    kind of domain: linear in the placement and the kinds, not in the GPUs)."""
     f = cluster.fractions_per_gpu
     half = (f + 1) // 2
-    free = free_units_after(cluster, placement)
+    kinds = domain_counts_after(cluster, placement)
     report = []
     for gpu_type in cluster.used_gpu_types():
-        nodes = [n for n in cluster.nodes if n.gpu_type == gpu_type]
-        units = [free[(n.name, g)] for n in nodes for g in range(n.gpus)]
-        domains = [[free[(n.name, g)] for g in d] for n in nodes for d in n.domains]
+        mine = [(free, count) for (kind_type, free), count in kinds.items() if kind_type == gpu_type]
         report.append(
             GpuTypeFragmentation(
                 gpu_type=gpu_type,
-                gpus=len(units),
-                free_gpus=sum(u == f for u in units),
-                domains=len(domains),
-                free_domains=sum(all(u == f for u in d) for d in domains),
-                free_capacity_gpus=sum(units) / f,
-                stranded_capacity_gpus=sum(u for u in units if u < f) / f,
-                largest_tp_whole_gpu=max((sum(u == f for u in d) for d in domains), default=0),
-                largest_tp_half_gpu=max((sum(u >= half for u in d) for d in domains), default=0),
+                gpus=sum(len(free) * count for free, count in mine),
+                free_gpus=sum(sum(u == f for u in free) * count for free, count in mine),
+                domains=sum(count for _, count in mine),
+                free_domains=sum(count for free, count in mine if all(u == f for u in free)),
+                free_capacity_gpus=sum(sum(free) * count for free, count in mine) / f,
+                stranded_capacity_gpus=sum(sum(u for u in free if u < f) * count for free, count in mine) / f,
+                largest_tp_whole_gpu=max((sum(u == f for u in free) for free, _ in mine), default=0),
+                largest_tp_half_gpu=max((sum(u >= half for u in free) for free, _ in mine), default=0),
             )
         )
     return tuple(report)

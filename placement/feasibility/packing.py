@@ -60,8 +60,7 @@ def domain_kinds(cluster: Cluster) -> DomainKinds:
     """The NVLink domains grouped by (gpu_type, free units of each GPU), with their counts: a
     cluster of a million GPUs has a handful of kinds, so counting per kind keeps option building
     independent of the cluster's size."""
-    counts = Counter((d.gpu_type, tuple(cluster.free_units(d.node, g) for g in d.gpus)) for d in cluster.domains())
-    return [(gpu_type, free, count) for (gpu_type, free), count in sorted(counts.items())]
+    return [(gpu_type, free, count) for (gpu_type, free), count in sorted(cluster.domain_counts.items())]
 
 
 def max_replicas(cluster: Cluster, gpu_type: str, tp: int, share: int, kinds: DomainKinds | None = None) -> int:
@@ -74,14 +73,15 @@ def max_replicas(cluster: Cluster, gpu_type: str, tp: int, share: int, kinds: Do
     )
 
 
-def free_in_domains(cluster: Cluster, gpu_type: str, tp: int) -> list[int]:
-    """Free units of every GPU of `gpu_type` in an NVLink domain of size >= tp."""
-    return [
-        cluster.free_units(domain.node, g)
-        for domain in cluster.domains()
-        if domain.gpu_type == gpu_type and domain.size >= tp
-        for g in domain.gpus
-    ]
+def free_in_domains(cluster: Cluster, gpu_type: str, tp: int) -> Counter[int]:
+    """Free units -> GPUs of `gpu_type` with that many free, over the NVLink domains of size >= tp
+    (counted per domain kind: linear in the kinds, not in the GPUs)."""
+    free: Counter[int] = Counter()
+    for kind_type, units, count in domain_kinds(cluster):
+        if kind_type == gpu_type and len(units) >= tp:
+            for u in units:
+                free[u] += count
+    return free
 
 
 def packing_weights(f: int) -> list[tuple[int, ...]]:

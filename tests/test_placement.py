@@ -229,13 +229,18 @@ def test_canonical_hint_keeps_the_objective_and_satisfies_symmetry_breaking():
         assert outcome.placement is not None
 
 
-def test_1024_gpus_are_placed_within_the_time_limit():
-    """The scaling benchmark's largest size, one case: valid, never worse, within the limit."""
+def test_1024_gpus_are_placed_validly_and_never_worse_than_the_heuristic():
+    """The scaling benchmark's largest size, one case: valid and never worse than the heuristic.
+    Both hold however loaded the machine is: the exact method starts from the heuristic's
+    placement (not time-limited) and keeps it if its limit expires before anything better, even
+    while building its model. How fast (heuristic under 1 s, CP-SAT under 10 s) is a speed target
+    of bench/placement_scaling.py (its `target 1024 GPUs` lines), not a test assertion."""
     cluster, allocation = random_case(0, 128, layouts=LAYOUTS_8[:1], reserved_gpus=0.0)
     heuristic = place(cluster, allocation, HEURISTIC)
     exact = place(cluster, allocation, PlacementSettings(time_limit_s=10.0))
-    assert heuristic.info.wall_time_s < 2.0 and exact.info.wall_time_s < 12.0
-    assert validate_placement(cluster, allocation, exact.placement) == []
+    for result in (heuristic, exact):
+        assert validate_placement(cluster, allocation, result.placement) == []
+        assert result.info.objective == evaluate(cluster, allocation, result.placement)
     assert exact.info.objective.key() <= heuristic.info.objective.key()
 
 

@@ -66,7 +66,8 @@ class PlanSettings:
     # more CP-SAT parameters for the allocation stages, (name, value) pairs (none: its defaults).
     # The optimum does not depend on them; what-if grids turn off the LP relaxation and symmetry
     # detection, faster on their lazy-cut models (planner/studies/amortize.py)
-    stage_parameters: tuple[tuple[str, int], ...] = ()
+    # (a deterministic limit, ("max_deterministic_time", s), stops at the same point on any machine)
+    stage_parameters: tuple[tuple[str, int | float], ...] = ()
     load_tolerance: float = 1e-3  # max_throughput: relative width of the final bisection bracket
     # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
     # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
@@ -101,17 +102,50 @@ def check_backend(instance: Instance, settings: PlanSettings) -> None:
 
 
 def references(instance: Instance, settings: PlanSettings, placer: Placer) -> dict[str, float] | None:
+    """ref_w for the egalitarian stage (solo_references' values)."""
+    return solo_references(instance, settings, placer).values
+
+
+@dataclass(frozen=True)
+class References:
+    """The egalitarian references and how far they may lie above the solo optima."""
+
+    values: dict[str, float] | None
+    # max_w ref_w / (a true lower bound of workflow w's solo optimum): 1 where every solo optimum
+    # is proven, inf where one is unproven without a bound
+    overestimate: float = 1.0
+    notes: tuple[str, ...] = ()
+
+
+def solo_references(instance: Instance, settings: PlanSettings, placer: Placer) -> References:
     """ref_w for the egalitarian stage: latency_slo_s, else the workflow's own optimum alone on
     the cluster (its LLMs only, at its own rate), always from an exact backend so that every
     backend optimises the same objective. The solo problems are independent: they are solved side
-    by side (CP-SAT releases the interpreter while it searches)."""
+    by side (CP-SAT releases the interpreter while it searches). A solo optimum the time limit (or
+    option pruning) leaves unproven gives as ref_w a solo plan's latency, at most `overestimate`
+    times the optimum: the joint plan's ratios are then understated by at most that factor."""
     if not needs_references(instance, instance.objective):
-        return None
+        return References(None)
     exact = solo_settings(instance, settings)
     alone = [w.name for w in instance.workflows if w.latency_slo_s is None]
     with ThreadPoolExecutor(max_workers=REFERENCE_THREADS) as pool:
-        latencies = pool.map(lambda name: _solo_latency(instance, name, exact, placer), alone)
-        return dict(zip(alone, latencies))
+        outcomes = dict(zip(alone, pool.map(lambda name: _solo_outcome(instance, name, exact, placer), alone)))
+    values = {name: o.values[0] for name, o in outcomes.items()}
+    unproven = [name for name, o in outcomes.items() if o.status != "optimal"]
+    if not unproven:
+        return References(values)
+    bounds = [outcomes[name].bound for name in unproven]
+    overestimate = max(
+        (values[name] / b if math.isfinite(b) and b > 0 else math.inf) for name, b in zip(unproven, bounds)
+    )
+    factor = f"up to {overestimate:.4g}x the optimum, and the bound accounts for it" if math.isfinite(overestimate) else (
+        "above the optimum by an unknown factor, so no bound is claimed"
+    )
+    note = (
+        f"the solo optimum of {', '.join(unproven)} was not proven (time limit or pruned options); its reference "
+        f"is a solo plan's latency, {factor}"
+    )
+    return References(values, overestimate, (note,))
 
 
 def solo_settings(instance: Instance, settings: PlanSettings) -> PlanSettings:
@@ -128,11 +162,11 @@ def solo_problem(instance: Instance, workflow: str) -> tuple[Instance, Objective
     return alone, replace(objective, stages=objective.stages[:1])
 
 
-def _solo_latency(instance: Instance, workflow: str, settings: PlanSettings, placer: Placer) -> float:
-    """The optimal latency of one workflow alone on the cluster (the latency stage only)."""
+def _solo_outcome(instance: Instance, workflow: str, settings: PlanSettings, placer: Placer) -> Outcome:
+    """One workflow alone on the cluster, solved for its latency (the latency stage only)."""
     alone, objective = solo_problem(instance, workflow)
     deadline = time.perf_counter() + settings.time_limit_s
-    return solve_at_load(alone, objective, settings, placer, deadline).values[0]
+    return solve_at_load(alone, objective, settings, placer, deadline)
 
 
 def placer_for(objective: Objective, placer: Placer) -> Placer:

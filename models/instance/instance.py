@@ -593,9 +593,11 @@ def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Clus
 def _check_latency_metric(source: str, metric: str, llms) -> None:
     """A percentile objective needs that percentile in every profile (imported benchmark results
     may carry only the mean). Each profile file is checked once, at its first LLM."""
-    first_of_profile = {llm.profile_path: llm for llm in reversed(llms)}
+    first_of_profile: dict[str, Llm] = {}
     for llm in llms:
-        if first_of_profile[llm.profile_path] is llm and metric in llm.profile.missing_metrics():
+        first_of_profile.setdefault(llm.profile_path, llm)
+    for llm in first_of_profile.values():
+        if metric in llm.profile.missing_metrics():
             raise InputError(
                 llm.profile_path, f"column latency_{metric}",
                 f"llm {llm.name}'s profile has no {metric} latencies (empty cells: the benchmark did not measure them), "

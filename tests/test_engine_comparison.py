@@ -78,16 +78,17 @@ def test_the_shipped_calibration_is_the_fit_on_the_fit_half(full_grid):
 
 def test_held_out_errors_stay_within_the_stated_bounds(full_grid):
     """docs/engine-model.md: every (GPU, phase) group of the held-out half within 15% mean absolute
-    error except B200 prefill (16.1%: its MoE kernels do not speed up from TP 2 to 4 and its GEMM
-    efficiency grows with size; bound 17%); all held-out points 9.4% (bound 10%)."""
+    error (measured: largest H100-SXM decode 12.4%, B200 prefill 9.8% with the large-message
+    all-reduce); all held-out points 9.0% (bound 10%)."""
     cards, comparisons = full_grid
     shipped = Calibration(CALIBRATION, MOE_EFFICIENCY)
     held_out = calibrated_errors(cards, comparisons, shipped, training=False)
     before = _held_out_groups([c for c in comparisons if c.point not in training_points(comparisons)])
     after = _held_out_groups(held_out)
     for key, error in after.items():
-        assert error <= (0.17 if key == ("B200", "prefill") else 0.15), (key, error)
+        assert error <= 0.15, (key, error)
     assert sum(abs(c.error) for c in held_out) / len(held_out) <= 0.10
+    assert after[("B200", "prefill")] < 0.6 * before[("B200", "prefill")]  # the large-message all-reduce
     assert after[("L40S", "prefill")] < 0.2 * before[("L40S", "prefill")]  # the host path of a 4-GPU ring
 
 

@@ -9,9 +9,11 @@ times each with both engine models (models/performance/engine.py and models/perf
 and `error = builtin / aiconfigurator - 1`. `fit_calibration` recalibrates the built-in model where
 it is more than 15% off, on the training (fit) half of the points (`training_points`): the efficiency
 of the routed-expert GEMMs of MoE models (EngineSettings.moe_efficiency), and per GPU the GpuCard
-fields of `fitted_fields` (compute, memory and link scales, the all-reduce latency of its link, a
-PCIe host path's bandwidth), by grid search on the mean absolute log ratio; `calibrated_errors`
-re-times the held-out half with it (out of sample). bench/engine_model_comparison.py prints the
+fields of `fitted_fields` (compute, memory and link scales, the all-reduce latency of its link,
+over NVLink the large-message all-reduce's latency and link scale, a PCIe host path's bandwidth),
+by grid search on the mean absolute log ratio; `calibrated_errors` re-times the held-out half with
+it (out of sample). `SPLITS` are the fixed fit/held-out splits (the shipped calibration is fitted
+on "stated"; the others check it is not a lucky one). bench/engine_model_comparison.py prints the
 tables of docs/engine-model.md.
 """
 
@@ -103,15 +105,31 @@ def compare(points: Sequence[tuple[ModelCard, Point]], backend: str = "vllm") ->
     return results, skipped
 
 
-def training_points(comparisons: Sequence[Comparison]) -> set[Point]:
-    """The fixed split, stratified: within each (model, GPU, phase) group, sorted by (batch, length,
-    tp), every other point fits the calibration; the others measure it out of sample. (Sorted by
-    length before tp, both prompt lengths and every TP are on both sides of the split.)"""
+# The fixed splits of the grid into fit and held-out halves. "stated" is the one the shipped
+# calibration is fitted on; the others check that its held-out errors are not a lucky split.
+SPLITS = ("stated", "complement", "tp-first", "by-model")
+BY_MODEL_FIT = ("llama-3.1-8b", "Qwen--Qwen3-30B-A3B")  # the by-model split fits on these, holds out the others
+
+
+def training_points(comparisons: Sequence[Comparison], split: str = "stated") -> set[Point]:
+    """The points that fit the calibration; the others measure it out of sample.
+
+    stated      within each (model, GPU, phase) group, sorted by (batch, length, tp), every other
+                point (sorted by length before tp, both prompt lengths and every TP are on both sides)
+    complement  the other half of the stated split
+    tp-first    the same, sorted by (tp, batch, length): every 2,048-token prefill is held out
+    by-model    the points of the BY_MODEL_FIT models (one dense, one MoE)"""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}: use one of {', '.join(SPLITS)}")
+    if split == "by-model":
+        return {c.point for c in comparisons if c.point.model in BY_MODEL_FIT}
+    if split == "complement":
+        return {c.point for c in comparisons} - training_points(comparisons)
+    order = (lambda p: (p.tp, p.batch, p.length)) if split == "tp-first" else (lambda p: (p.batch, p.length, p.tp))
     groups: dict[tuple[str, str, str], list[Point]] = {}
     for c in comparisons:
         groups.setdefault((c.point.model, c.point.gpu, c.point.phase), []).append(c.point)
-    return {p for points in groups.values()
-            for i, p in enumerate(sorted(points, key=lambda p: (p.batch, p.length, p.tp))) if i % 2 == 0}
+    return {p for points in groups.values() for i, p in enumerate(sorted(points, key=order)) if i % 2 == 0}
 
 
 @dataclass(frozen=True)
@@ -201,12 +219,12 @@ def _fit_gpu(name: str, items, start: Mapping[str, float | None], moe_efficiency
 
 
 def fit_calibration(cards: Mapping[str, ModelCard], comparisons: Sequence[Comparison], keep: Iterable[str] = (),
-                    threshold: float = 0.15, rounds: int = 2) -> Calibration:
+                    threshold: float = 0.15, rounds: int = 2, split: str = "stated") -> Calibration:
     """Fit on the training points, `rounds` times: the MoE efficiency, then the fields of every
     GPU with a (phase) group whose training error exceeds `threshold` -- except the GPUs in `keep`
     (whose numbers shipped profiles were generated with) -- kept only if the larger of the two
     phases' training errors falls."""
-    training = training_points(comparisons)
+    training = training_points(comparisons, split)
     items = [(cards[c.point.model], c) for c in comparisons if c.point in training]
     fitted: dict[str, dict[str, float | None]] = {}
 
@@ -230,10 +248,11 @@ def fit_calibration(cards: Mapping[str, ModelCard], comparisons: Sequence[Compar
 
 
 def calibrated_errors(cards: Mapping[str, ModelCard], comparisons: Sequence[Comparison], calibration: Calibration,
-                      training: bool | None = None) -> list[Comparison]:
-    """The comparisons re-timed with `calibration` (only the training or held-out points if given)."""
-    split = training_points(comparisons)
-    chosen = [c for c in comparisons if training is None or (c.point in split) == training]
+                      training: bool | None = None, split: str = "stated") -> list[Comparison]:
+    """The comparisons re-timed with `calibration` (only the training or held-out points of
+    `split` if given)."""
+    fit_half = training_points(comparisons, split)
+    chosen = [c for c in comparisons if training is None or (c.point in fit_half) == training]
     return [Comparison(c.point, builtin_time_s(cards[c.point.model], c.point, calibration.gpus.get(c.point.gpu, {}),
                                                calibration.moe_efficiency), c.aiconfigurator_s) for c in chosen]
 

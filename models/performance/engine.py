@@ -21,7 +21,8 @@ decoding sequence. `iteration_time_s(batch)` is the time of one iteration:
     comm     = 2 * layers * allreduce(T * hidden * 2 bytes)                 tp > 1 only
     allreduce(B) = latency + 2 (tp-1)/tp * B / (link_bandwidth_per_direction * link_efficiency)
                    (PCIe: latency per hop, (tp - 1) hops; a ring larger than the PCIe switch group
-                   runs at the host path's bandwidth)
+                   runs at the host path's bandwidth; NVLink on a card with a bulk algorithm: the
+                   smaller of this and the bulk one's start-up latency + bytes at its own link scale)
     overhead = iteration_overhead + layers * layer_overhead + sequences * sequence_overhead
     time     = max(compute, memory) + experts + elementwise + comm + overhead
 

@@ -241,7 +241,8 @@ def measured_allreduce_ms(system: str, backend: str = "vllm", version: str = "0.
                                      "choose another backend or version")
     table = pd.read_parquet(path, columns=["backend", "num_gpus", "message_size", "latency"])
     graph = table[table["backend"].str.endswith("_graph")]
-    return {(int(r.num_gpus), int(r.message_size)): float(r.latency) for r in graph.itertuples()}
+    rows = zip(graph["num_gpus"].tolist(), graph["message_size"].tolist(), graph["latency"].tolist())
+    return {(int(gpus), int(elements)): float(ms) for gpus, elements, ms in rows}
 
 
 def _bucket(context: float) -> int:

@@ -201,7 +201,8 @@ def _nearest_default(name: str, field_name: str, value: float | None) -> float:
         return 0.0
     default = UNCALIBRATED[field_name]
     if default is None:
-        default = gpu(name).pcie_gbps if field_name == "pcie_host_gbps" else UNCALIBRATED["nvlink_latency_us"]
+        uncalibrated = uncalibrated_gpu(name)
+        default = uncalibrated.pcie_gbps if field_name == "pcie_host_gbps" else uncalibrated.nvlink_latency_us
     return 1.0 + abs(value - default)
 
 

@@ -145,7 +145,11 @@ def _misfit(model: ModelCard, gpu: GpuCard, tp: int, points, prompt: int, comple
 
 @lru_cache(maxsize=4096)
 def _fit(model: ModelCard, gpu: GpuCard, tp: int, points: tuple[tuple[float, float, float], ...]) -> ShareModel:
-    """The grid shape (P, C, max batch) of least `_misfit`; the first of equals (deterministic)."""
+    """The grid shape (P, C, max batch) of least `_misfit`; the first of equals (deterministic).
+    Where the KV cache caps the batch at every measured share, every larger max batch fits them
+    exactly alike (the data bound it only from below); the first of equals is then the smallest
+    (the grid is ordered by batch within each (P, C)), so a larger share is not given capacity from a
+    batch no measurement showed."""
     completions = (0,) if model.encoder else COMPLETION_GRID
     batches = (DEFAULT_SETTINGS.max_num_seqs,) if model.encoder else BATCH_GRID
     grid = [(p, c, b) for p in PROMPT_GRID for c in completions for b in batches]

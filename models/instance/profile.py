@@ -273,11 +273,21 @@ def _scaled_by_shape(measured, fraction: float, shape):
         log_capacity += weight * math.log(curve.capacity_rps * capacity_f / capacity_0)
         ratios.append((curve, weight, latency_f / latency_0))
     capacity = math.exp(log_capacity)
+    regime = shape.regime(fraction)
+
+    def term(curve: ProfileCurve, utilisation: np.ndarray, metric: str) -> np.ndarray:
+        # latency never falls with the load (a measured curve's wiggles are not carried over)
+        measured_latency = np.maximum.accumulate(curve.latency_s(utilisation * curve.capacity_rps, metric))
+        if shape.regime(curve.fraction) == regime:
+            return measured_latency
+        # across a KV regime change the neighbour's rise with the load is not this share's: scaled by
+        # the engine model's own load shapes at both shares
+        change = shape.load_shape(fraction, utilisation) / shape.load_shape(curve.fraction, utilisation)
+        return np.maximum.accumulate(measured_latency * change)
 
     def latency(utilisation: np.ndarray, metric: str) -> np.ndarray:
-        # latency never falls with the load (a measured curve's wiggles are not carried over)
         start = np.zeros(np.shape(utilisation))  # sum()'s 0 as an array: same values, typed
-        return sum((w * r * np.maximum.accumulate(c.latency_s(utilisation * c.capacity_rps, metric)) for c, w, r in ratios), start)
+        return sum((w * r * term(c, utilisation, metric) for c, w, r in ratios), start)
 
     return capacity, latency, tuple(c for c, _ in weighted)
 

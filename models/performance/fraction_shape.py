@@ -63,6 +63,14 @@ class ShareModel:
         return _modelled(self.model, self.gpu, self.tp, fraction, self.prompt_tokens, self.completion_tokens,
                          self.max_batch, self.prefix_tokens, self.working_set_tokens)
 
+    def load_shape(self, fraction: float, utilisation) -> np.ndarray:
+        """Latency at each `utilisation` (rate / T(f)) over the latency at the lightest load, of the
+        fitted request shape simulated at share `fraction` as profile synthesis measures a curve
+        (`_simulated_load_shape`); used where the KV cache regime changes between shares."""
+        loads, shape = _simulated_load_shape(self.model, self.gpu, self.tp, fraction, self.prompt_tokens,
+                                             self.completion_tokens, self.max_batch)
+        return np.interp(np.asarray(utilisation, dtype=float), loads, shape)
+
     def regime(self, fraction: float) -> str:
         """"memory" where the KV cache caps the batch below `max_batch` (the replica then acts as
         that many servers: latency stays flat until the batch is full), else "compute" (a fuller
@@ -124,6 +132,35 @@ def _modelled(model: ModelCard, gpu: GpuCard, tp: int, fraction: float, prompt: 
     busy_s = _decode_s(model, gpu, tp, fraction, prompt, completion, batch) \
         + batch * (prompt + missed) / budget * _chunk_s(model, gpu, tp, fraction, prompt)
     return batch / busy_s, _light(model, gpu, tp, fraction, prompt, completion)
+
+
+# the load shape across a regime change: rates as fractions of the modelled capacity T(f), each
+# point SHAPE_REQUESTS fixed-shape requests (common random numbers at every share)
+SHAPE_LOADS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+SHAPE_REQUESTS = 400
+
+
+@lru_cache(maxsize=256)
+def _simulated_load_shape(model: ModelCard, gpu: GpuCard, tp: int, fraction: float, prompt: int, completion: int,
+                          max_batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(SHAPE_LOADS, mean latency over the first point's, non-decreasing): Poisson arrivals of
+    `prompt`/`completion`-token requests on one replica of the engine model at `fraction`, at most
+    `max_batch` running (models/profiles/synthesize.py `measure_point`, seed 0). A KV cache that caps
+    the batch makes the replica act as that many servers of a near-constant service time: flat,
+    then a queue at once; a compute-bound batch slows every iteration as it fills."""
+    import random
+    from dataclasses import replace
+
+    from scepsy.models.profiles.synthesize import RequestShape, measure_point, unit_gaps
+
+    settings = replace(DEFAULT_SETTINGS, max_num_seqs=max(1, min(max_batch, DEFAULT_SETTINGS.max_num_seqs)))
+    engine = Engine(model, gpu, tp, min(max(fraction, 1e-6), 1.0), settings)
+    capacity, _ = _modelled(model, gpu, tp, fraction, prompt, completion, max_batch)
+    shapes = [RequestShape(prompt, completion)] * SHAPE_REQUESTS
+    gaps = unit_gaps(random.Random(0), SHAPE_REQUESTS)
+    latency = np.array([measure_point(engine, shapes, gaps, u * capacity, 0.25)["latency_mean"] for u in SHAPE_LOADS])
+    latency = np.maximum.accumulate(latency)
+    return np.array(SHAPE_LOADS), latency / latency[0]
 
 
 def _misfit(model: ModelCard, gpu: GpuCard, tp: int, points, prompt: int, completion: int,

@@ -516,12 +516,12 @@ def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisS
         while sum(s.calls for s in sessions) < n or len(sessions) < settings.min_sessions:
             sessions.append(_fit_session(source.sessions[rng.randrange(len(source.sessions))], engine))
         saturation = session_saturation_rps(engine, sessions)
-        gaps = _unit_gaps(rng, len(sessions))
+        gaps = unit_gaps(rng, len(sessions))
         return sweep(lambda rate: measure_sessions_point(engine, sessions, gaps, rate, settings.warmup_fraction),
                      saturation, settings)
     shapes = [fit_shape(s, engine) for s in source.sample(rng, n)]
     saturation = saturation_rps(engine, shapes)
-    gaps = _unit_gaps(rng, len(shapes))
+    gaps = unit_gaps(rng, len(shapes))
     return sweep(lambda rate: measure_point(engine, shapes, gaps, rate, settings.warmup_fraction), saturation, settings)
 
 
@@ -570,7 +570,7 @@ def requests_per_point(source: RequestSource, engine: Engine, settings: Synthesi
     return max(DEFAULT_REQUESTS_PER_POINT, settings.min_lump_iterations * per_iteration)
 
 
-def _unit_gaps(rng: random.Random, count: int) -> np.ndarray:
+def unit_gaps(rng: random.Random, count: int) -> np.ndarray:
     """Exponential gaps scaled so that the realised rate over the run is exactly the nominal one."""
     gaps = np.array([rng.expovariate(1.0) for _ in range(count)])
     gaps *= (count - 1) / gaps[1:].sum()

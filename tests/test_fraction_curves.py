@@ -177,13 +177,14 @@ def test_engine_shaped_curves_are_exact_on_profiled_points(made):
         assert got.measured and np.array_equal(got.latency_s(c.rates_rps), c.latencies_s["mean"])
 
 
-def _crosses_a_regime(profile, truth, f, sources) -> bool:
-    """Whether the fitted engine model puts `f` in another KV regime than a share it is derived from."""
+def _rise_is_modelled(profile, truth, f, sources) -> bool:
+    """Whether the derived curve's rise with the load is the engine model's simulated one (an encoder,
+    or `f` in another KV regime than a share it is derived from): not the synthetic (1 + bend u^3)."""
     from scepsy.models.performance.fraction_shape import share_model
 
     ((gpu, tp), measured), = profile.curves.items()
     shape = share_model(truth.model.name, gpu, tp, measured)
-    return any(shape.regime(source) != shape.regime(f) for source in sources)
+    return truth.model.encoder or any(shape.regime(source) != shape.regime(f) for source in sources)
 
 
 def identified(truth, measured_shares):
@@ -230,8 +231,8 @@ def test_a_profile_that_follows_the_engine_model_is_derived_exactly(made, f):
     tolerance = 1e-6 if inside else 1e-2
     assert got.capacity_rps == pytest.approx(identified(truth, measured_shares).at(f)[0], rel=tolerance)
     assert got.capacity_rps <= capacity * (1 + tolerance)
-    if got.measured or _crosses_a_regime(profile, truth, f, got.derived_from):
-        return  # the rise with the load changes across a KV regime change: test_a_kv_regime_change_...
+    if got.measured or _rise_is_modelled(profile, truth, f, got.derived_from):
+        return  # test_a_kv_regime_change_... and test_an_encoders_rise_with_the_load_...
     measured = next(iter(profile.curves.values()))[0]
     for u in (0.1, 0.4, 0.8):  # latency over the light-load latency at utilisation u: alike at every share
         ratio = got.latency_s(u * got.capacity_rps) / light
@@ -368,3 +369,35 @@ def test_a_kv_regime_change_is_derived_with_the_engine_models_load_shape():
     light_ratio = shape.at(0.1)[1] / shape.at(0.2)[1]
     borrowed = near.latency_s(rates / got.capacity_rps * near.capacity_rps) * light_ratio
     assert worst_error(borrowed) > 0.20
+
+
+def test_an_encoders_rise_with_the_load_is_the_engine_models_at_each_share():
+    """e5-base-v2 on one RTX A6000 (instances/profiles/e5-base-v2.csv): one iteration finishes 64 of
+    its 32-token queries, and how the queue of those lumps grows with the load changes with the share
+    (an iteration is work / share + fixed). Left out, f = 0.1 is derived from 0.2 with the load shapes
+    the engine model simulates at both shares: within 10% of its measured mean latency at 10-80% of
+    its capacity; 0.2's own rise with the load, scaled by the light-load ratio, misses by more than
+    15% (its capacity is derived within 1%, so the miss is the rise)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from scepsy.models.instance.profile import load_profile
+    from scepsy.models.performance.fraction_shape import share_model
+
+    profile = load_profile(Path(__file__).resolve().parent.parent / "instances" / "profiles" / "e5-base-v2.csv")
+    key = ("A6000", 1)
+    truth, near = profile.curves[key][:2]
+    kept = profile.curves[key][1:]
+    shape = share_model("intfloat/e5-base-v2", *key, kept)
+    got = replace(profile, curves={key: kept}).curve(*key, 0.1, 48.0, 0.21, shape)
+    assert got is not None and got.derived_from == (0.2,)
+    assert got.capacity_rps == pytest.approx(truth.capacity_rps, rel=0.01)
+    rates = np.linspace(0.1, 0.8, 15) * truth.capacity_rps
+
+    def worst_error(latency) -> float:
+        return float(np.max(np.abs(latency / truth.latency_s(rates) - 1)))
+
+    assert worst_error(got.latency_s(rates)) <= 0.10
+    light_ratio = shape.at(0.1)[1] / shape.at(0.2)[1]
+    borrowed = near.latency_s(rates / got.capacity_rps * near.capacity_rps) * light_ratio
+    assert worst_error(borrowed) > 0.15

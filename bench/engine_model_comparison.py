@@ -10,7 +10,8 @@ from their config.json) x A100-80G, H100-SXM, H200, B200, L40S, RTX PRO 6000 x T
 where the model fits. Errors are builtin / AIConfigurator - 1 per iteration. The calibration is fitted
 on the fit half of the points (every other point of each model x GPU x phase group sorted by batch,
 length and TP) and reported on the held-out half: mean absolute errors per (GPU, phase) and per
-(GPU, TP, phase), each half before (the model uncalibrated) and after the fit.
+(GPU, TP, phase), each half before (the model uncalibrated) and after the fit; then the same fit on
+every fixed split (SPLITS), and the fitted B200 all-reduce against AIConfigurator's own table.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from scepsy.models.performance.aiconfigurator import package_version
+from scepsy.models.catalog.catalog import gpu, model
+from scepsy.models.performance.aiconfigurator import SYSTEMS, measured_allreduce_ms, package_version
+from scepsy.models.performance.engine import Engine
 from scepsy.models.performance.engine_comparison import (
-    calibrated_errors, compare, default_models, fit_calibration, grid_points, training_points,
+    SPLITS, calibrated_errors, compare, default_models, fit_calibration, grid_points, training_points,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +63,40 @@ def _table(comparisons, recalibrated, training, with_tp: bool) -> None:
     print()
 
 
+def _splits_table(by_name, comparisons) -> None:
+    """The same fit on every fixed split: held-out errors (is the stated split a lucky one?)."""
+    print("| split | fit points | held-out points | held-out mean | B200 prefill (TP 1 / 2 / 4) | largest group | "
+          "groups above 15% | B200 bulk all-reduce |")
+    print("|---|---:|---:|---:|---|---|---|---|")
+    for split in SPLITS:
+        calibration = fit_calibration(by_name, comparisons, keep=KEEP, split=split)
+        held = calibrated_errors(by_name, comparisons, calibration, training=False, split=split)
+        groups = {key: _mean_abs(errors) for key, errors in _groups(held, with_tp=False).items()}
+        per_tp = _groups([c for c in held if c.point.gpu == "B200" and c.point.phase == "prefill"], with_tp=True)
+        tps = " / ".join(f"{_mean_abs(per_tp[key]):.1f}%" for key in sorted(per_tp))
+        worst = max(groups, key=lambda key: groups[key])
+        above = ", ".join(" ".join(key) for key, error in sorted(groups.items()) if error > 15) or "none"
+        b200 = calibration.gpus.get("B200", {})
+        bulk = f"{b200.get('nvlink_bulk_latency_us')} us, link scale {b200.get('bulk_link_scale')}"
+        print(f"| {split} | {len(comparisons) - len(held)} | {len(held)} | {_mean_abs([c.error for c in held]):.1f}% | "
+              f"{groups[('B200', 'prefill')]:.1f}% ({tps}) | {' '.join(worst)} {groups[worst]:.1f}% | {above} | {bulk} |")
+    print()
+
+
+def _allreduce_table(name: str = "B200") -> None:
+    """The fitted all-reduce against AIConfigurator's own measured table (not used in the fit)."""
+    measured = measured_allreduce_ms(SYSTEMS[name])
+    sizes = sorted({elements for _, elements in measured if 2**13 <= elements <= 2**24})[::2]
+    print(f"{name} all-reduce, us: AIConfigurator's vLLM table / the fitted model (bf16 message)")
+    print("| GPUs | " + " | ".join(f"{2 * n / 1e6:.3g} MB" for n in sizes) + " |")
+    print("|---:" + "|---:" * len(sizes) + "|")
+    for tp in (2, 4):
+        engine = Engine(model("llama-3.1-8b"), gpu(name), tp)
+        cells = [f"{1e3 * measured[tp, n]:.1f} / {1e6 * engine._allreduce_s(2 * n):.1f}" for n in sizes]
+        print(f"| {tp} | " + " | ".join(cells) + " |")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--backend", default="vllm")
@@ -93,6 +130,9 @@ def main() -> None:
         print(f"{name}: " + ", ".join(f"{k}={v:g}" for k, v in fields.items()))
     for line in skipped:
         print(f"skipped: {line}")
+    print()
+    _splits_table(by_name, comparisons)
+    _allreduce_table()
 
 
 if __name__ == "__main__":

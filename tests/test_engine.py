@@ -98,6 +98,30 @@ def test_a_pcie_ring_pays_one_latency_per_hop_and_the_host_path_beyond_its_switc
     assert Engine(model, l40s, tp=2).breakdown(prefill).comm_s == Engine(model, replace(l40s, pcie_host_gbps=None), tp=2).breakdown(prefill).comm_s
 
 
+def test_a_large_nvlink_all_reduce_runs_the_faster_of_two_algorithms():
+    """Over NVLink, where a card sets `nvlink_bulk_latency_us` (B200), an all-reduce is the faster of
+    the small-message algorithm and a bulk one with a longer start-up and more bandwidth: a decode
+    step's small all-reduces keep the small latency, a long prefill's large ones get the bulk
+    bandwidth; a card without it (H100) has one algorithm."""
+    from dataclasses import replace
+
+    model = catalog.model("llama-3.1-8b")
+    b200 = catalog.gpu("B200")
+    assert b200.nvlink_bulk_latency_us is not None and catalog.gpu("H100").nvlink_bulk_latency_us is None
+    one = replace(b200, nvlink_bulk_latency_us=None)
+    bulk_only = replace(b200, nvlink_latency_us=b200.nvlink_bulk_latency_us, link_scale=b200.bulk_link_scale)
+    for nbytes in (2 * 4096, 2 * 4096 * 64, 2 * 4096 * 512, 2 * 4096 * 2048, 2 * 8192 * 2048):
+        times = {name: Engine(model, card, tp=4)._allreduce_s(nbytes) for name, card in
+                 (("both", b200), ("small", one), ("bulk", bulk_only))}
+        assert times["both"] == min(times["small"], times["bulk"])
+    decode = IterationWork(decode_sequences=8, decode_context=8 * 1024)
+    prefill = IterationWork(prefill_tokens=2048, prefill_attention=causal_attention(2048), prefills_finishing=1)
+    assert Engine(model, b200, tp=4).breakdown(decode).comm_s == Engine(model, one, tp=4).breakdown(decode).comm_s
+    assert Engine(model, b200, tp=4).breakdown(prefill).comm_s < 0.8 * Engine(model, one, tp=4).breakdown(prefill).comm_s
+    h100 = catalog.gpu("H100")
+    assert Engine(model, h100, tp=4).breakdown(prefill).comm_s == Engine(model, replace(h100, bulk_link_scale=9.0), tp=4).breakdown(prefill).comm_s
+
+
 def test_routed_experts_are_their_own_roofline(tmp_path):
     """MoE: the routed experts' weights are streamed and then multiplied (no overlap); dense models
     have no expert term."""

@@ -52,6 +52,11 @@ class GpuCard:
     compute_scale: float = 1.0
     memory_scale: float = 1.0
     link_scale: float = 1.0
+    # large all-reduces over NVLink switch to a bandwidth-optimised algorithm with a longer start-up
+    # (fitted against AIConfigurator where it shows: its latency, and its link scale in place of
+    # link_scale); None: one algorithm for every size
+    nvlink_bulk_latency_us: float | None = None
+    bulk_link_scale: float = 1.0
 
 
 WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int4": 0.5}  # bytes per weight of each weight precision
@@ -395,11 +400,13 @@ GPUS.update({
 # on the fit half of the grid of bench/engine_model_comparison.py (every other point of each model x
 # GPU x phase group sorted by batch, length and TP) and reported on the other half
 # (docs/engine-model.md, "Against AIConfigurator"): per GPU, the GpuCard fields below (efficiency
-# scales, the small all-reduce latency, the host path's bandwidth). Only GPUs the built-in model
+# scales, the small all-reduce latency, the host path's bandwidth, over NVLink the large-message
+# all-reduce's latency and link scale, B200 refitted 2026-12-01 with them). Only GPUs the built-in model
 # was more than 15% off on in the fit half, and not H100-SXM, whose numbers the shipped profiles
 # (instances/profiles/*.csv) were generated with.
 CALIBRATION: dict[str, dict[str, float]] = {
-    "B200": {"compute_scale": 0.95, "memory_scale": 1.025, "link_scale": 0.35, "nvlink_latency_us": 4},
+    "B200": {"compute_scale": 0.9, "memory_scale": 1.05, "link_scale": 0.2, "nvlink_latency_us": 4,
+             "nvlink_bulk_latency_us": 35.0, "bulk_link_scale": 1.1},
     "L40S": {"compute_scale": 0.85, "memory_scale": 1.075, "link_scale": 0.9, "pcie_latency_us": 2, "pcie_host_gbps": 7.5},
     "RTX-PRO-6000": {"compute_scale": 1.2, "memory_scale": 1.125, "link_scale": 0.65, "pcie_latency_us": 6},
 }

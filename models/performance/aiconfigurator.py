@@ -226,6 +226,25 @@ class AiconfiguratorTimer:
         return self._mixed(work.prefill_tokens, work.decode_sequences, context, work.prefill_past_tokens) / 1e3
 
 
+def measured_allreduce_ms(system: str, backend: str = "vllm", version: str = "0.24.0") -> dict[tuple[int, int], float]:
+    """AIConfigurator's measured all-reduce latencies of `system` (ms), by (GPUs, bf16 elements): its
+    table systems/data/<system>/comm/<backend>/<version>/custom_allreduce_perf.parquet, the
+    CUDA-graph rows (how vLLM runs decode and prefill). Used to cross-check the all-reduce fitted
+    to the grid (models/performance/engine_comparison.py), not by the timer."""
+    _require_package()
+    import aiconfigurator_core
+    import pandas as pd
+
+    path = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system / "comm" / backend / version / "custom_allreduce_perf.parquet"
+    if not path.is_file():
+        raise EngineModelUnavailable("--backend", f"AIConfigurator has no {backend} {version} all-reduce table for {system}",
+                                     "choose another backend or version")
+    table = pd.read_parquet(path, columns=["backend", "num_gpus", "message_size", "latency"])
+    graph = table[table["backend"].str.endswith("_graph")]
+    rows = zip(graph["num_gpus"].tolist(), graph["message_size"].tolist(), graph["latency"].tolist())
+    return {(int(gpus), int(elements)): float(ms) for gpus, elements, ms in rows}
+
+
 def _bucket(context: float) -> int:
     return max(int(round(context / CONTEXT_BUCKET)) * CONTEXT_BUCKET, CONTEXT_BUCKET)
 

@@ -21,7 +21,8 @@ decoding sequence. `iteration_time_s(batch)` is the time of one iteration:
     comm     = 2 * layers * allreduce(T * hidden * 2 bytes)                 tp > 1 only
     allreduce(B) = latency + 2 (tp-1)/tp * B / (link_bandwidth_per_direction * link_efficiency)
                    (PCIe: latency per hop, (tp - 1) hops; a ring larger than the PCIe switch group
-                   runs at the host path's bandwidth)
+                   runs at the host path's bandwidth; NVLink on a card with a bulk algorithm: the
+                   smaller of this and the bulk one's start-up latency + bytes at its own link scale)
     overhead = iteration_overhead + layers * layer_overhead + sequences * sequence_overhead
     time     = max(compute, memory) + experts + elementwise + comm + overhead
 
@@ -219,7 +220,15 @@ class Engine:
         ring_bytes = 2 * (self.tp - 1) / self.tp * nbytes
         efficiency = min(self.settings.link_efficiency * self.gpu.link_scale, 1.0)
         if self.link == "nvlink" and self.gpu.nvlink_gbps is not None:  # a GPU without NVLink: PCIe
-            return self.gpu.nvlink_latency_us * 1e-6 + ring_bytes / (self.gpu.nvlink_gbps / 2 * 1e9 * efficiency)
+            per_direction = self.gpu.nvlink_gbps / 2 * 1e9
+            small = self.gpu.nvlink_latency_us * 1e-6 + ring_bytes / (per_direction * efficiency)
+            if self.gpu.nvlink_bulk_latency_us is None:
+                return small
+            # large messages switch to a bandwidth-optimised algorithm with a longer start-up (the
+            # faster of the two: the engine picks it by size)
+            bulk_efficiency = min(self.settings.link_efficiency * self.gpu.bulk_link_scale, 1.0)
+            bulk = self.gpu.nvlink_bulk_latency_us * 1e-6 + ring_bytes / (per_direction * bulk_efficiency)
+            return min(small, bulk)
         # over PCIe the small-message latency grows with the ring's hops (the card's figure: two GPUs)
         latency_s = self.gpu.pcie_latency_us * 1e-6 * (self.tp - 1)
         if self.gpu.pcie_host_gbps is not None and self.tp > self.gpu.pcie_switch_gpus:

@@ -184,6 +184,7 @@ def _rise_is_modelled(profile, truth, f, sources) -> bool:
 
     ((gpu, tp), measured), = profile.curves.items()
     shape = share_model(truth.model.name, gpu, tp, measured)
+    assert shape is not None
     return truth.model.encoder or any(shape.regime(source) != shape.regime(f) for source in sources)
 
 
@@ -356,6 +357,7 @@ def test_a_kv_regime_change_is_derived_with_the_engine_models_load_shape():
     truth, near, _, _ = profile.curves[key]
     kept = profile.curves[key][1:]
     shape = share_model(model.name, *key, kept)
+    assert shape is not None
     assert shape.regime(0.1) == "memory" and shape.regime(0.2) == "compute"  # (the fit finds 512 + 128 tokens back)
     got = replace(profile, curves={key: kept}).curve(*key, 0.1, gpu.memory_gib, model.weights_gib, shape)
     assert got is not None and got.derived_from == (0.2,)
@@ -389,6 +391,7 @@ def test_an_encoders_rise_with_the_load_is_the_engine_models_at_each_share():
     truth, near = profile.curves[key][:2]
     kept = profile.curves[key][1:]
     shape = share_model("intfloat/e5-base-v2", *key, kept)
+    assert shape is not None
     got = replace(profile, curves={key: kept}).curve(*key, 0.1, 48.0, 0.21, shape)
     assert got is not None and got.derived_from == (0.2,)
     assert got.capacity_rps == pytest.approx(truth.capacity_rps, rel=0.01)

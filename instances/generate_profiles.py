@@ -77,15 +77,22 @@ def trace(instance_file: str):
 
 def _job(args):
     name, gpu_type, tp, calls, model_name, min_kv_gib = args
+    return name, profile_rows(name, gpu_type, tp, calls, model_name, min_kv_gib)
+
+
+def profile_rows(name: str, gpu_type: str, tp: int, calls, model_name: str, min_kv_gib: float,
+                 fractions=FRACTIONS, seed: int = 0) -> pd.DataFrame:
+    """The rows of one shipped profile's (gpu_type, tp) at `fractions` (another `seed`: the same
+    curves measured again, as bench/fraction_accuracy.py does to tell the measurements' own noise)."""
     from scepsy.models.catalog import catalog
     from scepsy.models.profiles.synthesize import SynthesisSettings, source_from_calls, synthesize
 
     source = source_from_calls(calls, f"traced calls of {name}")
     frame, _ = synthesize(
-        catalog.model(model_name), catalog.gpu(GPU_CATALOG[gpu_type]), [tp], FRACTIONS, source,
-        SynthesisSettings(seed=0), gpu_type=gpu_type, min_kv_gib=min_kv_gib,
+        catalog.model(model_name), catalog.gpu(GPU_CATALOG[gpu_type]), [tp], fractions, source,
+        SynthesisSettings(seed=seed), gpu_type=gpu_type, min_kv_gib=min_kv_gib,
     )
-    return name, frame
+    return frame
 
 
 def main() -> None:

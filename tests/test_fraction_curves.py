@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from scepsy.models.instance.profile import build_profile
@@ -177,11 +177,45 @@ def test_engine_shaped_curves_are_exact_on_profiled_points(made):
         assert got.measured and np.array_equal(got.latency_s(c.rates_rps), c.latencies_s["mean"])
 
 
-@settings(max_examples=40, deadline=None)
+def _rise_is_modelled(profile, truth, f, sources) -> bool:
+    """Whether the derived curve's rise with the load is the engine model's simulated one (an encoder,
+    or `f` in another KV regime than a share it is derived from): not the synthetic (1 + bend u^3)."""
+    from scepsy.models.performance.fraction_shape import share_model
+
+    ((gpu, tp), measured), = profile.curves.items()
+    shape = share_model(truth.model.name, gpu, tp, measured)
+    assert shape is not None
+    return truth.model.encoder or any(shape.regime(source) != shape.regime(f) for source in sources)
+
+
+def identified(truth, measured_shares):
+    """The engine model the measured shares determine: the truth's request shape with the smallest
+    batch cap on the fitting grid that gives the same capacity and latency at every measured share.
+    Where the KV cache caps the batch at every measured share, any larger cap fits them alike (the
+    data bound it only from below), and the fit takes the smallest (fraction_shape.py `_fit`)."""
+    from dataclasses import replace
+
+    from scepsy.models.performance.fraction_shape import BATCH_GRID
+
+    for batch in BATCH_GRID if not truth.model.encoder else ():
+        candidate = replace(truth, max_batch=batch)
+        if all(candidate.at(f) == truth.at(f) for f in measured_shares):
+            return candidate
+    return truth
+
+
+@settings(max_examples=200, deadline=None)
 @given(engine_model_curves(), st.sampled_from(GRID))
+# found by random runs when the test held every share to the truth's own batch cap: measured shares
+# all KV-bound, a larger share extrapolated 4.6% and 1.0% below a truth with a larger cap
+@example(engine_model_profile(("llama-3.1-8b", "H100-SXM", 2), 1024, 256, 256, 1.0, [0.1, 0.2, 0.3]), 0.4)
+@example(engine_model_profile(("llama-3.1-8b", "A6000", 1), 1024, 16, 128, 1.0, [0.4, 0.5]), 0.6)
 def test_a_profile_that_follows_the_engine_model_is_derived_exactly(made, f):
     """The fit finds the request shape back (up to shapes with the same ratios), so a derived curve
-    is the engine model's own: capacity T(f) and latency L(f) (1 + bend u^3), KV cliffs included."""
+    is the engine model's own: capacity T(f) and latency L(f) (1 + bend u^3), KV cliffs included;
+    where the measured shares leave the batch cap open (the KV cache caps the batch at all of them),
+    the smallest cap that fits them: a larger share is then never given more capacity than the
+    truth's."""
     profile, truth = made
     if profile is None or len(next(iter(profile.curves.values()))) < 2:
         return
@@ -195,7 +229,11 @@ def test_a_profile_that_follows_the_engine_model_is_derived_exactly(made, f):
     # prompts on an A6000), so extrapolated shares are held to 1%, measured ranges to 1e-6.
     measured_shares = [c.fraction for c in next(iter(profile.curves.values()))]
     inside = min(measured_shares) <= f <= max(measured_shares)
-    assert got.capacity_rps == pytest.approx(capacity, rel=1e-6 if inside else 1e-2)
+    tolerance = 1e-6 if inside else 1e-2
+    assert got.capacity_rps == pytest.approx(identified(truth, measured_shares).at(f)[0], rel=tolerance)
+    assert got.capacity_rps <= capacity * (1 + tolerance)
+    if got.measured or _rise_is_modelled(profile, truth, f, got.derived_from):
+        return  # test_a_kv_regime_change_... and test_an_encoders_rise_with_the_load_...
     measured = next(iter(profile.curves.values()))[0]
     for u in (0.1, 0.4, 0.8):  # latency over the light-load latency at utilisation u: alike at every share
         ratio = got.latency_s(u * got.capacity_rps) / light
@@ -294,3 +332,75 @@ def test_a_neighbour_the_engine_model_cannot_describe_is_not_interpolated_from()
     assert got is not None and got.derived_from == (0.4,)
     rates = np.linspace(0.1, 0.8, 15) * truth.capacity_rps
     assert float(np.max(np.abs(got.latency_s(rates) / truth.latency_s(rates) - 1))) <= 0.10
+
+
+def test_a_kv_regime_change_is_derived_with_the_engine_models_load_shape():
+    """Qwen2.5-7B on two H100 halves at f = 0.1 (profile synthesized here, 512/128-token requests,
+    0.3 and 1.0 measured too, as bench/fraction_accuracy.py does): its KV cache holds a few sequences, so the replica acts as
+    that many servers and latency stays nearly flat until the batch is full, while at 0.2 and 0.3 a
+    fuller batch slows every iteration. Left out, 0.1 is derived from 0.2 with the load shapes the
+    engine model simulates at both shares (fraction_shape.py `load_shape`): within 10% of its measured
+    mean latency at 10-80% of its capacity; 0.2's own rise with the load, scaled by the light-load
+    ratio, misses by more than 20%."""
+    from dataclasses import replace
+
+    from scepsy.models.catalog import catalog
+    from scepsy.models.instance.profile import build_profile
+    from scepsy.models.performance.fraction_shape import share_model
+    from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
+
+    model, gpu = catalog.model("qwen2.5-7b"), catalog.gpu("H100-SXM")
+    frame, _ = synthesize(model, gpu, [2], [0.1, 0.2, 0.3, 1.0], load_request_source("fixed:512,128"),
+                          SynthesisSettings(seed=0))
+    profile = build_profile(frame, "qwen2.5-7b H100-SXM")
+    key = ("H100-SXM", 2)
+    truth, near, _, _ = profile.curves[key]
+    kept = profile.curves[key][1:]
+    shape = share_model(model.name, *key, kept)
+    assert shape is not None
+    assert shape.regime(0.1) == "memory" and shape.regime(0.2) == "compute"  # (the fit finds 512 + 128 tokens back)
+    got = replace(profile, curves={key: kept}).curve(*key, 0.1, gpu.memory_gib, model.weights_gib, shape)
+    assert got is not None and got.derived_from == (0.2,)
+    loads = np.linspace(0.1, 0.8, 15)
+    rates = loads * truth.capacity_rps
+
+    def worst_error(latency) -> float:
+        return float(np.max(np.abs(latency / truth.latency_s(rates) - 1)))
+
+    assert worst_error(got.latency_s(rates)) <= 0.10
+    light_ratio = shape.at(0.1)[1] / shape.at(0.2)[1]
+    borrowed = near.latency_s(rates / got.capacity_rps * near.capacity_rps) * light_ratio
+    assert worst_error(borrowed) > 0.20
+
+
+def test_an_encoders_rise_with_the_load_is_the_engine_models_at_each_share():
+    """e5-base-v2 on one RTX A6000 (instances/profiles/e5-base-v2.csv): one iteration finishes 64 of
+    its 32-token queries, and how the queue of those lumps grows with the load changes with the share
+    (an iteration is work / share + fixed). Left out, f = 0.1 is derived from 0.2 with the load shapes
+    the engine model simulates at both shares: within 10% of its measured mean latency at 10-80% of
+    its capacity; 0.2's own rise with the load, scaled by the light-load ratio, misses by more than
+    15% (its capacity is derived within 1%, so the miss is the rise)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from scepsy.models.instance.profile import load_profile
+    from scepsy.models.performance.fraction_shape import share_model
+
+    profile = load_profile(Path(__file__).resolve().parent.parent / "instances" / "profiles" / "e5-base-v2.csv")
+    key = ("A6000", 1)
+    truth, near = profile.curves[key][:2]
+    kept = profile.curves[key][1:]
+    shape = share_model("intfloat/e5-base-v2", *key, kept)
+    assert shape is not None
+    got = replace(profile, curves={key: kept}).curve(*key, 0.1, 48.0, 0.21, shape)
+    assert got is not None and got.derived_from == (0.2,)
+    assert got.capacity_rps == pytest.approx(truth.capacity_rps, rel=0.01)
+    rates = np.linspace(0.1, 0.8, 15) * truth.capacity_rps
+
+    def worst_error(latency) -> float:
+        return float(np.max(np.abs(latency / truth.latency_s(rates) - 1)))
+
+    assert worst_error(got.latency_s(rates)) <= 0.10
+    light_ratio = shape.at(0.1)[1] / shape.at(0.2)[1]
+    borrowed = near.latency_s(rates / got.capacity_rps * near.capacity_rps) * light_ratio
+    assert worst_error(borrowed) > 0.15

@@ -260,6 +260,9 @@ def _scaled_by_shape(measured, fraction: float, shape):
     """Capacity and latency-at-utilisation of `fraction` from the engine model's ratios: each
     neighbour's measured capacity times T(f) / T(f0) (combined geometrically) and its latency at an
     equal utilisation times L(f) / L(f0) (combined linearly); `shape.at(f)` = (T, L) modelled.
+    Where the rise with the load changes between the shares (`shape.rise_changes`: a KV regime
+    change, or an encoder's lumps), the latency at utilisation u also times g_f(u) / g_f0(u), the
+    engine model's simulated load shapes (`shape.load_shape`).
     Returns (capacity, latency(utilisation, metric), the curves used), or None where the engine
     model fits no batch at `fraction`."""
     weighted = _shape_weights(measured, fraction, shape)
@@ -274,10 +277,19 @@ def _scaled_by_shape(measured, fraction: float, shape):
         ratios.append((curve, weight, latency_f / latency_0))
     capacity = math.exp(log_capacity)
 
-    def latency(utilisation: np.ndarray, metric: str) -> np.ndarray:
+    def term(curve: ProfileCurve, utilisation: np.ndarray, metric: str) -> np.ndarray:
         # latency never falls with the load (a measured curve's wiggles are not carried over)
+        measured_latency = np.maximum.accumulate(curve.latency_s(utilisation * curve.capacity_rps, metric))
+        if not shape.rise_changes(curve.fraction, fraction):
+            return measured_latency
+        # the neighbour's rise with the load is not this share's: scaled by the engine model's own
+        # load shapes at both shares
+        change = shape.load_shape(fraction, utilisation) / shape.load_shape(curve.fraction, utilisation)
+        return np.maximum.accumulate(measured_latency * change)
+
+    def latency(utilisation: np.ndarray, metric: str) -> np.ndarray:
         start = np.zeros(np.shape(utilisation))  # sum()'s 0 as an array: same values, typed
-        return sum((w * r * np.maximum.accumulate(c.latency_s(utilisation * c.capacity_rps, metric)) for c, w, r in ratios), start)
+        return sum((w * r * term(c, utilisation, metric) for c, w, r in ratios), start)
 
     return capacity, latency, tuple(c for c, _ in weighted)
 

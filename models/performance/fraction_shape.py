@@ -10,6 +10,7 @@ those ratios for one model on one GPU type and TP degree (models/performance/eng
                         b    = min(B, kv_tokens(f) // (P + C))                    sequences that fit
                         m(f) = X * max(0, 1 - kv_tokens(f) / W)                   prefix-cache misses
     encoders            T(f) = (budget / P) / chunk(budget),  L(f) = prefill(P)
+    load shape          g_f(u) = M_f(u T(f)) / M_f(0.05 T(f))                  where the rise changes
 
 (`chunk(budget)` is one iteration of `budget` prompt tokens, the chunked-prefill token budget).
 kv_tokens(f) is the replica's KV cache at share f, a step in the share that cuts the batch where
@@ -20,19 +21,25 @@ one scale each, best fit the measured fractions (least squares of the log ratios
 the squared log scales), so the shape stands for the profile's own mix of lengths; the prefix-cache
 term (X tokens per request that miss while the cache cannot hold a working set of W tokens) is
 added only where it cuts the misfit to a quarter (a verifier that re-reads long shared prefixes).
+M_f(r) is the mean latency at rate r of the fitted shape's requests simulated at share f as profile
+synthesis measures a curve (Poisson arrivals on one replica, models/profiles/synthesize.py); used only
+where a measured neighbour's rise with the load does not carry over (`rise_changes`: across a KV
+regime change, and for encoders), about 0.03-0.5 s per share, once per process.
 Deterministic; cached per (model, gpu, tp, measured points) and per profile object.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
 
 from scepsy.models.catalog.catalog import GpuCard, ModelCard, find_gpu, find_model
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, IterationWork, causal_attention
+from scepsy.models.performance.replica import Request, run_poisson, unit_gaps
 
 PROMPT_GRID = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 COMPLETION_GRID = (1, 4, 16, 64, 128, 256, 512, 1024)
@@ -62,6 +69,21 @@ class ShareModel:
     def at(self, fraction: float) -> tuple[float, float]:
         return _modelled(self.model, self.gpu, self.tp, fraction, self.prompt_tokens, self.completion_tokens,
                          self.max_batch, self.prefix_tokens, self.working_set_tokens)
+
+    def load_shape(self, fraction: float, utilisation) -> np.ndarray:
+        """Latency at each `utilisation` (rate / T(f)) over the latency at the lightest load, of the
+        fitted request shape simulated at share `fraction` as profile synthesis measures a curve
+        (`_simulated_load_shape`); used where the KV cache regime changes between shares."""
+        loads, shape = _simulated_load_shape(self.model, self.gpu, self.tp, fraction, self.prompt_tokens,
+                                             self.completion_tokens, self.max_batch)
+        return np.interp(np.asarray(utilisation, dtype=float), loads, shape)
+
+    def rise_changes(self, measured: float, fraction: float) -> bool:
+        """Whether latency rises with the load differently at `fraction` than at the `measured`
+        share, so that the measured curve's rise is not carried over (`load_shape` is): across a KV
+        regime change, and for encoders, whose queue of lumps (a chunked-prefill iteration finishes
+        budget / P requests at once) changes with the share as an iteration's fixed part does."""
+        return self.model.encoder or self.regime(measured) != self.regime(fraction)
 
     def regime(self, fraction: float) -> str:
         """"memory" where the KV cache caps the batch below `max_batch` (the replica then acts as
@@ -126,6 +148,43 @@ def _modelled(model: ModelCard, gpu: GpuCard, tp: int, fraction: float, prompt: 
     return batch / busy_s, _light(model, gpu, tp, fraction, prompt, completion)
 
 
+# the load shape across a regime change: rates as fractions of the modelled capacity T(f), each
+# point SHAPE_REQUESTS fixed-shape requests (common random numbers at every share)
+SHAPE_LOADS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+SHAPE_REQUESTS = 400
+SHAPE_LUMPS = 30  # encoders: iterations of budget / prompt requests per point
+SHAPE_WARMUP = 0.25  # the share of a point's requests not measured (synthesis' warm-up)
+
+
+@lru_cache(maxsize=256)
+def _simulated_load_shape(model: ModelCard, gpu: GpuCard, tp: int, fraction: float, prompt: int, completion: int,
+                          max_batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """(SHAPE_LOADS, mean latency over the first point's, non-decreasing): Poisson arrivals of
+    `prompt`/`completion`-token requests on one replica of the engine model at `fraction`, at most
+    `max_batch` running, measured as profile synthesis measures a rate point (models/performance/
+    replica.py `run_poisson`, a quarter warm-up, seed 0). A KV cache that caps the batch makes the
+    replica act as that many servers of a near-constant service time: flat, then a queue at once; a
+    compute-bound batch slows every iteration as it fills; an encoder finishes lumps of requests."""
+    capacity, _ = _modelled(model, gpu, tp, fraction, prompt, completion, max_batch)
+    if not capacity > 0:  # nothing fits: no rise to speak of (such a share gets no curve)
+        return np.array(SHAPE_LOADS), np.ones(len(SHAPE_LOADS))
+    settings = replace(DEFAULT_SETTINGS, max_num_seqs=max(1, min(max_batch, DEFAULT_SETTINGS.max_num_seqs)))
+    engine = Engine(model, gpu, tp, min(max(fraction, 1e-6), 1.0), settings)
+    count = SHAPE_REQUESTS
+    if model.encoder:  # an iteration finishes budget / prompt requests at once: SHAPE_LUMPS of them per point
+        count = max(count, SHAPE_LUMPS * max(settings.max_num_batched_tokens // prompt, 1))
+    gaps = unit_gaps(random.Random(0), count)
+    warm = int(count * SHAPE_WARMUP)
+    latency = []
+    for load in SHAPE_LOADS:
+        requests = [Request(prompt, completion) for _ in range(count)]
+        run_poisson(engine, requests, gaps, load * capacity, SHAPE_WARMUP)
+        done = [r.latency_s for r in requests[warm:] if r.latency_s is not None]
+        latency.append(float(np.mean(done)) if done else math.inf)
+    rising = np.maximum.accumulate(np.array(latency))
+    return np.array(SHAPE_LOADS), rising / rising[0]
+
+
 def _misfit(model: ModelCard, gpu: GpuCard, tp: int, points, prompt: int, completion: int,
             max_batch: int, prefix_tokens: int = 0, working_set_tokens: int = 1) -> float:
     """Squared log error of the modelled capacity and latency against the measured ones, each up to
@@ -145,7 +204,11 @@ def _misfit(model: ModelCard, gpu: GpuCard, tp: int, points, prompt: int, comple
 
 @lru_cache(maxsize=4096)
 def _fit(model: ModelCard, gpu: GpuCard, tp: int, points: tuple[tuple[float, float, float], ...]) -> ShareModel:
-    """The grid shape (P, C, max batch) of least `_misfit`; the first of equals (deterministic)."""
+    """The grid shape (P, C, max batch) of least `_misfit`; the first of equals (deterministic).
+    Where the KV cache caps the batch at every measured share, every larger max batch fits them
+    exactly alike (the data bound it only from below); the first of equals is then the smallest
+    (the grid is ordered by batch within each (P, C)), so a larger share is not given capacity from a
+    batch no measurement showed."""
     completions = (0,) if model.encoder else COMPLETION_GRID
     batches = (DEFAULT_SETTINGS.max_num_seqs,) if model.encoder else BATCH_GRID
     grid = [(p, c, b) for p in PROMPT_GRID for c in completions for b in batches]

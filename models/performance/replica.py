@@ -27,10 +27,12 @@ prefix-cache affinity by default; it supports adding replicas and draining them 
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Hashable
 
+import numpy as np
 import simpy
 
 from scepsy.models.performance.engine import Engine, IterationWork, causal_attention
@@ -371,6 +373,36 @@ class ReplicaSim:
             self.batch_token_s += duration * len(plan)
             yield self.env.timeout(duration)
             self._apply(plan)
+
+
+def unit_gaps(rng: random.Random, count: int) -> np.ndarray:
+    """Exponential gaps scaled so that the realised rate over the run is exactly the nominal one."""
+    gaps = np.array([rng.expovariate(1.0) for _ in range(count)])
+    gaps *= (count - 1) / gaps[1:].sum()
+    return gaps
+
+
+def run_poisson(engine: Engine, requests: list[Request], gaps: np.ndarray, rate: float,
+                warmup_fraction: float) -> tuple[float, float]:
+    """Submit `requests` to one replica as arrivals at `rate` (unit-mean `gaps` / rate) and run until
+    the last arrival plus the time an overloaded replica is given to drain (3 windows, at least 60 s;
+    its latencies then only mark the rate unstable). The requests record their finish times. Returns
+    the measurement window: the arrival of the first request past `warmup_fraction`, the last
+    arrival (profile synthesis, models/profiles/synthesize.py; load shapes, fraction_shape.py)."""
+    env = simpy.Environment()
+    replica = ReplicaSim(env, engine)
+    arrivals = np.cumsum(np.asarray(gaps) / rate)
+    warm = int(len(requests) * warmup_fraction)
+    window = (float(arrivals[warm]), float(arrivals[-1]))
+
+    def source():
+        for request, at in zip(requests, arrivals):
+            yield env.timeout(at - env.now)
+            replica.submit(request)
+
+    env.process(source())
+    env.run(until=window[1] + max(3 * (window[1] - window[0]), 60.0))
+    return window
 
 
 class Router:

@@ -63,7 +63,7 @@ from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSet
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import check_input, read_text
 from scepsy.models.instance.profile import PROFILE_COLUMNS, STABLE_THROUGHPUT_RATIO, as_written
-from scepsy.models.performance.replica import ReplicaSim, Request
+from scepsy.models.performance.replica import ReplicaSim, Request, run_poisson, unit_gaps
 
 AZURE_DIR = Path("shared") / "data" / "azure-llm-inference-2023"
 AZURE_FILES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
@@ -446,22 +446,9 @@ def _row(rate: float, requests: list[Request], window: tuple[float, float], meas
 def measure_point(engine: Engine, shapes: Sequence[RequestShape], gaps: np.ndarray, rate: float,
                   warmup_fraction: float) -> dict:
     """Simulate Poisson arrivals at `rate` (unit-mean `gaps` / rate) of `shapes`; one profile row."""
-    env = simpy.Environment()
-    replica = ReplicaSim(env, engine)
     requests = [_request(s) for s in shapes]
-    arrivals = np.cumsum(np.asarray(gaps) / rate)
-    warm = int(len(requests) * warmup_fraction)
-    window = (float(arrivals[warm]), float(arrivals[-1]))
-
-    def source():
-        for request, at in zip(requests, arrivals):
-            yield env.timeout(at - env.now)
-            replica.submit(request)
-
-    env.process(source())
-    # an overloaded replica drains slowly; its latencies only mark the row unstable
-    env.run(until=window[1] + max(3 * (window[1] - window[0]), 60.0))
-    return _row(rate, requests, window, requests[warm:])
+    window = run_poisson(engine, requests, gaps, rate, warmup_fraction)
+    return _row(rate, requests, window, requests[int(len(requests) * warmup_fraction):])
 
 
 def measure_sessions_point(engine: Engine, sessions: Sequence[Session], gaps: np.ndarray, rate: float,
@@ -516,12 +503,12 @@ def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisS
         while sum(s.calls for s in sessions) < n or len(sessions) < settings.min_sessions:
             sessions.append(_fit_session(source.sessions[rng.randrange(len(source.sessions))], engine))
         saturation = session_saturation_rps(engine, sessions)
-        gaps = _unit_gaps(rng, len(sessions))
+        gaps = unit_gaps(rng, len(sessions))
         return sweep(lambda rate: measure_sessions_point(engine, sessions, gaps, rate, settings.warmup_fraction),
                      saturation, settings)
     shapes = [fit_shape(s, engine) for s in source.sample(rng, n)]
     saturation = saturation_rps(engine, shapes)
-    gaps = _unit_gaps(rng, len(shapes))
+    gaps = unit_gaps(rng, len(shapes))
     return sweep(lambda rate: measure_point(engine, shapes, gaps, rate, settings.warmup_fraction), saturation, settings)
 
 
@@ -568,13 +555,6 @@ def requests_per_point(source: RequestSource, engine: Engine, settings: Synthesi
     budget = engine.settings.max_num_batched_tokens
     per_iteration = max(budget // max(int(source.mean_prompt_tokens), 1), 1)
     return max(DEFAULT_REQUESTS_PER_POINT, settings.min_lump_iterations * per_iteration)
-
-
-def _unit_gaps(rng: random.Random, count: int) -> np.ndarray:
-    """Exponential gaps scaled so that the realised rate over the run is exactly the nominal one."""
-    gaps = np.array([rng.expovariate(1.0) for _ in range(count)])
-    gaps *= (count - 1) / gaps[1:].sum()
-    return gaps
 
 
 def synthesize(

@@ -361,16 +361,9 @@ def test_a_kv_regime_change_is_derived_with_the_engine_models_load_shape():
     assert shape.regime(0.1) == "memory" and shape.regime(0.2) == "compute"  # (the fit finds 512 + 128 tokens back)
     got = replace(profile, curves={key: kept}).curve(*key, 0.1, gpu.memory_gib, model.weights_gib, shape)
     assert got is not None and got.derived_from == (0.2,)
-    loads = np.linspace(0.1, 0.8, 15)
-    rates = loads * truth.capacity_rps
-
-    def worst_error(latency) -> float:
-        return float(np.max(np.abs(latency / truth.latency_s(rates) - 1)))
-
-    assert worst_error(got.latency_s(rates)) <= 0.10
-    light_ratio = shape.at(0.1)[1] / shape.at(0.2)[1]
-    borrowed = near.latency_s(rates / got.capacity_rps * near.capacity_rps) * light_ratio
-    assert worst_error(borrowed) > 0.20
+    derived_error, borrowed_error = _derived_and_borrowed_errors(truth, near, got, shape.at(0.1)[1] / shape.at(0.2)[1])
+    assert derived_error <= 0.10
+    assert borrowed_error > 0.20
 
 
 def test_an_encoders_rise_with_the_load_is_the_engine_models_at_each_share():
@@ -395,12 +388,17 @@ def test_an_encoders_rise_with_the_load_is_the_engine_models_at_each_share():
     got = replace(profile, curves={key: kept}).curve(*key, 0.1, 48.0, 0.21, shape)
     assert got is not None and got.derived_from == (0.2,)
     assert got.capacity_rps == pytest.approx(truth.capacity_rps, rel=0.01)
+    derived_error, borrowed_error = _derived_and_borrowed_errors(truth, near, got, shape.at(0.1)[1] / shape.at(0.2)[1])
+    assert derived_error <= 0.10
+    assert borrowed_error > 0.15
+
+
+def _derived_and_borrowed_errors(truth, near, derived, light_ratio: float) -> tuple[float, float]:
+    """Worst relative error against the measured curve `truth` at 10-80% of its capacity: of the
+    derived curve, and of the neighbour `near`'s own rise with the load scaled by the engine
+    model's light-load ratio (the rate axis scaled to the derived capacity)."""
     rates = np.linspace(0.1, 0.8, 15) * truth.capacity_rps
-
-    def worst_error(latency) -> float:
-        return float(np.max(np.abs(latency / truth.latency_s(rates) - 1)))
-
-    assert worst_error(got.latency_s(rates)) <= 0.10
-    light_ratio = shape.at(0.1)[1] / shape.at(0.2)[1]
-    borrowed = near.latency_s(rates / got.capacity_rps * near.capacity_rps) * light_ratio
-    assert worst_error(borrowed) > 0.15
+    measured = truth.latency_s(rates)
+    borrowed = near.latency_s(rates / derived.capacity_rps * near.capacity_rps) * light_ratio
+    return (float(np.max(np.abs(derived.latency_s(rates) / measured - 1))),
+            float(np.max(np.abs(borrowed / measured - 1))))

@@ -205,6 +205,31 @@ def test_a_short_sweep_is_extended_until_a_row_is_unstable():
     assert sweep(queue_row(100.0), 25.0, SynthesisSettings(max_extensions=0, refine_steps=0))[-1]["arrival_rate"] == 30.0
 
 
+def test_replications_pool_independent_draws_at_every_rate():
+    """One replication is the single-draw sweep, row for row; three pool the first draw's rows
+    with two other draws of requests and gaps at the same rates (their mean, as written)."""
+    from scepsy.models.performance.engine import Engine
+    import random
+
+    from scepsy.models.profiles.synthesize import _workload, pooled_row, synthesize_curve
+
+    engine = Engine(catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), 1, 0.3)
+    source = load_request_source("azure:conv")
+    settings = SynthesisSettings(requests_per_point=60, rate_points=(0.2, 0.6, 1.0), max_extensions=0, refine_steps=0)
+    one = synthesize_curve(engine, source, settings)
+    three = synthesize_curve(engine, source, SynthesisSettings(**{**settings.__dict__, "replications": 3}))
+    assert [r["arrival_rate"] for r in three] == [r["arrival_rate"] for r in one]
+    assert all(a["latency_mean"] != b["latency_mean"] for a, b in zip(one, three))
+    # every pooled row is the single-draw row with those of the draws seeded "0:1" and "0:2" (measured
+    # here at the rate as written, 6 significant digits)
+    others = [_workload(engine, source, settings, random.Random(f"0:{index}"))[0] for index in (1, 2)]
+    for single, pooled in zip(one, three):
+        expected = pooled_row([single] + [measure(single["arrival_rate"]) for measure in others])
+        assert pooled == pytest.approx(expected, rel=1e-5)
+    rows = [{"arrival_rate": 2.0, "throughput": t, "latency_mean": m} for t, m in ((2.0, 1.0), (2.0, 2.0), (1.4, 6.0))]
+    assert pooled_row(rows) == {"arrival_rate": 2.0, "throughput": 1.8, "latency_mean": 3.0}
+
+
 def test_prefill_only_calls_get_enough_requests_per_point_for_their_lumps():
     """One chunked-prefill iteration finishes 2048 / 32 = 64 e5-base-v2 queries at once: 400 of them
     per point left stability to where the last lump fell; 100 iterations' worth are replayed."""

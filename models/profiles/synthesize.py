@@ -311,6 +311,10 @@ class SynthesisSettings:
     # finishes budget / prompt of them at once) are replayed for at least this many iterations'
     # worth per point, so that the stability count is not decided by where a lump falls
     min_lump_iterations: int = 100
+    # independent draws of requests and gaps measured at every rate and pooled (`pooled_row`):
+    # the capacity of a replica that collapses past it is a tipping point that one draw places
+    # a few percent apart from the next, and 80% of it lies on the steep part of the curve
+    replications: int = 1
 
 
 DEFAULT_REQUESTS_PER_POINT = 400
@@ -495,21 +499,46 @@ def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisS
     """Rows of one (gpu, tp, fraction) curve: the sweep from 5% to 120% of saturation, extended
     and refined around the stability boundary (`sweep`). A source with sessions is replayed
     session by session (dependencies and prefix cache simulated); otherwise its calls arrive
-    independently (traced cache hits replayed as hits)."""
-    rng = random.Random(settings.seed)
+    independently (traced cache hits replayed as hits). With `replications` > 1 every rate is
+    measured on that many independent draws of requests and gaps and the rows are pooled
+    (`pooled_row`); the grid is the first draw's, which alone is what one replication measures."""
+    first, saturation = _workload(engine, source, settings, random.Random(settings.seed))
+    draws = [first] + [
+        _workload(engine, source, settings, random.Random(f"{settings.seed}:{index}"))[0]
+        for index in range(1, settings.replications)
+    ]
+    if len(draws) == 1:
+        return sweep(first, saturation(), settings)
+    return sweep(lambda rate: pooled_row([measure(rate) for measure in draws]), saturation(), settings)
+
+
+def _workload(engine: Engine, source: RequestSource, settings: SynthesisSettings,
+              rng: random.Random) -> tuple[Callable[[float], dict], Callable[[], float]]:
+    """One draw of requests (or sessions) and unit gaps from `rng`: the row at a rate, and the
+    saturation estimate of the draw (computed only when asked: a closed-loop run)."""
     n = requests_per_point(source, engine, settings)
     if source.sessions:
         sessions: list[Session] = []
         while sum(s.calls for s in sessions) < n or len(sessions) < settings.min_sessions:
             sessions.append(_fit_session(source.sessions[rng.randrange(len(source.sessions))], engine))
-        saturation = session_saturation_rps(engine, sessions)
-        gaps = unit_gaps(rng, len(sessions))
-        return sweep(lambda rate: measure_sessions_point(engine, sessions, gaps, rate, settings.warmup_fraction),
-                     saturation, settings)
+        session_gaps = unit_gaps(rng, len(sessions))
+        return (lambda rate: measure_sessions_point(engine, sessions, session_gaps, rate, settings.warmup_fraction),
+                lambda: session_saturation_rps(engine, sessions))
     shapes = [fit_shape(s, engine) for s in source.sample(rng, n)]
-    saturation = saturation_rps(engine, shapes)
     gaps = unit_gaps(rng, len(shapes))
-    return sweep(lambda rate: measure_point(engine, shapes, gaps, rate, settings.warmup_fraction), saturation, settings)
+    return (lambda rate: measure_point(engine, shapes, gaps, rate, settings.warmup_fraction),
+            lambda: saturation_rps(engine, shapes))
+
+
+def pooled_row(rows: Sequence[dict]) -> dict:
+    """One row from the rows of independent draws at one rate: throughput and latencies are their
+    means (each draw measures the same number of requests, so the mean latency is the pooled
+    one; a percentile is the mean of the draws' percentiles). A draw that collapsed pulls the
+    throughput below the stability ratio as often as it happens."""
+    return {
+        key: rows[0][key] if key == "arrival_rate" else as_written(float(np.mean([row[key] for row in rows])))
+        for key in rows[0]
+    }
 
 
 def _stable(row: dict) -> bool:

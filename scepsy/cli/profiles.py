@@ -44,6 +44,7 @@ def profiles_synthesize(
     gpu_type_name: Annotated[Optional[str], typer.Option("--gpu-type-name", help="gpu_type label in the CSV (default: --gpu as given).")] = None,
     min_kv_gib: Annotated[float, typer.Option("--min-kv-gib", min=0.0, help="Skip fractions whose KV cache is smaller.")] = 0.0,
     requests_per_point: Annotated[Optional[int], typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point (default: 400, more for prefill-only calls whose completions come in batches).")] = None,
+    replications: Annotated[int, typer.Option("--replications", min=1, max=16, help="Independent draws of requests and arrival gaps measured at every rate and pooled (latency noise falls about as 1/sqrt; the time grows with it).")] = 1,
     merge: Annotated[bool, typer.Option("--merge", help="Keep the rows of other (gpu_type, tp) pairs already in --out.")] = False,
     weights: WeightsOpt = None,
     engine_model: EngineModelOpt = "builtin",
@@ -63,7 +64,7 @@ def profiles_synthesize(
         fracs = number_list(fractions, "--fractions", "0.2,0.5,1.0")
         if any(f > 1 for f in fracs):
             raise InputError(None, "--fractions", "fractions must lie in (0, 1]", "write e.g. 0.2,0.5,1.0")
-        settings = SynthesisSettings(requests_per_point=requests_per_point, seed=seed)
+        settings = SynthesisSettings(requests_per_point=requests_per_point, seed=seed, replications=replications)
         with progress(f"synthesizing {model} on {gpu_type_name or gpu}", len(tps) * len(fracs)) as advance:
             result = api.synthesize_profile(
                 model, gpu, tps, fracs, requests, llm=llm, gpu_type=gpu_type_name, min_kv_gib=min_kv_gib, settings=settings,

@@ -1,6 +1,6 @@
 """Curves of unprofiled GPU fractions against measured ones, and plans from sparse profiles.
 
-    python bench/fraction_accuracy.py [--out-dir DIR]
+    python bench/fraction_accuracy.py [--out-dir DIR] [--seed-noise [--noise-remedies]]
 
 1. Leave one fraction out: for every shipped profile (instances/profiles/*.csv) and two more models
    synthesized here (Mistral-7B on RTX A6000, Qwen2.5-7B on H100-SXM; tp 1 and 2, fractions
@@ -14,7 +14,9 @@
    ones by instances/generate_profiles.py's recipe, the two extra models as above) with seeds 1
    and 2, and the same error is computed between those curves and the profile's own: how far the
    measurement itself moves at 10-80% of its capacity (seed 0 is re-measured too, to check the
-   recipe reproduces the profile).
+   recipe reproduces the profile). With --noise-remedies too, that noise is measured again with
+   three pooled draws per rate (`SynthesisSettings.replications`) and with four times the replayed
+   requests (seed 0 of each remeasured the same way is then the reference).
 2. Sparse profiles: plan every shipped instance with its profiles cut to the fractions 0.2, 0.5
    and 1.0 (the README's `profiles synthesize` example), evaluate that allocation on the full
    profiles (models/alp.py) and compare its latency with the full-profile optimum.
@@ -126,20 +128,21 @@ def _traced_calls(instance_file: str, llm: str) -> tuple:
     return tuple(c for c in _generator().trace(instance_file).calls if c["llm"] == llm)
 
 
-def remeasured(row: dict, seed: int):
-    """The left-out curve of `row` measured again with `seed`, as its profile was made."""
+def remeasured(row: dict, seed: int, **variant):
+    """The left-out curve of `row` measured again with `seed`, as its profile was made (with the
+    SynthesisSettings fields of `variant` changed)."""
     profile, gpu_type, tp, fraction = row["profile"], row["gpu_type"], row["tp"], row["fraction"]
     extra = {f"{name}-{gpu}": (name, gpu) for name, gpu, _ in EXTRA_MODELS}
     if profile in extra:
         name, gpu = extra[profile]
         frame, _ = synthesize(catalog.model(name), catalog.gpu(gpu), [tp], [fraction],
-                              load_request_source("fixed:512,128"), SynthesisSettings(seed=seed))
+                              load_request_source("fixed:512,128"), SynthesisSettings(seed=seed, **variant))
     else:
         generator = _generator()
         instance_file, llm, model_name, _ = generator.PROFILES[profile]
         min_kv = load_instance(generator.HERE / instance_file).llm(llm).min_kv_gib
         frame = generator.profile_rows(profile, gpu_type, tp, list(_traced_calls(instance_file, llm)), model_name,
-                                       min_kv, fractions=[fraction], seed=seed)
+                                       min_kv, fractions=[fraction], seed=seed, **variant)
     (curve,) = build_profile(frame, f"{profile} seed {seed}").curves[(gpu_type, tp)]
     return curve
 
@@ -157,6 +160,25 @@ def seed_noise(row: dict, measured) -> dict:
         "reproduced": bool(np.array_equal(same.rates_rps, measured.rates_rps)
                            and np.array_equal(same.latencies_s["mean"], measured.latencies_s["mean"])),
     }
+
+
+def variant_noise(row: dict, **variant) -> dict:
+    """The seed noise of `row`'s curve when it is measured with the settings of `variant` (more
+    pooled draws, longer replays): seed 0 measured so is the reference, seeds 1 and 2 are compared
+    with it at 10-80% of its capacity."""
+    reference = remeasured(row, 0, **variant)
+    rates = LOADS * reference.capacity_rps
+    truth = reference.latency_s(rates)
+    again = [remeasured(row, seed, **variant) for seed in NOISE_SEEDS]
+    return {
+        "noise": max(float(np.max(np.abs(c.latency_s(rates) - truth) / truth)) for c in again),
+        "capacities_rps": [round(c.capacity_rps, 4) for c in [reference, *again]],
+    }
+
+
+# what else was tried against the seed noise (--noise-remedies): three pooled draws per rate, and
+# four times the replayed requests (min_sessions 1,200 where the profiles replay 300)
+NOISE_REMEDIES = {"replications_3": {"replications": 3}, "requests_x4": {"min_sessions": 1200}}
 
 
 def old_rule_latency(curves, fraction: float, rates, kv) -> np.ndarray:
@@ -224,6 +246,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--seed-noise", action="store_true", help="measure the cases above 10%% again with other seeds")
+    parser.add_argument("--noise-remedies", action="store_true",
+                        help="with --seed-noise: the seed noise again with 3 pooled draws and with 4x the replayed requests")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         directory = args.out_dir or Path(tmp)
@@ -258,10 +282,19 @@ def main() -> None:
             row["capacity_rps_seeds_0_1_2"] = " / ".join(
                 f"{c:.4g}" for c in [row["curve"].capacity_rps, *noise["seed_capacities_rps"]])
             row["seed_0_reproduces"] = noise["reproduced"]
+        if args.seed_noise and args.noise_remedies:
+            for label, variant in NOISE_REMEDIES.items():
+                remedy = variant_noise(row, **variant)
+                row[f"{label}_noise_%"] = 100 * remedy["noise"]
+                row[f"{label}_capacity_rps"] = " / ".join(f"{c:.4g}" for c in remedy["capacities_rps"])
     if misses:
         columns = ["case", "error_%", "capacity_error_%"]
         columns += ["seed_noise_%", "capacity_rps_seeds_0_1_2", "seed_0_reproduces"] if args.seed_noise else []
         print(markdown(misses, columns))
+        if args.seed_noise and args.noise_remedies:
+            remedies = [f"{label}_{what}" for label in NOISE_REMEDIES for what in ("noise_%", "capacity_rps")]
+            print("\nThe same seed noise with 3 pooled draws per rate, and with 4x the replayed requests:\n")
+            print(markdown(misses, ["case", "seed_noise_%", *remedies]))
     plans = sparse_plans()
     print("\nPlans from the fractions 0.2, 0.5 and 1.0 alone, evaluated on the full profiles:\n")
     for row in plans:

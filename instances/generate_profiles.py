@@ -81,16 +81,17 @@ def _job(args):
 
 
 def profile_rows(name: str, gpu_type: str, tp: int, calls, model_name: str, min_kv_gib: float,
-                 fractions=FRACTIONS, seed: int = 0) -> pd.DataFrame:
-    """The rows of one shipped profile's (gpu_type, tp) at `fractions` (another `seed`: the same
-    curves measured again, as bench/fraction_accuracy.py does to tell the measurements' own noise)."""
+                 fractions=FRACTIONS, seed: int = 0, **settings) -> pd.DataFrame:
+    """The rows of one shipped profile's (gpu_type, tp) at `fractions` (another `seed`, or other
+    SynthesisSettings fields: the same curves measured again, as bench/fraction_accuracy.py does to
+    tell the measurements' own noise)."""
     from scepsy.models.catalog import catalog
     from scepsy.models.profiles.synthesize import SynthesisSettings, source_from_calls, synthesize
 
     source = source_from_calls(calls, f"traced calls of {name}")
     frame, _ = synthesize(
         catalog.model(model_name), catalog.gpu(GPU_CATALOG[gpu_type]), [tp], fractions, source,
-        SynthesisSettings(seed=seed), gpu_type=gpu_type, min_kv_gib=min_kv_gib,
+        SynthesisSettings(seed=seed, **settings), gpu_type=gpu_type, min_kv_gib=min_kv_gib,
     )
     return frame
 

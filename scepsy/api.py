@@ -258,6 +258,7 @@ class SynthesizedProfile:
     requests: RequestSource
     timers: Mapping[int, IterationTimer | None]  # per TP degree; None: the built-in roofline
     skipped: tuple[Skipped, ...]
+    replications: int = 1  # independent draws pooled at every rate (SynthesisSettings.replications)
 
     def capacities_rps(self) -> dict[str, float]:
         """The largest stable arrival rate of each (tp, fraction) curve of `gpu_type`, req/s."""
@@ -276,6 +277,7 @@ class SynthesizedProfile:
             "engine_model": {f"tp{t}": timer.describe() for t, timer in self.timers.items() if timer} or "builtin",
             "mean_prompt_tokens": round(self.requests.mean_prompt_tokens, 1),
             "mean_completion_tokens": round(self.requests.mean_completion_tokens, 1),
+            "replications": self.replications,
             "rows": int(len(self.frame)),
             "capacity_rps": self.capacities_rps(),
             "capacity_inversions": self.capacity_inversions(),
@@ -324,7 +326,7 @@ def synthesize_profile(
         old = read_profile_frame(merge_into)
         keep = ~old.set_index(["gpu_type", "tp"]).index.isin(frame.set_index(["gpu_type", "tp"]).index)
         frame = pd.concat([old[keep], frame], ignore_index=True)
-    return SynthesizedProfile(frame, card, gpu_card, label, source, timers, tuple(skipped))
+    return SynthesizedProfile(frame, card, gpu_card, label, source, timers, tuple(skipped), settings.replications)
 
 
 def write_profile_rows(rows: pd.DataFrame, out: Path | str) -> None:

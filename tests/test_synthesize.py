@@ -104,6 +104,28 @@ def test_cli_synthesize_writes_and_merges(tmp_path):
     assert set(frame["gpu_type"]) == {"A6000", "H100"} and (frame["gpu_type"] == "A6000").sum() == summary["rows"]
 
 
+def test_cli_synthesize_pools_replications(tmp_path, capsys):
+    """`--replications 2` writes the single draw's rates with pooled values and says so; 0 is exit 2."""
+    runner = CliRunner()
+    common = ["profiles", "synthesize", "--model", "llama-3.2-1b", "--gpu", "A6000", "--fractions", "0.5",
+              "--requests", "azure:conv", "--requests-per-point", "60", "--json"]
+    one = runner.invoke(app, [*common, "--out", str(tmp_path / "one.csv")])
+    two = runner.invoke(app, [*common, "--replications", "2", "--out", str(tmp_path / "two.csv")])
+    assert one.exit_code == 0 and two.exit_code == 0, one.output + two.output
+    assert (json.loads(one.output)["replications"], json.loads(two.output)["replications"]) == (1, 2)
+    single, pooled = pd.read_csv(tmp_path / "one.csv"), pd.read_csv(tmp_path / "two.csv")
+    # the grid is the first draw's (the rows that locate the boundary may differ)
+    both = single.merge(pooled, on="arrival_rate", suffixes=("_one", "_two"))
+    assert len(both) >= len(SynthesisSettings().rate_points)
+    assert (both["latency_mean_one"] != both["latency_mean_two"]).all()
+    from scepsy.cli import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([*common, "--replications", "0", "--out", str(tmp_path / "bad.csv")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(lines) == 1 and "'--replications'" in lines[0]
+
+
 def test_cli_synthesize_bad_input_is_one_line_exit_2(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["profiles", "synthesize", "--model", "gpt-5", "--gpu", "A6000", "--out", str(tmp_path / "x.csv")])

@@ -44,7 +44,7 @@ def profiles_synthesize(
     gpu_type_name: Annotated[Optional[str], typer.Option("--gpu-type-name", help="gpu_type label in the CSV (default: --gpu as given).")] = None,
     min_kv_gib: Annotated[float, typer.Option("--min-kv-gib", min=0.0, help="Skip fractions whose KV cache is smaller.")] = 0.0,
     requests_per_point: Annotated[Optional[int], typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point (default: 400, more for prefill-only calls whose completions come in batches).")] = None,
-    replications: Annotated[int, typer.Option("--replications", min=1, max=16, help="Independent draws of requests and arrival gaps measured at every rate and pooled (latency noise falls about as 1/sqrt; the time grows with it).")] = 1,
+    replications: Annotated[int, typer.Option("--replications", min=1, max=16, help="Independent draws of requests and arrival gaps measured at every rate and pooled (latency noise falls about as 1/sqrt(R); the time grows R-fold).")] = 1,
     merge: Annotated[bool, typer.Option("--merge", help="Keep the rows of other (gpu_type, tp) pairs already in --out.")] = False,
     weights: WeightsOpt = None,
     engine_model: EngineModelOpt = "builtin",

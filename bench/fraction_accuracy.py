@@ -10,7 +10,8 @@
    models/performance/fraction_shape.py, the model named by the instances that use the profile)
    and compare the derived mean latency with the measured one at 15 rates from 10%
    to 80% of the measured capacity (worst relative error per case, and the mean signed error at
-   80% over a profile's cases: a bias of the derivation, where noise averages out), and the capacities.
+   80% over a profile's cases: a bias of the derivation, where noise averages out), and the capacities;
+   and the same comparison at 10-80% of a what-if capacity, the curve's knee (`knee_rps`).
    With --seed-noise, every case above 10% is measured again as its profile was made (the shipped
    ones by instances/generate_profiles.py's recipe, the two extra models as above) with seeds 1
    and 2, and the same error is computed between those curves and the profile's own: how far the
@@ -104,8 +105,12 @@ def leave_one_out(path: Path, weights: tuple[float, str]) -> list[dict]:
             got = derived.latency_s(rates)
             old = old_rule_latency(without(profile, key, measured.fraction).curves[key], measured.fraction, rates,
                                    lambda f: tp * f * memory - weights_gib)
+            knee = knee_rps(measured)
+            below_knee = LOADS * knee
             rows.append({
                 "profile": path.stem, "gpu_type": gpu_type, "tp": tp, "fraction": measured.fraction,
+                "knee_error": float(np.max(np.abs(derived.latency_s(below_knee) / measured.latency_s(below_knee) - 1))),
+                "knee_share": knee / measured.capacity_rps,
                 "max_error": float(np.max(np.abs(got - truth) / truth)),
                 "signed_error_at_80": float(got[-1] / truth[-1] - 1),
                 "old_max_error": float(np.max(np.abs(old - truth) / truth)),
@@ -113,6 +118,23 @@ def leave_one_out(path: Path, weights: tuple[float, str]) -> list[dict]:
                 "curve": measured,
             })
     return rows
+
+
+KNEE_LATENCY_RATIO = 3.0
+
+
+def knee_rps(curve) -> float:
+    """A what-if capacity that is a property of the curve (docs/evidence.md section 4): the rate
+    where the mean latency first reaches KNEE_LATENCY_RATIO x its value at the lightest measured
+    load (interpolated), or the capacity where it never does."""
+    latency = curve.latencies_s["mean"]
+    above = np.flatnonzero(latency >= KNEE_LATENCY_RATIO * latency[0])
+    if not len(above):
+        return curve.capacity_rps
+    i = int(above[0])
+    target = KNEE_LATENCY_RATIO * latency[0]
+    lo, hi = curve.rates_rps[i - 1], curve.rates_rps[i]
+    return float(lo + (hi - lo) * (target - latency[i - 1]) / (latency[i] - latency[i - 1]))
 
 
 @lru_cache(maxsize=1)
@@ -256,7 +278,7 @@ def main() -> None:
         weights = shipped_weights_gib()
         cases = [(p, weights[p.name]) for p in SHIPPED_PROFILES] + synthesized_profiles(directory)
         detail = [row for path, w in cases for row in leave_one_out(path, w)]
-    summary = []
+    summary, knees = [], []
     for name in sorted({r["profile"] for r in detail}):
         mine = [r for r in detail if r["profile"] == name]
         worst = max(mine, key=lambda r: r["max_error"])
@@ -272,8 +294,17 @@ def main() -> None:
             # a derivation biased on the steep part would show here; noise averages out
             "mean_signed_error_at_80%_%": 100 * float(np.mean([r["signed_error_at_80"] for r in mine])),
         })
+        knees.append({
+            "profile": name, "cases": len(mine),
+            "within_10%_below_knee": sum(1 for r in mine if r["knee_error"] <= 0.10),
+            "worst_error_below_knee_%": 100 * max(r["knee_error"] for r in mine),
+            "median_knee_share_of_capacity": float(np.median([r["knee_share"] for r in mine])),
+        })
     print("Leave one fraction out (mean latency at 10-80% of the measured capacity, worst per case):\n")
     print(markdown(summary, list(summary[0])))
+    print(f"\nWhat if the capacity were the curve's knee (mean latency {KNEE_LATENCY_RATIO:g}x its light-load value;"
+          " the derivation unchanged, compared at 10-80% of the measured curve's knee):\n")
+    print(markdown(knees, list(knees[0])))
     misses = sorted((r for r in detail if r["max_error"] > 0.10), key=lambda r: -r["max_error"])
     print(f"\nCases above 10% ({len(misses)} of {len(detail)}):\n")
     for row in misses:

@@ -128,11 +128,11 @@ def knee_rps(curve) -> float:
     where the mean latency first reaches KNEE_LATENCY_RATIO x its value at the lightest measured
     load (interpolated), or the capacity where it never does."""
     latency = curve.latencies_s["mean"]
-    above = np.flatnonzero(latency >= KNEE_LATENCY_RATIO * latency[0])
+    target = KNEE_LATENCY_RATIO * latency[0]
+    above = np.flatnonzero(latency >= target)
     if not len(above):
         return curve.capacity_rps
     i = int(above[0])
-    target = KNEE_LATENCY_RATIO * latency[0]
     lo, hi = curve.rates_rps[i - 1], curve.rates_rps[i]
     return float(lo + (hi - lo) * (target - latency[i - 1]) / (latency[i] - latency[i - 1]))
 
@@ -174,16 +174,22 @@ def remeasured(row: dict, seed: int, **variant):
 def seed_noise(row: dict, measured) -> dict:
     """The leave-one-out error metric between the profile's curve and the same curve measured with
     other seeds (worst over NOISE_SEEDS), and whether seed 0 reproduces the profile's curve."""
-    rates = LOADS * measured.capacity_rps
-    truth = measured.latency_s(rates)
     again = [remeasured(row, seed) for seed in NOISE_SEEDS]
     same = remeasured(row, 0)
     return {
-        "seed_noise": max(float(np.max(np.abs(c.latency_s(rates) - truth) / truth)) for c in again),
+        "seed_noise": worst_noise(measured, again),
         "seed_capacities_rps": [round(c.capacity_rps, 4) for c in again],
         "reproduced": bool(np.array_equal(same.rates_rps, measured.rates_rps)
                            and np.array_equal(same.latencies_s["mean"], measured.latencies_s["mean"])),
     }
+
+
+def worst_noise(reference, curves) -> float:
+    """The leave-one-out metric between `reference` and each of `curves` (worst of them): the
+    largest relative difference of the mean latency at 10-80% of the reference's capacity."""
+    rates = LOADS * reference.capacity_rps
+    truth = reference.latency_s(rates)
+    return max(float(np.max(np.abs(c.latency_s(rates) - truth) / truth)) for c in curves)
 
 
 def variant_noise(row: dict, **variant) -> dict:
@@ -191,11 +197,9 @@ def variant_noise(row: dict, **variant) -> dict:
     pooled draws, longer replays): seed 0 measured so is the reference, seeds 1 and 2 are compared
     with it at 10-80% of its capacity."""
     reference = remeasured(row, 0, **variant)
-    rates = LOADS * reference.capacity_rps
-    truth = reference.latency_s(rates)
     again = [remeasured(row, seed, **variant) for seed in NOISE_SEEDS]
     return {
-        "noise": max(float(np.max(np.abs(c.latency_s(rates) - truth) / truth)) for c in again),
+        "noise": worst_noise(reference, again),
         "capacities_rps": [round(c.capacity_rps, 4) for c in [reference, *again]],
     }
 

@@ -230,9 +230,9 @@ def test_a_short_sweep_is_extended_until_a_row_is_unstable():
 def test_replications_pool_independent_draws_at_every_rate():
     """One replication is the single-draw sweep, row for row; three pool the first draw's rows
     with two other draws of requests and gaps at the same rates (their mean, as written)."""
-    from scepsy.models.performance.engine import Engine
     import random
 
+    from scepsy.models.performance.engine import Engine
     from scepsy.models.profiles.synthesize import _workload, pooled_row, synthesize_curve
 
     engine = Engine(catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), 1, 0.3)

@@ -503,14 +503,14 @@ def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisS
     independently (traced cache hits replayed as hits). With `replications` > 1 every rate is
     measured on that many independent draws of requests and gaps and the rows are pooled
     (`pooled_row`); the grid is the first draw's, which alone is what one replication measures."""
-    first, saturation = _workload(engine, source, settings, random.Random(settings.seed))
-    draws = [first] + [
-        _workload(engine, source, settings, random.Random(f"{settings.seed}:{index}"))[0]
-        for index in range(1, settings.replications)
-    ]
-    if len(draws) == 1:
-        return sweep(first, saturation(), settings)
-    return sweep(lambda rate: pooled_row([measure(rate) for measure in draws]), saturation(), settings)
+    seeds: list[int | str] = [settings.seed, *(f"{settings.seed}:{i}" for i in range(1, settings.replications))]
+    draws = [_workload(engine, source, settings, random.Random(seed)) for seed in seeds]
+
+    def measure(rate: float) -> dict:
+        # one draw's pooled row is its own row (its values are already rounded as written)
+        return pooled_row([row_at(rate) for row_at, _ in draws])
+
+    return sweep(measure, draws[0][1](), settings)
 
 
 def _workload(engine: Engine, source: RequestSource, settings: SynthesisSettings,

@@ -212,7 +212,7 @@ def test_the_sweep_brackets_the_stability_boundary_however_far_off_the_saturatio
     # a grid step past the grid (1.2 x) is 0.25 x, one within it 0.1 x; four bisections cut it 16-fold
     assert unstable - stable <= 0.25 * 1.25 ** 8 * estimate_rps / 16 and (unstable - stable) / stable < 0.02
     # the grid rows are the ones a sweep without the extra rows writes
-    grid = sweep(queue_row(100.0), estimate_rps, SynthesisSettings(max_extensions=0, refine_steps=0))
+    grid = sweep(queue_row(100.0), estimate_rps, SynthesisSettings(max_extensions=0, refine_steps=0, fill_points=()))
     assert [r["arrival_rate"] for r in grid] == [p * estimate_rps for p in RATE_POINTS]
     assert all(row in rows for row in grid)
 
@@ -227,6 +227,33 @@ def test_a_short_sweep_is_extended_until_a_row_is_unstable():
     assert sweep(queue_row(100.0), 25.0, SynthesisSettings(max_extensions=0, refine_steps=0))[-1]["arrival_rate"] == 30.0
 
 
+def test_the_steep_part_of_the_curve_is_measured_not_drawn_as_a_line():
+    """A sweep whose grid ends at 0.3 of the capacity reaches it in 1.25x steps: a straight line
+    between the rows around 0.8 of the capacity reads an M/M/1 latency 30% high. The filled rows
+    put one within 2.5% of the capacity of each of 0.5..0.95 of it, and leave the grid, the
+    extensions and the capacity as they were."""
+    from scepsy.models.instance.profile import build_profile
+    from scepsy.models.profiles.synthesize import FILL_POINTS, FILL_TOLERANCE, sweep
+
+    def curve(settings):
+        rows = sweep(queue_row(100.0), 25.0, settings)
+        frame = pd.DataFrame([{**r, **{f"latency_{m}": r["latency_mean"] for m in ("p50", "p90", "p99")},
+                               "gpu_type": "A6000", "tp": 1, "fraction": 1.0} for r in rows])
+        (c,) = build_profile(frame, "queue").curves[("A6000", 1)]
+        return rows, c
+
+    filled_rows, filled = curve(SynthesisSettings())
+    bare_rows, bare = curve(SynthesisSettings(fill_points=()))
+    assert filled.capacity_rps == bare.capacity_rps and all(row in filled_rows for row in bare_rows)
+    capacity = filled.capacity_rps
+    for point in FILL_POINTS:
+        assert min(abs(r - point * capacity) for r in filled.rates_rps) <= FILL_TOLERANCE * capacity
+    rate = 0.8 * capacity
+    truth = 0.01 / (1 - rate / 100.0)
+    assert abs(float(filled.latency_s(rate)) / truth - 1) < 0.01
+    assert float(bare.latency_s(rate)) / truth - 1 > 0.2
+
+
 def test_replications_pool_independent_draws_at_every_rate():
     """One replication is the single-draw sweep, row for row; three pool the first draw's rows
     with two other draws of requests and gaps at the same rates (their mean, as written)."""
@@ -237,7 +264,8 @@ def test_replications_pool_independent_draws_at_every_rate():
 
     engine = Engine(catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), 1, 0.3)
     source = load_request_source("azure:conv")
-    settings = SynthesisSettings(requests_per_point=60, rate_points=(0.2, 0.6, 1.0), max_extensions=0, refine_steps=0)
+    settings = SynthesisSettings(requests_per_point=60, rate_points=(0.2, 0.6, 1.0), max_extensions=0, refine_steps=0,
+                                 fill_points=())
     one = synthesize_curve(engine, source, settings)
     three = synthesize_curve(engine, source, SynthesisSettings(**{**settings.__dict__, "replications": 3}))
     assert [r["arrival_rate"] for r in three] == [r["arrival_rate"] for r in one]

@@ -68,6 +68,12 @@ from scepsy.models.performance.replica import ReplicaSim, Request, run_poisson, 
 AZURE_DIR = Path("shared") / "data" / "azure-llm-inference-2023"
 AZURE_FILES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
 RATE_POINTS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.2)
+# fractions of the located capacity where the curve must have a row (within FILL_TOLERANCE of it):
+# latency is convex there, and a straight line across a wider gap overstates it (the verifier's
+# grid ends at a third of its capacity: a line from 0.79 to 0.99 of it read 0.134 s at 0.8 where
+# rows measure 0.100 s, docs/evidence.md section 4)
+FILL_POINTS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
+FILL_TOLERANCE = 0.025
 
 
 @dataclass(frozen=True)
@@ -307,6 +313,7 @@ class SynthesisSettings:
     # then `refine_steps` bisections between the largest stable rate and the next unstable one
     max_extensions: int = 8
     refine_steps: int = 4
+    fill_points: tuple[float, ...] = FILL_POINTS  # then rows where these fractions of it lack one
     # requests whose completions come in lumps (prefill-only calls: a chunked-prefill iteration
     # finishes budget / prompt of them at once) are replayed for at least this many iterations'
     # worth per point, so that the stability count is not decided by where a lump falls
@@ -553,6 +560,8 @@ def sweep(measure: Callable[[float], dict], saturation_rps_: float, settings: Sy
     bisections between the largest stable rate and the slowest unstable rate above it. The
     largest stable rate, the profile's capacity, is so the stability boundary of the curve to
     within 10% / 2^refine_steps of the grid, not whichever grid point happens to lie below it.
+    Last, rows at `settings.fill_points` x that capacity where the rows so far leave a gap
+    (`fill_rates`), so that the steep part of the curve is measured, not a straight line across it.
     The grid rows are the same with or without the extra ones (common random numbers)."""
     rows = [measure(point * saturation_rps_) for point in settings.rate_points]
     for _ in range(settings.max_extensions):
@@ -568,7 +577,19 @@ def sweep(measure: Callable[[float], dict], saturation_rps_: float, settings: Sy
         if not above:
             break
         rows.append(measure((max(stable) + min(above)) / 2))
+    rows += [measure(rate) for rate in fill_rates(rows, settings.fill_points)]
     return sorted(rows, key=lambda r: r["arrival_rate"])
+
+
+def fill_rates(rows: Sequence[dict], points: Sequence[float]) -> list[float]:
+    """The rates `points` x the capacity (the largest stable rate of `rows`) that no row lies within
+    FILL_TOLERANCE x the capacity of: the rows the steep part of the curve still lacks."""
+    stable = [r["arrival_rate"] for r in rows if _stable(r)]
+    if not stable:
+        return []
+    capacity, rates = max(stable), [r["arrival_rate"] for r in rows]
+    return [point * capacity for point in points
+            if all(abs(rate - point * capacity) > FILL_TOLERANCE * capacity for rate in rates)]
 
 
 def requests_per_point(source: RequestSource, engine: Engine, settings: SynthesisSettings) -> int:

@@ -236,7 +236,8 @@ def _capacity_outliers(measured: tuple[ProfileCurve, ...], shape) -> set[float]:
 
 def _shape_weights(measured: tuple[ProfileCurve, ...], fraction: float, shape) -> list[tuple[ProfileCurve, float]]:
     """The measured curves an engine-model-scaled curve is built from and their weights: the two
-    neighbours, weighted linearly in the share (so the result is exact on each), else the nearest;
+    neighbours, weighted linearly in the share (so the result is exact on each); beyond the
+    measured shares the two nearest, extrapolated linearly in the share, else the nearest;
     a neighbour in another regime of the engine model than `fraction` (`shape.regime`: the KV
     cache caps the batch, or not), or one whose capacity the model misses far more than the rest
     (`_capacity_outliers`), is left out while the other one is not."""
@@ -253,7 +254,19 @@ def _shape_weights(measured: tuple[ProfileCurve, ...], fraction: float, shape) -
             return [(lo if same_lo else hi, 1.0)]
         t = (fraction - lo.fraction) / (hi.fraction - lo.fraction)
         return [(lo, 1.0 - t), (hi, t)]
-    return [(larger[0] if larger else smaller[-1], 1.0)]
+    # beyond the measured shares: the trend of the two nearest carries on (the rise with the load
+    # steepens as the share shrinks), where both are typical and in the target's regime
+    near, *far = larger[:2] if larger else smaller[-2:][::-1]
+    if far and _alike(shape, fraction, (near, far[0]), _capacity_outliers(measured, shape)):
+        t = (fraction - near.fraction) / (far[0].fraction - near.fraction)
+        return [(near, 1.0 - t), (far[0], t)]
+    return [(near, 1.0)]
+
+
+def _alike(shape, fraction: float, curves: tuple[ProfileCurve, ...], outliers: set[float]) -> bool:
+    """Whether `curves` are typical (no capacity outlier) and in the engine model's regime of `fraction`."""
+    regime = shape.regime(fraction)
+    return all(c.fraction not in outliers and shape.regime(c.fraction) == regime for c in curves)
 
 
 def _scaled_by_shape(measured, fraction: float, shape):
@@ -289,7 +302,10 @@ def _scaled_by_shape(measured, fraction: float, shape):
 
     def latency(utilisation: np.ndarray, metric: str) -> np.ndarray:
         start = np.zeros(np.shape(utilisation))  # sum()'s 0 as an array: same values, typed
-        return sum((w * r * term(c, utilisation, metric) for c, w, r in ratios), start)
+        if all(w >= 0 for _, w, _ in ratios):
+            return sum((w * r * term(c, utilisation, metric) for c, w, r in ratios), start)
+        # beyond the measured shares: extrapolated in the logarithm, so that it stays positive
+        return np.exp(sum((w * np.log(r * term(c, utilisation, metric)) for c, w, r in ratios), start))
 
     return capacity, latency, tuple(c for c, _ in weighted)
 

@@ -18,7 +18,8 @@ instances/README.md. The pipeline is the paper's, run on the simulator instead o
    in order, with their prefix-cache dependencies (models/profiles/synthesize.py: saturation throughput,
    then 15 call rates from 5% to 120% of it, about 400 calls each (6,400 for e5-base-v2's short
    queries), and rates past them until the stability boundary is bracketed and bisected, so that
-   the capacity is the curve's, not the grid's) for every GPU type, TP degree
+   the capacity is the curve's, not the grid's, then rows where 50-95% of that capacity still
+   lacks one; the verifier's rows pool ten draws, REPLICATIONS) for every GPU type, TP degree
    and fraction below, on the engine model of models/performance/engine.py with the numbers of
    models/catalog/catalog.py.
 """
@@ -58,6 +59,11 @@ PROFILES.update({
     "ensemble-llama-3.1-8b": ("ensemble-4xa6000.yaml", "aggregator", "llama-3.1-8b", ENSEMBLE_TPS),
 })
 GPU_CATALOG = {"A6000": "A6000", "H100": "H100-SXM"}
+# independent draws pooled at every rate (SynthesisSettings.replications; 1 where not named): a
+# beam-search request replays 3 to 30 verifier calls that share prefixes, so one draw of 300
+# requests moves the verifier's latency at 80% of its capacity by 16-68% between seeds; ten draws
+# bring 7 of the 13 curves that moved most under 10% (docs/evidence.md, section 4)
+REPLICATIONS = {"llama-3.1-8b-prm": 10, "llama-3.2-1b": 10}
 
 
 def trace(instance_file: str):
@@ -89,6 +95,7 @@ def profile_rows(name: str, gpu_type: str, tp: int, calls, model_name: str, min_
     from scepsy.models.profiles.synthesize import SynthesisSettings, source_from_calls, synthesize
 
     source = source_from_calls(calls, f"traced calls of {name}")
+    settings = {"replications": REPLICATIONS.get(name, 1), **settings}
     frame, _ = synthesize(
         catalog.model(model_name), catalog.gpu(GPU_CATALOG[gpu_type]), [tp], fractions, source,
         SynthesisSettings(seed=seed, **settings), gpu_type=gpu_type, min_kv_gib=min_kv_gib,

@@ -76,7 +76,8 @@ def test_what_it_does_not_cover_is_one_line_each():
 def test_synthesis_runs_on_either_engine_model():
     card, l40s = card_from_config(CONFIGS / "Qwen--Qwen3-8B"), gpu("L40S")
     source = RequestSource("fixed", (RequestShape(1024, 128),))
-    settings = SynthesisSettings(requests_per_point=60, rate_points=(0.2, 0.6, 1.0), max_extensions=0, refine_steps=0)
+    settings = SynthesisSettings(requests_per_point=60, rate_points=(0.2, 0.6, 1.0), max_extensions=0, refine_steps=0,
+                                 fill_points=())
     timer = AiconfiguratorTimer(card, l40s)
     measured, _ = synthesize(card, l40s, [1], [1.0], source, settings, timer_for=lambda tp: timer)
     roofline, _ = synthesize(card, l40s, [1], [1.0], source, settings)

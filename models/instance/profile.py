@@ -216,22 +216,26 @@ def _latency_at_load(measured, fraction: float, utilisation: np.ndarray, metric:
     return latency
 
 
-# a measured share whose capacity departs from the engine model's by more than this factor beyond
+# a measured share whose capacity falls short of the engine model's by more than this factor beyond
 # the profile's median departure is in a regime the model does not describe (a KV cache so small
 # that the replica thrashes: the 8B verifier on two A6000 halves at f = 0.2 measures 13.5
-# requests/s where the fitted model says 18.5, while 0.3-1.0 are within 5% of it)
-OUTLIER_CAPACITY_FACTOR = 1.28
+# requests/s where the fitted model says 18.5, while 0.3-1.0 are within 5% of it; on one H100 at
+# f = 0.3, 74.7 where it says 90.1, which pulled the derived 0.4 7% low). Only a shortfall: a
+# thrashing cache loses capacity, it never adds any. Leave one fraction out passes every shipped
+# case from 1.12 to 1.18, and misses the H100 one from 1.2 (docs/evidence.md, section 4)
+OUTLIER_CAPACITY_FACTOR = 1.15
 MIN_SHARES_FOR_OUTLIERS = 4  # the median departure needs a few measured shares
 
 
 def _capacity_outliers(measured: tuple[ProfileCurve, ...], shape) -> set[float]:
-    """Measured shares whose capacity the engine model misses by more than OUTLIER_CAPACITY_FACTOR
-    beyond the profile's median miss (log ratios of measured to modelled capacity)."""
+    """Measured shares whose capacity falls short of the engine model's by more than
+    OUTLIER_CAPACITY_FACTOR beyond the profile's median departure (log ratios of measured to
+    modelled capacity)."""
     if len(measured) < MIN_SHARES_FOR_OUTLIERS:
         return set()
     residual = {c.fraction: math.log(c.capacity_rps / shape.at(c.fraction)[0]) for c in measured}
     centre = float(np.median(list(residual.values())))
-    return {f for f, r in residual.items() if abs(r - centre) > math.log(OUTLIER_CAPACITY_FACTOR)}
+    return {f for f, r in residual.items() if centre - r > math.log(OUTLIER_CAPACITY_FACTOR)}
 
 
 def _shape_weights(measured: tuple[ProfileCurve, ...], fraction: float, shape) -> list[tuple[ProfileCurve, float]]:

@@ -1,6 +1,6 @@
 """Curves of unprofiled GPU fractions against measured ones, and plans from sparse profiles.
 
-    python bench/fraction_accuracy.py [--out-dir DIR] [--seed-noise [--noise-remedies]]
+    python bench/fraction_accuracy.py [--out-dir DIR] [--seed-noise]
 
 1. Leave one fraction out: for every shipped profile (instances/profiles/*.csv) and two more models
    synthesized here (Mistral-7B on RTX A6000, Qwen2.5-7B on H100-SXM; tp 1 and 2, fractions
@@ -10,15 +10,12 @@
    models/performance/fraction_shape.py, the model named by the instances that use the profile)
    and compare the derived mean latency with the measured one at 15 rates from 10%
    to 80% of the measured capacity (worst relative error per case, and the mean signed error at
-   80% over a profile's cases: a bias of the derivation, where noise averages out), and the capacities;
-   and the same comparison at 10-80% of a what-if capacity, the curve's knee (`knee_rps`).
+   80% over a profile's cases: a bias of the derivation, where noise averages out), and the capacities.
    With --seed-noise, every case above 10% is measured again as its profile was made (the shipped
    ones by instances/generate_profiles.py's recipe, the two extra models as above) with seeds 1
    and 2, and the same error is computed between those curves and the profile's own: how far the
    measurement itself moves at 10-80% of its capacity (seed 0 is re-measured too, to check the
-   recipe reproduces the profile). With --noise-remedies too, that noise is measured again with
-   three pooled draws per rate (`SynthesisSettings.replications`) and with four times the replayed
-   requests (seed 0 of each remeasured the same way is then the reference).
+   recipe reproduces the profile; the verifier's and the generator's recipes pool ten draws per rate).
 2. Sparse profiles: plan every shipped instance with its profiles cut to the fractions 0.2, 0.5
    and 1.0 (the README's `profiles synthesize` example), evaluate that allocation on the full
    profiles (models/alp.py) and compare its latency with the full-profile optimum.
@@ -105,12 +102,8 @@ def leave_one_out(path: Path, weights: tuple[float, str]) -> list[dict]:
             got = derived.latency_s(rates)
             old = old_rule_latency(without(profile, key, measured.fraction).curves[key], measured.fraction, rates,
                                    lambda f: tp * f * memory - weights_gib)
-            knee = knee_rps(measured)
-            below_knee = LOADS * knee
             rows.append({
                 "profile": path.stem, "gpu_type": gpu_type, "tp": tp, "fraction": measured.fraction,
-                "knee_error": float(np.max(np.abs(derived.latency_s(below_knee) / measured.latency_s(below_knee) - 1))),
-                "knee_share": knee / measured.capacity_rps,
                 "max_error": float(np.max(np.abs(got - truth) / truth)),
                 "signed_error_at_80": float(got[-1] / truth[-1] - 1),
                 "old_max_error": float(np.max(np.abs(old - truth) / truth)),
@@ -120,24 +113,6 @@ def leave_one_out(path: Path, weights: tuple[float, str]) -> list[dict]:
     return rows
 
 
-KNEE_LATENCY_RATIO = 3.0
-
-
-def knee_rps(curve) -> float:
-    """A what-if capacity that is a property of the curve (docs/evidence.md section 4): the rate
-    where the mean latency first reaches KNEE_LATENCY_RATIO x its value at the lightest measured
-    load (interpolated), or the capacity where it never does."""
-    latency = curve.latencies_s["mean"]
-    target = KNEE_LATENCY_RATIO * latency[0]
-    above = np.flatnonzero(latency >= target)
-    if not len(above):
-        return curve.capacity_rps
-    i = int(above[0])
-    lo, hi = curve.rates_rps[i - 1], curve.rates_rps[i]
-    return float(lo + (hi - lo) * (target - latency[i - 1]) / (latency[i] - latency[i - 1]))
-
-
-@lru_cache(maxsize=1)
 def _generator():
     """instances/generate_profiles.py as a module (the recipe of the shipped profiles)."""
     spec = importlib.util.spec_from_file_location("generate_profiles", ROOT / "instances" / "generate_profiles.py")
@@ -152,21 +127,20 @@ def _traced_calls(instance_file: str, llm: str) -> tuple:
     return tuple(c for c in _generator().trace(instance_file).calls if c["llm"] == llm)
 
 
-def remeasured(row: dict, seed: int, **variant):
-    """The left-out curve of `row` measured again with `seed`, as its profile was made (with the
-    SynthesisSettings fields of `variant` changed)."""
+def remeasured(row: dict, seed: int):
+    """The left-out curve of `row` measured again with `seed`, as its profile was made."""
     profile, gpu_type, tp, fraction = row["profile"], row["gpu_type"], row["tp"], row["fraction"]
     extra = {f"{name}-{gpu}": (name, gpu) for name, gpu, _ in EXTRA_MODELS}
     if profile in extra:
         name, gpu = extra[profile]
         frame, _ = synthesize(catalog.model(name), catalog.gpu(gpu), [tp], [fraction],
-                              load_request_source("fixed:512,128"), SynthesisSettings(seed=seed, **variant))
+                              load_request_source("fixed:512,128"), SynthesisSettings(seed=seed))
     else:
         generator = _generator()
         instance_file, llm, model_name, _ = generator.PROFILES[profile]
         min_kv = load_instance(generator.HERE / instance_file).llm(llm).min_kv_gib
         frame = generator.profile_rows(profile, gpu_type, tp, list(_traced_calls(instance_file, llm)), model_name,
-                                       min_kv, fractions=[fraction], seed=seed, **variant)
+                                       min_kv, fractions=[fraction], seed=seed)
     (curve,) = build_profile(frame, f"{profile} seed {seed}").curves[(gpu_type, tp)]
     return curve
 
@@ -190,23 +164,6 @@ def worst_noise(reference, curves) -> float:
     rates = LOADS * reference.capacity_rps
     truth = reference.latency_s(rates)
     return max(float(np.max(np.abs(c.latency_s(rates) - truth) / truth)) for c in curves)
-
-
-def variant_noise(row: dict, **variant) -> dict:
-    """The seed noise of `row`'s curve when it is measured with the settings of `variant` (more
-    pooled draws, longer replays): seed 0 measured so is the reference, seeds 1 and 2 are compared
-    with it at 10-80% of its capacity."""
-    reference = remeasured(row, 0, **variant)
-    again = [remeasured(row, seed, **variant) for seed in NOISE_SEEDS]
-    return {
-        "noise": worst_noise(reference, again),
-        "capacities_rps": [round(c.capacity_rps, 4) for c in [reference, *again]],
-    }
-
-
-# what else was tried against the seed noise (--noise-remedies): three pooled draws per rate, and
-# four times the replayed requests (min_sessions 1,200 where the profiles replay 300)
-NOISE_REMEDIES = {"replications_3": {"replications": 3}, "requests_x4": {"min_sessions": 1200}}
 
 
 def old_rule_latency(curves, fraction: float, rates, kv) -> np.ndarray:
@@ -274,15 +231,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--out-dir", type=Path, default=None)
     parser.add_argument("--seed-noise", action="store_true", help="measure the cases above 10%% again with other seeds")
-    parser.add_argument("--noise-remedies", action="store_true",
-                        help="with --seed-noise: the seed noise again with 3 pooled draws and with 4x the replayed requests")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         directory = args.out_dir or Path(tmp)
         weights = shipped_weights_gib()
         cases = [(p, weights[p.name]) for p in SHIPPED_PROFILES] + synthesized_profiles(directory)
         detail = [row for path, w in cases for row in leave_one_out(path, w)]
-    summary, knees = [], []
+    summary = []
     for name in sorted({r["profile"] for r in detail}):
         mine = [r for r in detail if r["profile"] == name]
         worst = max(mine, key=lambda r: r["max_error"])
@@ -298,17 +253,8 @@ def main() -> None:
             # a derivation biased on the steep part would show here; noise averages out
             "mean_signed_error_at_80%_%": 100 * float(np.mean([r["signed_error_at_80"] for r in mine])),
         })
-        knees.append({
-            "profile": name, "cases": len(mine),
-            "within_10%_below_knee": sum(1 for r in mine if r["knee_error"] <= 0.10),
-            "worst_error_below_knee_%": 100 * max(r["knee_error"] for r in mine),
-            "median_knee_share_of_capacity": float(np.median([r["knee_share"] for r in mine])),
-        })
     print("Leave one fraction out (mean latency at 10-80% of the measured capacity, worst per case):\n")
     print(markdown(summary, list(summary[0])))
-    print(f"\nWhat if the capacity were the curve's knee (mean latency {KNEE_LATENCY_RATIO:g}x its light-load value;"
-          " the derivation unchanged, compared at 10-80% of the measured curve's knee):\n")
-    print(markdown(knees, list(knees[0])))
     misses = sorted((r for r in detail if r["max_error"] > 0.10), key=lambda r: -r["max_error"])
     print(f"\nCases above 10% ({len(misses)} of {len(detail)}):\n")
     for row in misses:
@@ -321,23 +267,14 @@ def main() -> None:
             row["capacity_rps_seeds_0_1_2"] = " / ".join(
                 f"{c:.4g}" for c in [row["curve"].capacity_rps, *noise["seed_capacities_rps"]])
             row["seed_0_reproduces"] = noise["reproduced"]
-        if args.seed_noise and args.noise_remedies:
-            for label, variant in NOISE_REMEDIES.items():
-                remedy = variant_noise(row, **variant)
-                row[f"{label}_noise_%"] = 100 * remedy["noise"]
-                row[f"{label}_capacity_rps"] = " / ".join(f"{c:.4g}" for c in remedy["capacities_rps"])
     if misses:
         columns = ["case", "error_%", "capacity_error_%"]
         columns += ["seed_noise_%", "capacity_rps_seeds_0_1_2", "seed_0_reproduces"] if args.seed_noise else []
         print(markdown(misses, columns))
-        if args.seed_noise and args.noise_remedies:
-            remedies = [f"{label}_{what}" for label in NOISE_REMEDIES for what in ("noise_%", "capacity_rps")]
-            print("\nThe same seed noise with 3 pooled draws per rate, and with 4x the replayed requests:\n")
-            print(markdown(misses, ["case", "seed_noise_%", *remedies]))
     plans = sparse_plans()
     print("\nPlans from the fractions 0.2, 0.5 and 1.0 alone, evaluated on the full profiles:\n")
     for row in plans:
-        row["regret_%"] = 100 * row.pop("regret")
+        row["regret_%"] = round(100 * row.pop("regret"), 6)  # float noise of equal plans is 0
     print(markdown(plans, list(plans[0])))
 
 

@@ -319,9 +319,9 @@ class SynthesisSettings:
     # worth per point, so that the stability count is not decided by where a lump falls
     min_lump_iterations: int = 100
     # independent draws of requests and gaps measured at every rate and pooled (`pooled_row`):
-    # three roughly halve the latency noise between seeds where it is largest (the verifier on
-    # one A6000 at f = 0.5: 68% -> 38% at 10-80% of capacity), not the capacity's, which for a
-    # replica that loses throughput past it stays a tipping point (docs/evidence.md, section 4)
+    # ten bring the latency noise between seeds at 10-80% of the capacity under 10% on 7 of the 13
+    # curves where one draw moved most (the reranker on one H100 at f = 0.1: 24% -> 9.5%); the
+    # shipped verifier and generator profiles pool ten (docs/evidence.md, section 4)
     replications: int = 1
 
 

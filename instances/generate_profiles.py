@@ -19,7 +19,7 @@ instances/README.md. The pipeline is the paper's, run on the simulator instead o
    then 15 call rates from 5% to 120% of it, about 400 calls each (6,400 for e5-base-v2's short
    queries), and rates past them until the stability boundary is bracketed and bisected, so that
    the capacity is the curve's, not the grid's, then rows where 50-95% of that capacity still
-   lacks one; the verifier's rows pool ten draws, REPLICATIONS) for every GPU type, TP degree
+   lacks one; the verifier's and the generator's rows pool ten draws, REPLICATIONS) for every GPU type, TP degree
    and fraction below, on the engine model of models/performance/engine.py with the numbers of
    models/catalog/catalog.py.
 """
@@ -62,7 +62,8 @@ GPU_CATALOG = {"A6000": "A6000", "H100": "H100-SXM"}
 # independent draws pooled at every rate (SynthesisSettings.replications; 1 where not named): a
 # beam-search request replays 3 to 30 verifier calls that share prefixes, so one draw of 300
 # requests moves the verifier's latency at 80% of its capacity by 16-68% between seeds; ten draws
-# bring 7 of the 13 curves that moved most under 10% (docs/evidence.md, section 4)
+# bring 7 of the 13 curves that moved most under 10% (the generator on one A6000 at f = 0.2:
+# 6.5% -> 0.8%, whose seed-0 capacity was the lowest of three; docs/evidence.md, section 4)
 REPLICATIONS = {"llama-3.1-8b-prm": 10, "llama-3.2-1b": 10}
 
 

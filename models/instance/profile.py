@@ -243,8 +243,8 @@ def _shape_weights(measured: tuple[ProfileCurve, ...], fraction: float, shape) -
     neighbours, weighted linearly in the share (so the result is exact on each); beyond the
     measured shares the two nearest, extrapolated linearly in the share, else the nearest;
     a neighbour in another regime of the engine model than `fraction` (`shape.regime`: the KV
-    cache caps the batch, or not), or one whose capacity the model misses far more than the rest
-    (`_capacity_outliers`), is left out while the other one is not."""
+    cache caps the batch, or not), or one whose capacity falls far shorter of the model's than the
+    rest (`_capacity_outliers`), is left out while the other one is not."""
     smaller = [c for c in measured if c.fraction < fraction]
     larger = [c for c in measured if c.fraction > fraction]
     if smaller and larger:

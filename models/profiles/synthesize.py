@@ -71,7 +71,7 @@ RATE_POINTS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.
 # fractions of the located capacity where the curve must have a row (within FILL_TOLERANCE of it):
 # latency is convex there, and a straight line across a wider gap overstates it (the verifier's
 # grid ends at a third of its capacity: a line from 0.79 to 0.99 of it read 0.134 s at 0.8 where
-# rows measure 0.100 s, docs/evidence.md section 4)
+# rows measure 0.100-0.117 s, docs/evidence.md section 4)
 FILL_POINTS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 FILL_TOLERANCE = 0.025
 

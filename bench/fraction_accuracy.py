@@ -113,6 +113,7 @@ def leave_one_out(path: Path, weights: tuple[float, str]) -> list[dict]:
     return rows
 
 
+@lru_cache(maxsize=1)
 def _generator():
     """instances/generate_profiles.py as a module (the recipe of the shipped profiles)."""
     spec = importlib.util.spec_from_file_location("generate_profiles", ROOT / "instances" / "generate_profiles.py")

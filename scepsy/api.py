@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
@@ -387,13 +387,16 @@ def replay_profile(
 
 
 def aggregate_traces(traces: Sequence[Path | str], llm_names: Mapping[str, str] | None = None,
-                     workflow: str = "workflow") -> TraceStats:
+                     workflow: str = "workflow", workflow_attribute: str | None = None) -> TraceStats:
     """Per workflow and LLM: n, p, their spread and time shares (`scepsy aggregate`); `workflow`
-    names the calls sent without a workflow name, `llm_names` maps OTLP models to LLM names."""
-    from scepsy.tracing.capture.traces import load_traces
+    names the calls sent without a workflow name, `llm_names` maps span models to LLM names and
+    `workflow_attribute` is the span attribute that names a request's workflow (docs/tracing.md);
+    what the spans held, with its warnings, is `result.spans`."""
+    from scepsy.tracing.capture.traces import read_traces
     from scepsy.tracing.statistics.stats import aggregate
 
-    stats = aggregate(load_traces(traces, llm_names), default_workflow=workflow)
+    found = read_traces(traces, llm_names, workflow_attribute)
+    stats = replace(aggregate(found.calls, default_workflow=workflow), spans=found.spans)
     if not stats.workflows:
         raise InputError(", ".join(map(str, traces)), None, "no completed call carries a workflow request id",
                          "send X-Workflow-Id (or a W3C traceparent) with every LLM call of a workflow request")

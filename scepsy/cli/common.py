@@ -42,7 +42,7 @@ NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the
 PlacementOpt = Annotated[str, typer.Option("--placement", help="Placement: cpsat (exact, least fragmented, the heuristic as hint) or heuristic (the paper's).")]
 PlacementTimeLimitOpt = Annotated[float, typer.Option("--placement-time-limit-s", min=0.01, help="Stop the placement search after this many seconds and keep the best placement with its gap.")]
 CurrentOpt = Annotated[Optional[Path], typer.Option("--current", help="Re-plan: the running placement (a previous plan JSON or its placement list); replicas that can stay where they are, stay.")]
-TracesArg = Annotated[list[Path], typer.Argument(help="Trace files: proxy stores (.db), .jsonl/.parquet exports, OTLP JSON (.json).", show_default=False)]
+TracesArg = Annotated[list[Path], typer.Argument(help="Trace files: proxy stores (.db), .jsonl/.parquet exports, OpenTelemetry OTLP files (JSON or protobuf, any name, plain, zstd or gzip).", show_default=False)]
 GpuTypeOpt = Annotated[str, typer.Option("--gpu-type", help="GPU type the profile rows are for (a name of the instance's cluster.gpu_types).")]
 TpOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree of the replica (profiled or emulated).")]
 FractionOpt = Annotated[float, typer.Option("--fraction", min=0.0, max=1.0, help="GPU fraction per shard of the replica (profiled or emulated), in (0, 1].")]

@@ -26,6 +26,7 @@ from scepsy.cli.common import (
     emit_json,
     errors,
     finite,
+    say,
     stderr,
     stdout,
 )
@@ -140,12 +141,18 @@ def traces_export(
         stderr.print(f"wrote {count} calls to {out}", markup=False)
 
 
-@app.command()
+@app.command(epilog="Accepted trace files: proxy stores (.db); scepsy's .jsonl and .parquet exports; OpenTelemetry "
+             "spans in any file, read by content: OTLP JSON (one ExportTraceServiceRequest per line, as the "
+             "Collector's file exporter with format: json and the SDKs' OTLP JSON file exporters write), OTLP "
+             "protobuf (4-byte length-prefixed messages, the file exporter's format: proto), plain or compressed "
+             "(zstd, as compression: zstd writes, or gzip). Spans of the OpenTelemetry GenAI conventions, "
+             "OpenLLMetry and OpenInference are read; see docs/tracing.md.")
 def aggregate(
     traces: TracesArg,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the statistics as YAML (each workflow's `stages` drops into an instance).")] = None,
-    workflow: Annotated[str, typer.Option("--workflow", help="Workflow name for calls sent without an X-Workflow-Name header.")] = "workflow",
-    llm_name: Annotated[list[str], typer.Option("--llm-name", help="OTLP spans: map a gen_ai.request.model to an LLM name, MODEL=LLM.")] = [],
+    workflow: Annotated[str, typer.Option("--workflow", help="Workflow name for calls that carry none (no X-Workflow-Name header; spans without a workflow name).")] = "workflow",
+    llm_name: Annotated[list[str], typer.Option("--llm-name", help="Spans: map a model name (gen_ai.request.model, llm.model_name) to an LLM name, MODEL=LLM.")] = [],
+    workflow_attribute: Annotated[Optional[str], typer.Option("--workflow-attribute", metavar="KEY", help="Spans: the attribute that names each request's workflow (on the span the application starts per request); tried before gen_ai.workflow.name, traceloop.workflow.name, scepsy.workflow.name, the root span's name and service.name.")] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Per workflow and LLM: invocations n, parallelism p, their spread and time shares."""
@@ -157,7 +164,9 @@ def aggregate(
     with errors():
         if out is not None:
             check_output(out, traces)
-        stats = api.aggregate_traces(traces, _parse_llm_names(llm_name), workflow)
+        stats = api.aggregate_traces(traces, _parse_llm_names(llm_name), workflow, workflow_attribute)
+        for warning in stats.warnings:
+            say(f"warning: {warning}")
         data = stats_to_dict(stats)
         if out is not None:
             write_text(out, f"# scepsy aggregate {' '.join(map(str, traces))}\n" + yaml.safe_dump(data, sort_keys=False))

@@ -37,6 +37,7 @@ from support.llamacpp import free_port
 from scepsy import api
 from scepsy.cli import app
 from scepsy.models.errors import InputError
+from scepsy.tracing.capture.span_calls import SpanSummary
 from scepsy.tracing.capture.traces import read_traces
 from scepsy.tracing.statistics.stats import TraceStats, stats_to_dict
 
@@ -51,6 +52,7 @@ READY_LIMIT_S = 300.0  # generous: a loaded CI machine starts three emulators
 TOLERANCE = 0.02
 REQUESTS = 3  # per workflow
 LLMS = ("gen", "ver", "judge")
+WORKFLOWS = ("wide", "narrow")  # tests/support/instrumented.py
 
 
 @pytest.fixture(scope="module")
@@ -161,13 +163,23 @@ def calls_of(out: Path) -> int:
 # one case per instrumentation set-up
 
 
-def test_workflow_named_by_an_attribute_of_the_parent_span(run):
-    out = run("parent_attribute")
-    stats = api.aggregate_traces([out / "sdk.jsonl"], workflow_attribute="app.workflow")
+def checked(run, case: str, workflow_attribute: str | None = None) -> tuple[TraceStats, SpanSummary, Path]:
+    """The case's statistics from the SDK exporter's file, n and p checked against the truth."""
+    out = run(case)
+    stats = api.aggregate_traces([out / "sdk.jsonl"], workflow_attribute=workflow_attribute)
     assert_within(stats, out)
-    assert stats.spans is not None and stats.warnings == ()
-    assert stats.spans.workflow_sources == {"wide": "workflow attribute", "narrow": "workflow attribute"}
-    assert stats.spans.skipped == {"other": 2 * REQUESTS}  # the application's request spans
+    assert stats.spans is not None
+    return stats, stats.spans, out
+
+
+def named_by(source: str) -> dict[str, str]:
+    return {workflow: source for workflow in WORKFLOWS}
+
+
+def test_workflow_named_by_an_attribute_of_the_parent_span(run):
+    stats, spans, out = checked(run, "parent_attribute", "app.workflow")
+    assert stats.warnings == () and spans.workflow_sources == named_by("workflow attribute")
+    assert spans.skipped == {"other": 2 * REQUESTS}  # the application's request spans
     # without the attribute the root span's name (the same for both workflows) merges them: said so
     merged = api.aggregate_traces([out / "sdk.jsonl"])
     assert [w.name for w in merged.workflows] == ["handle"]
@@ -177,44 +189,32 @@ def test_workflow_named_by_an_attribute_of_the_parent_span(run):
 
 
 def test_genai_workflow_agent_and_tool_spans_are_skipped_and_counted(run):
-    out = run("genai_spans")
-    stats = api.aggregate_traces([out / "sdk.jsonl"])
-    assert_within(stats, out)
-    assert stats.spans is not None and stats.warnings == ()
+    stats, spans, out = checked(run, "genai_spans")
+    assert stats.warnings == () and spans.workflow_sources == named_by("gen_ai.workflow.name")
     calls = calls_of(out)
-    assert stats.spans.skipped == {"workflow": 2 * REQUESTS, "agent": calls, "tool": calls}
-    assert stats.spans.workflow_sources == {"wide": "gen_ai.workflow.name", "narrow": "gen_ai.workflow.name"}
+    assert spans.skipped == {"workflow": 2 * REQUESTS, "agent": calls, "tool": calls}
 
 
 def test_openllmetry_and_openai_v2_together_count_each_call_once(run):
-    out = run("openllmetry_openai_v2")
-    stats = api.aggregate_traces([out / "sdk.jsonl"])
-    assert_within(stats, out)
-    assert stats.spans is not None
+    stats, spans, out = checked(run, "openllmetry_openai_v2")
     calls = calls_of(out)
-    assert (stats.spans.llm_calls, stats.spans.duplicate_calls) == (calls, calls)
-    assert stats.spans.workflow_sources == {"wide": "traceloop.workflow.name", "narrow": "traceloop.workflow.name"}
-    assert {"task", "workflow", "agent"} <= set(stats.spans.skipped)  # OpenLLMetry's LangGraph spans
+    assert (spans.llm_calls, spans.duplicate_calls) == (calls, calls)
+    assert spans.workflow_sources == named_by("traceloop.workflow.name")
+    assert {"task", "workflow", "agent"} <= set(spans.skipped)  # OpenLLMetry's LangGraph spans
     (warning,) = stats.warnings
     assert f"{calls} LLM calls were recorded by two instrumentations" in warning
     assert "opentelemetry.instrumentation.langchain around" in warning
 
 
 def test_openllmetry_langchain_and_openai(run):
-    out = run("openllmetry")
-    stats = api.aggregate_traces([out / "sdk.jsonl"])
-    assert_within(stats, out)
-    assert stats.spans is not None and stats.warnings == ()
-    assert stats.spans.workflow_sources == {"wide": "traceloop.workflow.name", "narrow": "traceloop.workflow.name"}
+    stats, spans, _ = checked(run, "openllmetry")
+    assert stats.warnings == () and spans.workflow_sources == named_by("traceloop.workflow.name")
 
 
 def test_openinference_langchain(run):
-    out = run("openinference")
-    stats = api.aggregate_traces([out / "sdk.jsonl"])
-    assert_within(stats, out)
-    assert stats.spans is not None and stats.warnings == ()
-    assert stats.spans.workflow_sources == {"wide": "root span name", "narrow": "root span name"}
-    assert set(stats.spans.skipped) == {"chain"}
+    stats, spans, out = checked(run, "openinference")
+    assert stats.warnings == () and spans.workflow_sources == named_by("root span name")
+    assert set(spans.skipped) == {"chain"}
     tokens = [c for c in read_traces([out / "sdk.jsonl"]).calls if c.llm == "gen"]
     assert all(c.completion_tokens == 12 and c.prompt_tokens for c in tokens)  # llm.token_count.*
 

@@ -32,6 +32,7 @@ from scepsy.cli.common import (
 )
 from scepsy.models.errors import InputError
 from scepsy.models.output import check_output, write_text, writing
+from scepsy.tracing.capture.otlp import FORMATS as OTLP_FORMATS
 
 
 def _parse_upstreams(values: list[str]) -> dict[str, str]:
@@ -142,10 +143,7 @@ def traces_export(
 
 
 @app.command(epilog="Accepted trace files: proxy stores (.db); scepsy's .jsonl and .parquet exports; OpenTelemetry "
-             "spans in any file, read by content: OTLP JSON (one ExportTraceServiceRequest per line, as the "
-             "Collector's file exporter with format: json and the SDKs' OTLP JSON file exporters write), OTLP "
-             "protobuf (4-byte length-prefixed messages, the file exporter's format: proto), plain or compressed "
-             "(zstd, as compression: zstd writes, or gzip). Spans of the OpenTelemetry GenAI conventions, "
+             f"spans in any file, read by content: {OTLP_FORMATS}. Spans of the OpenTelemetry GenAI conventions, "
              "OpenLLMetry and OpenInference are read; see docs/tracing.md.")
 def aggregate(
     traces: TracesArg,

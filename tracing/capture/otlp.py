@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 FORMATS = (
-    "OTLP JSON (one ExportTraceServiceRequest per line, as the Collector's file exporter and the SDKs' "
-    "file exporters write), OTLP protobuf (4-byte length-prefixed, the file exporter's format: proto), "
-    "either compressed with zstd or gzip"
+    "OTLP JSON (one ExportTraceServiceRequest per line, as the Collector's file exporter with format: json and "
+    "the SDKs' OTLP JSON file exporters write), OTLP protobuf (4-byte length-prefixed messages, the file "
+    "exporter's format: proto), plain or compressed (zstd, as compression: zstd writes, or gzip)"
 )
 _FIX = "pass an OTLP file as the Collector's file exporter or an SDK's OTLP file exporter writes it"
 _STATUS_ERROR = 2
@@ -146,7 +146,7 @@ def _read_json(data: bytes, source: str, decoded: Decoded) -> None:
 
 def _unknown(source: str) -> InputError:
     return InputError(source, None, "unknown trace format: neither JSON nor length-prefixed OTLP protobuf",
-                      f"pass a proxy store (.db), a .jsonl or .parquet export, or {FORMATS}")
+                      f"pass a proxy store (.db), a .jsonl or .parquet export, or an OTLP file: {FORMATS}")
 
 
 def _messages(data: bytes, source: str) -> Iterator[tuple[int, bytes]]:

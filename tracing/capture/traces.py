@@ -29,12 +29,6 @@ from scepsy.tracing.capture.span_calls import SpanSummary, span_calls
 from scepsy.tracing.capture.store import read_store
 
 _TRACE_FIX = "pass a proxy store (.db), a .jsonl or .parquet export, or an OTLP file"
-FORMATS = (
-    "proxy stores (.db), scepsy's .jsonl and .parquet exports, and OpenTelemetry spans in any file: "
-    "OTLP JSON (one ExportTraceServiceRequest per line, as the Collector's file exporter and the SDKs' "
-    "OTLP file exporters write), OTLP protobuf (length-prefixed, the file exporter's format: proto), "
-    "plain or compressed with zstd or gzip"
-)
 
 
 @dataclass(frozen=True)

@@ -398,6 +398,9 @@ def aggregate_traces(traces: Sequence[Path | str], llm_names: Mapping[str, str] 
     found = read_traces(traces, llm_names, workflow_attribute)
     stats = replace(aggregate(found.calls, default_workflow=workflow), spans=found.spans)
     if not stats.workflows:
-        raise InputError(", ".join(map(str, traces)), None, "no completed call carries a workflow request id",
+        source = ", ".join(map(str, traces))
+        if found.spans is not None and found.spans.llm_calls == len(found.calls):  # every call came from spans
+            raise InputError(source, None, *found.spans.no_requests())
+        raise InputError(source, None, "no completed call carries a workflow request id",
                          "send X-Workflow-Id (or a W3C traceparent) with every LLM call of a workflow request")
     return stats

@@ -53,12 +53,20 @@ _FIX = "pass an OTLP file as the Collector's file exporter or an SDK's OTLP file
 _STATUS_ERROR = 2
 
 
+JSON, LENGTH_PREFIXED = "json", "length-prefixed"  # the framings (module docstring)
+
+
 @dataclass
 class Decoded:
-    """What one file holds: spans, and JSON objects that are not OTLP (with their line numbers)."""
+    """What one file holds: spans, and JSON objects that are not OTLP (with their line numbers), and
+    the layout they were found in: the framing, the compression of the whole file (outermost first)
+    and whether each message was compressed on its own (the file exporter's `compression: zstd`)."""
 
     spans: list[Span] = field(default_factory=list)
     rows: list[tuple[int, dict]] = field(default_factory=list)
+    framing: str | None = None  # JSON or LENGTH_PREFIXED; None for an empty file
+    compression: tuple[str, ...] = ()  # "gzip" / "zstd" layers around the whole file
+    compressed_messages: bool = False
 
 
 def _too_large(source: str) -> InputError:
@@ -116,15 +124,19 @@ def decode(data: bytes, source: str) -> Decoded:
     for _ in range(3):  # a compressed file may hold a compressed file; more layers are not real
         if data.startswith(GZIP_MAGIC):
             data = _gunzip(data, source)
+            decoded.compression += ("gzip",)
         elif data.startswith(ZSTD_MAGIC):
             data = _unzstd(data, source)
+            decoded.compression += ("zstd",)
         else:
             break
     if not data.strip():
         return decoded
     if _is_json(data):
+        decoded.framing = JSON
         _read_json(data, source, decoded)
     else:
+        decoded.framing = LENGTH_PREFIXED
         _read_messages(data, source, decoded)
     return decoded
 
@@ -170,6 +182,7 @@ def _read_messages(data: bytes, source: str, decoded: Decoded) -> None:
         where = f"{source}:message {number}"
         if message.startswith(ZSTD_MAGIC):  # the file exporter's per-message compression
             message = _unzstd(message, where)
+            decoded.compressed_messages = True
         if _is_json(message):
             for line, value in parse_json_values(message.decode("utf-8", errors="replace"), where, _FIX):
                 if not isinstance(value, dict) or not ("resourceSpans" in value or "resource_spans" in value):
@@ -269,12 +282,15 @@ def _mapping(value: object) -> Mapping:
 
 
 def _json_span(span: Mapping, resource: Mapping[str, object], scope: str, source: str) -> Span:
-    trace_id = _id(_get(span, "traceId", "trace_id"), 16)
-    span_id = _id(_get(span, "spanId", "span_id"), 8)
+    raw_trace_id, raw_span_id = _get(span, "traceId", "trace_id"), _get(span, "spanId", "span_id")
+    trace_id, span_id = _id(raw_trace_id, 16), _id(raw_span_id, 8)
     name = span.get("name")
-    where = f"span {span_id or _get(span, 'spanId', 'span_id')}"
+    where = f"span {span_id}" if span_id else f"span {name!r}"
+    if not raw_trace_id or not raw_span_id:  # the protocol gives every span both ids
+        raise InputError(source, where, "no traceId or spanId", "export spans as an OpenTelemetry SDK records them, with their ids")
     if trace_id is None or span_id is None:
-        raise InputError(source, where, "missing or malformed traceId/spanId", "export spans with OTLP JSON's hex ids")
+        raise InputError(source, where, f"malformed traceId/spanId ({raw_trace_id!r}, {raw_span_id!r})",
+                         "export spans with OTLP JSON's hex ids")
     start, end = _nanoseconds(_get(span, "startTimeUnixNano", "start_time_unix_nano")), _nanoseconds(_get(span, "endTimeUnixNano", "end_time_unix_nano"))
     if start is None or end is None or not 0 <= start <= end < 2**64:  # fixed64 in the protocol
         raise InputError(source, where, "missing or bad start/end time", "export spans with startTimeUnixNano and endTimeUnixNano")
@@ -340,10 +356,13 @@ def proto_spans(message: bytes, source: str, number: int) -> list[Span]:
 
 
 def _proto_span(span: ProtoSpan, resource: Mapping[str, object], scope: str, source: str) -> Span:
+    where = f"span {span.span_id.hex()}" if len(span.span_id) == 8 else f"span {span.name!r}"
+    if not span.trace_id or not span.span_id:  # the protocol gives every span both ids
+        raise InputError(source, where, "no trace_id or span_id", "export spans as an OpenTelemetry SDK records them, with their ids")
     if len(span.trace_id) != 16 or len(span.span_id) != 8:
-        raise InputError(source, f"span {span.span_id.hex()}", "missing or malformed trace_id/span_id", _FIX)
+        raise InputError(source, where, "malformed trace_id/span_id (not 16 and 8 bytes)", _FIX)
     if span.end_time_unix_nano < span.start_time_unix_nano:
-        raise InputError(source, f"span {span.span_id.hex()}", "ends before it starts", _FIX)
+        raise InputError(source, where, "ends before it starts", _FIX)
     return Span(
         trace_id=span.trace_id.hex(),
         span_id=span.span_id.hex(),

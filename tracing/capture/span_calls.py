@@ -15,11 +15,12 @@ belongs to, and what in the spans a user should know about (docs/tracing.md, "Op
   aggregate's default workflow name.
 - **Only LLM calls count** (tracing/capture/spans.py `classify`): workflow, agent, task, tool, chain
   and other spans are skipped and counted by kind.
-- **A call seen by two instrumentations counts once.** Two LLM-call spans of one trace from
-  different instrumentation scopes, for the same model, where one lies within the other in time
-  and is its descendant or sibling (a LangChain callback span and the OpenAI client span of the
-  same request) are one call: the inner span is kept (its times are the client's), the outer
-  dropped and counted. A span read twice (the same trace and span id) counts once too.
+- **A call seen by two instrumentations counts once.** Two LLM-call spans of one trace for the same
+  model, where one lies within the other in time and is its descendant (from any instrumentation
+  scope: OpenLit writes its LangChain and OpenAI spans under one) or its sibling from another scope
+  (a LangChain callback span and the OpenAI client span of the same request), are one call: the
+  inner span is kept (its times are the client's), the outer dropped and counted. A span read
+  twice (the same trace and span id) counts once too.
 - **Warnings** (one line each, naming the fix): calls without a parent span (then every call is a
   request of its own: n is each LLM's share of all calls and p is 1), one workflow name for every
   request (workflows merged), duplicate calls or spans, spans of an unknown attribute scheme, traces
@@ -72,6 +73,16 @@ class SpanSummary:
             "calls_without_parent": self.calls_without_parent,
             "workflow_sources": dict(sorted(self.workflow_sources.items())),
         }
+
+    def no_requests(self) -> tuple[str, str]:
+        """Why these spans gave no workflow request, and the fix (for an aggregate with nothing in it)."""
+        if self.llm_calls:
+            return (f"no LLM-call span completed ({self.llm_calls} read, each with status ERROR)",
+                    "trace workflow requests whose LLM calls succeed")
+        kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(self.skipped.items(), key=lambda kv: (-kv[1], kv[0])))
+        return (f"no span is an LLM call ({self.spans} read: {kinds})",
+                "export the spans of an LLM instrumentation: the OpenTelemetry GenAI conventions "
+                "(opentelemetry-instrumentation-openai-v2), OpenLLMetry or OpenInference (docs/tracing.md)")
 
 
 @dataclass(frozen=True)
@@ -150,15 +161,15 @@ def _workflow_name(trace: _Trace, attribute: str | None) -> tuple[str | None, st
 
 
 def _same_call(trace: _Trace, outer: Span, inner: Span, model: dict[str, str | None]) -> bool:
-    """`inner` is the call `outer` records too: another instrumentation, the same model, within it in
-    time, and its descendant or sibling."""
-    return (
-        outer.scope != inner.scope
-        and model[outer.span_id] == model[inner.span_id]
-        and outer.start_ns <= inner.start_ns
-        and inner.end_ns <= outer.end_ns
-        and (inner.parent_id == outer.parent_id or outer.span_id in trace.ancestors(inner))
-    )
+    """`inner` is the call `outer` records too: the same model, within it in time, and its descendant
+    (an LLM call makes no LLM call inside it, so a nested one is the same call recorded at two levels,
+    whichever instrumentation scope wrote each: OpenLit writes its LangChain and OpenAI spans under
+    one) or its sibling from another instrumentation (two calls of a fan-out are siblings too)."""
+    if model[outer.span_id] != model[inner.span_id] or not outer.start_ns <= inner.start_ns <= inner.end_ns <= outer.end_ns:
+        return False
+    if outer.span_id in trace.ancestors(inner):
+        return True
+    return inner.parent_id == outer.parent_id and outer.scope != inner.scope
 
 
 def _drop_outer_spans(trace: _Trace, calls: list[Span]) -> tuple[list[Span], list[tuple[Span, Span]]]:
@@ -296,7 +307,8 @@ def _warnings(summary: SpanSummary, request_names: list[tuple[str | None, str]],
             f"named from the next source instead: set {attribute} on the span that starts each request"
         )
     if pairs:
-        scopes = Counter(f"{outer.scope or '?'} around {inner.scope or '?'}" for outer, inner in pairs)
+        scopes = Counter(f"{outer.scope or '?'} around {inner.scope or '?'}" if outer.scope != inner.scope
+                         else f"{outer.scope or '?'}, nested" for outer, inner in pairs)
         out.append(
             f"{len(pairs)} LLM calls were recorded by two instrumentations ({_examples(scopes, 2)}); each counts once "
             "(the inner span): to record each call once, enable only one of them for the LLM client"

@@ -501,7 +501,7 @@ def find_model(name: str) -> ModelCard | None:
     return None
 
 
-def gpu(name: str, field: str = "--gpu", source: str | None = None) -> GpuCard:
+def gpu(name: str, field: str = "gpu", source: str | None = None) -> GpuCard:
     """The catalog GPU called `name` (or an alias); an InputError naming `field` if unknown."""
     card = find_gpu(name)
     if card is None:
@@ -509,7 +509,7 @@ def gpu(name: str, field: str = "--gpu", source: str | None = None) -> GpuCard:
     return card
 
 
-def model(name: str, field: str = "--model", source: str | None = None) -> ModelCard:
+def model(name: str, field: str = "model", source: str | None = None) -> ModelCard:
     """The catalog model called `name` (short name, Hugging Face id or alias); InputError if unknown."""
     card = find_model(name)
     if card is None:

@@ -294,6 +294,16 @@ def stats_to_dict(stats: TraceStats) -> dict:
     }
 
 
+def write_stats(stats: TraceStats, out: Path | str, traces: Iterable[Path | str]) -> None:
+    """The statistics as YAML (`stats_to_dict`), headed by the traces they come from."""
+    import yaml
+
+    from scepsy.models.output import write_text
+
+    header = f"# scepsy aggregate {' '.join(map(str, traces))}\n"
+    write_text(out, header + yaml.safe_dump(stats_to_dict(stats), sort_keys=False))
+
+
 def stats_view(stats: TraceStats):
     """Readable tables (rich): one row per workflow and LLM."""
     from rich.console import Group

@@ -357,7 +357,7 @@ GPUS: dict[str, GpuCard] = {
 }
 
 
-# GPUs added for issue 15, with the memory NVML reports (`nvidia-smi --query-gpu=name,memory.total`)
+# GPUs beyond the paper's, with the memory NVML reports (`nvidia-smi --query-gpu=name,memory.total`)
 # beside the nominal capacity. NVML values: nvidia-smi output recorded in public repositories, e.g.
 # "NVIDIA B200, 183359 MiB", "NVIDIA H100 PCIe, 81559 MiB", "NVIDIA RTX PRO 6000 Blackwell Server
 # Edition, 97887 MiB" (also AIConfigurator's systems/rtx_pro_6000_server.yaml), "NVIDIA A10G,

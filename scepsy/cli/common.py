@@ -59,7 +59,8 @@ FLAGS: dict[str, str] = {
     "hf_cache_pvc": "--hf-cache-pvc",
     "hf_token_secret": "--hf-token-secret",
     "image": "--image",
-    "instance": "--instance",
+    "instance": "INSTANCE",
+    "manifests instance": "--instance",
     "kubeconfig": "--kubeconfig",
     "kubernetes_version": "--kubernetes-version",
     "llm": "--llm",
@@ -95,7 +96,8 @@ FLAGS: dict[str, str] = {
     "time_limit_s": "--time-limit-s",
     "timeout_s": "--timeout-s",
     "tp": "--tp",
-    "traces": "--traces",
+    "traces": "TRACES",
+    "profile traces": "--traces",
     "upstreams": "--upstream",
     "warmup_s": "--warmup-s",
     "weights": "--weights",
@@ -153,9 +155,12 @@ def say(line: str) -> None:
 def command_name() -> str:
     """The running command without the program's name (`plan`, `profiles synthesize`); empty
     outside a command."""
-    import click
+    try:  # typer vendors click from 0.22 on; before, the context is click's own
+        from typer._click.globals import get_current_context  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        from click import get_current_context
 
-    context = click.get_current_context(silent=True)
+    context = get_current_context(silent=True)
     return " ".join(context.command_path.split()[1:]) if context is not None else ""
 
 

@@ -124,7 +124,7 @@ def replay_requests(calls: Iterable[CallRecord], llm: str, model: str | None = N
         known = sorted({c.llm for c in calls})
         if missing_bodies:
             raise InputError(None, "traces", f"the {missing_bodies} traced calls of llm {llm!r} have no request bodies",
-                             "record the calls with their bodies (`scepsy proxy` without --no-bodies) so that they can be replayed")
+                             "record the calls with their bodies (`scepsy proxy --no-bodies` leaves them out) so that they can be replayed")
         raise InputError(None, "llm", f"no completed calls of llm {llm!r} in the traces", f"use one of: {', '.join(known) or '(none)'}")
     return requests
 

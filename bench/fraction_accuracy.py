@@ -18,7 +18,7 @@
    recipe reproduces the profile; the verifier's and the generator's recipes pool ten draws per rate).
 2. Sparse profiles: plan every shipped instance with its profiles cut to the fractions 0.2, 0.5
    and 1.0 (the README's `profiles synthesize` example), evaluate that allocation on the full
-   profiles (models/alp.py) and compare its latency with the full-profile optimum.
+   profiles (models/performance/alp.py) and compare its latency with the full-profile optimum.
 
 Prints markdown tables (docs/evidence.md carries them). Deterministic.
 """

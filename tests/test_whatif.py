@@ -86,7 +86,7 @@ def test_whatif_command_writes_table_and_plots(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Capacity-study axes (planner/scenarios.py) and the table's derived columns
+# Capacity-study axes (planner/studies/scenarios.py) and the table's derived columns
 
 from dataclasses import replace  # noqa: E402
 

@@ -194,7 +194,7 @@ def _latency_of(options: dict[str, list[Option]], allocation: Allocation, llm: s
 @dataclass
 class _CutLoop:
     """Solves one stage, cutting off allocations that break an SLO in floating point (the integer
-    rows are a relaxation, planner/cpsat.py) or cannot be placed, until one meets both or time
+    rows are a relaxation, planner/allocation/cpsat.py) or cannot be placed, until one meets both or time
     runs out."""
 
     model: object  # cpsat.AllocationModel or milp.MilpModel: solve_stage / decode / add_placement_cut

@@ -110,7 +110,7 @@ class LlmStats:
 
     @property
     def stage_parallelism(self) -> float:
-        """p for an instance's stage: at least 1, and at most max(n, 1) (what models/instance.py
+        """p for an instance's stage: at least 1, and at most max(n, 1) (what models/instance/instance.py
         accepts). The pooled p exceeds n only when requests that skip the LLM sit beside requests
         that fan out to it; capping it there keeps n/p >= 1 call's latency, a slight overestimate."""
         return min(max(self.parallelism, 1.0), max(self.invocations, 1.0))

@@ -21,7 +21,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 from scepsy.models.arguments import check_choice, check_finite, check_fraction
 from scepsy.models.catalog import catalog
@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # the tracing and k8s extras (aiohttp, pyarrow, kubernetes) a
     from scepsy.k8s.apply import ApplyResult, ReplicaStatus
     from scepsy.planner.studies.sweep import Comparison
     from scepsy.tracing.discovery.topology import NodeTopology
+    from scepsy.tracing.emulation.emulator import EmulatorConfig
     from scepsy.tracing.profiling.replay import PointResult, SweepSettings
     from scepsy.tracing.statistics.stats import TraceStats
 
@@ -68,14 +69,19 @@ AllocationLike = Allocation | str | Path
 PlacementLike = Placement | str | Path
 PathLike = str | Path
 
+# what the commands do, one function each (docs/cli.md names each command's)
+OPERATIONS = (
+    "plan", "place", "predict", "whatif", "simulate", "simulate_rates", "sweep", "synthesize_profile",
+    "import_profile", "replay_profile", "aggregate_traces", "export_traces", "proxy", "emulate", "topology",
+    "manifests", "deploy", "status",
+)
 __all__ = [
-    # what the commands do, one function each
     "plan", "place", "predict", "whatif", "simulate", "simulate_rates", "sweep", "synthesize_profile",
     "import_profile", "replay_profile", "aggregate_traces", "export_traces", "proxy", "emulate", "topology",
     "manifests", "deploy", "status",
     # their inputs
-    "load", "allocation_of", "placement_settings", "simulation_settings", "replay_settings", "SimulationSettings",
-    "SynthesisSettings",
+    "load", "allocation_of", "placement_settings", "simulation_settings", "replay_settings", "emulator_config",
+    "SimulationSettings", "SynthesisSettings",
     # what the commands print
     "plan_document", "placement_document", "prediction_document", "simulation_document", "plan_view",
     "placement_view", "prediction_view", "simulation_view", "stats_document", "stats_view",
@@ -762,33 +768,22 @@ def proxy(
     return recorded
 
 
-def emulate(
-    model: str,
-    gpu: str,
-    tp: int = 1,
-    fraction: float = 1.0,
-    *,
-    served_model_names: Sequence[str] = (),
-    max_model_len: int | None = None,
-    speedup: float = 1.0,
-    mean_output_tokens: float = 0.0,
-    prefix_caching: bool = True,
-    weights: str | None = None,
-    engine_model: str = "builtin",
-    backend: str = "vllm",
-    database_version: str = "current",
-    personality: str = "vllm",
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    on_start: Callable[[str], None] | None = None,
-) -> None:
-    """Serve an OpenAI-compatible engine emulator whose timing follows the engine model, until
-    interrupted (`scepsy emulate`; tracing/emulation/emulator.py); `on_start(text)` describes it."""
-    from scepsy.tracing.emulation.emulator import emulator_config, serve
+def emulator_config(model: str, gpu: str, tp: int = 1, fraction: float = 1.0, **options: Any) -> EmulatorConfig:
+    """An emulated replica of a catalog `model` (or a config.json) on a catalog `gpu`, checked to run
+    (tracing/emulation/emulator.py `emulator_config`: served_model_names, max_model_len, speedup,
+    mean_output_tokens, prefix_caching, weights, engine_model, backend, database_version,
+    personality)."""
+    from scepsy.tracing.emulation.emulator import emulator_config as configure
 
-    config = emulator_config(model, gpu, tp, fraction, list(served_model_names), max_model_len, speedup,
-                             mean_output_tokens, prefix_caching, weights=weights, engine_model=engine_model,
-                             backend=backend, database_version=database_version, personality=personality)
+    return configure(model, gpu, tp, fraction, **options)
+
+
+def emulate(config: EmulatorConfig, *, host: str = "127.0.0.1", port: int = 8000,
+            on_start: Callable[[str], None] | None = None) -> None:
+    """Serve an OpenAI-compatible engine emulator whose timing follows the engine model, until
+    interrupted (`scepsy emulate`); `on_start(text)` describes it."""
+    from scepsy.tracing.emulation.emulator import serve
+
     if on_start is not None:
         on_start(f"scepsy emulate on http://{host}:{port}: {config.describe()}")
     serve(config, host=host, port=port)

@@ -52,7 +52,8 @@ COMMANDS: dict[str, tuple[str, list[str]]] = {
 HELPERS = {
     "plan_document", "placement_document", "prediction_document", "simulation_document", "stats_document",
     "plan_view", "placement_view", "prediction_view", "simulation_view", "stats_view",
-    "placement_settings", "simulation_settings", "replay_settings", "SimulationSettings", "SynthesisSettings",
+    "placement_settings", "simulation_settings", "replay_settings", "emulator_config", "SimulationSettings",
+    "SynthesisSettings",
 }
 ADD_A_COMMAND = ("add it to COMMANDS in tests/test_cli_api.py: the one scepsy.api function it calls and arguments "
                  "that reach that call")
@@ -74,7 +75,8 @@ def commands() -> dict[str, Any]:
 
 
 def operations() -> set[str]:
-    """The API's functions that do a command's work: its public callables but the helpers."""
+    """The API's functions that do work (a command's, or a step of one such as `load`): its public
+    callables but the helpers."""
     return {name for name in api.__all__ if name not in HELPERS and callable(getattr(api, name))}
 
 
@@ -96,7 +98,7 @@ def test_every_command_is_listed():
     assert not walked - set(COMMANDS), f"commands without an entry: {sorted(walked - set(COMMANDS))}; {ADD_A_COMMAND}"
     assert not set(COMMANDS) - walked, f"entries of no command: {sorted(set(COMMANDS) - walked)}"
     assert HELPERS <= set(api.__all__), sorted(HELPERS - set(api.__all__))
-    assert {function for function, _ in COMMANDS.values()} <= operations()
+    assert {function for function, _ in COMMANDS.values()} <= set(api.OPERATIONS) <= operations()
 
 
 def _api_calls(function: Any) -> list[str]:
@@ -191,14 +193,14 @@ def test_a_parameter_named_like_an_argument_shows_as_that_parameter():
 # What a library error names
 
 
-def _string_constants(tree: ast.AST) -> list[tuple[ast.Constant, bool]]:
+def _string_constants(tree: ast.AST) -> list[tuple[str, bool]]:
     """(string constant, whether it is an element of a list or tuple literal: a command line of
     another program), docstrings left out."""
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
                   and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
     listed = {id(element) for node in ast.walk(tree) if isinstance(node, (ast.List, ast.Tuple)) for element in node.elts}
-    return [(node, id(node) in listed) for node in ast.walk(tree)
+    return [(node.value, id(node) in listed) for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings]
 
 
@@ -231,8 +233,8 @@ def argument_names() -> dict[str, str]:
             given = node.args[position] if position is not None and len(node.args) > position else None
             if isinstance(given, ast.Constant) and isinstance(given.value, str):
                 found.setdefault(given.value, where)
-        for constant, _ in _string_constants(tree):
-            for mention in re.findall(r"`([a-z][a-z0-9_]*)`", constant.value):
+        for text, _ in _string_constants(tree):
+            for mention in re.findall(r"`([a-z][a-z0-9_]*)`", text):
                 found.setdefault(mention, where)
     return found
 
@@ -255,15 +257,15 @@ def test_no_library_message_names_an_option_of_the_command_line():
         for constant, in_list in _string_constants(ast.parse(path.read_text())):
             if in_list:
                 continue
-            text = re.sub(r"`scepsy [^`]*`", "", constant.value)
+            text = re.sub(r"`scepsy [^`]*`", "", constant)
             for option in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text):
-                assert option not in every or (where, option) in others, f"{where}: {constant.value!r} names {option}"
+                assert option not in every or (where, option) in others, f"{where}: {constant!r} names {option}"
 
 
 CASES = [  # (API call, command line, the argument's name, its option)
     (lambda: api.whatif(DEFAULT, rates="2", clusters="5"), ["whatif", DEFAULT, "--rates", "2", "--clusters", "5"], "clusters", "--clusters"),
     (lambda: api.plan(DEFAULT, backend="nope"), ["plan", DEFAULT, "--backend", "nope"], "backend", "--backend"),
-    (lambda: api.emulate("llama-3.1-8b", "H100", tp=3), ["emulate", "--model", "llama-3.1-8b", "--gpu", "H100", "--tp", "3"], "tp", "--tp"),
+    (lambda: api.emulator_config("llama-3.1-8b", "H100", tp=3), ["emulate", "--model", "llama-3.1-8b", "--gpu", "H100", "--tp", "3"], "tp", "--tp"),
     (lambda: api.simulation_settings(routing="x"), ["simulate", DEFAULT, "--routing", "x"], "routing", "--routing"),
 ]
 

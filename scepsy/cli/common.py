@@ -155,12 +155,13 @@ def say(line: str) -> None:
 def command_name() -> str:
     """The running command without the program's name (`plan`, `profiles synthesize`); empty
     outside a command."""
-    try:  # typer vendors click from 0.22 on; before, the context is click's own
-        from typer._click.globals import get_current_context  # type: ignore[import-not-found, unused-ignore]
-    except ImportError:
-        from click import get_current_context
+    import importlib
 
-    context = get_current_context(silent=True)
+    try:  # typer vendors click in recent releases; in older ones the context is click's own
+        globals_module = importlib.import_module("typer._click.globals")
+    except ImportError:
+        globals_module = importlib.import_module("click.globals")
+    context = globals_module.get_current_context(silent=True)
     return " ".join(context.command_path.split()[1:]) if context is not None else ""
 
 

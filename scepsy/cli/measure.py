@@ -74,10 +74,11 @@ def emulate(
     from scepsy import api
 
     with errors():
-        api.emulate(model, gpu, tp, fraction, served_model_names=served_model_name, max_model_len=max_model_len,
-                    speedup=speedup, mean_output_tokens=mean_output_tokens, prefix_caching=prefix_caching,
-                    weights=weights, engine_model=engine_model, backend=backend, database_version=database_version,
-                    personality=personality, host=host, port=port, on_start=_tell)
+        config = api.emulator_config(model, gpu, tp, fraction, served_model_names=served_model_name,
+                                     max_model_len=max_model_len, speedup=speedup, mean_output_tokens=mean_output_tokens,
+                                     prefix_caching=prefix_caching, weights=weights, engine_model=engine_model,
+                                     backend=backend, database_version=database_version, personality=personality)
+        api.emulate(config, host=host, port=port, on_start=_tell)
 
 
 @traces_app.command("export")

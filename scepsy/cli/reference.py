@@ -67,18 +67,18 @@ def commands(group: Any = None, path: tuple[str, ...] = ()) -> Iterator[tuple[st
 
 
 def api_function(command: Any) -> str:
-    """The scepsy.api function the command calls (its one `api.NAME(` call not a document, view or
-    settings helper; tests/test_cli_api.py checks there is exactly one)."""
+    """The scepsy.api function the command calls: its `api.NAME(` call of one of api.OPERATIONS
+    (tests/test_cli_api.py checks there is exactly one)."""
     import ast
     import textwrap
 
+    from scepsy.api import OPERATIONS
+
     source = textwrap.dedent(inspect.getsource(inspect.unwrap(command.callback)))
-    for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name)
-                and node.func.value.id == "api" and not node.func.attr.endswith(("_document", "_view", "_settings"))
-                and not node.func.attr[0].isupper()):
-            return node.func.attr
-    return "-"
+    called = [node.func.attr for node in ast.walk(ast.parse(source))
+              if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and isinstance(node.func.value, ast.Name) and node.func.value.id == "api"]
+    return next((name for name in called if name in OPERATIONS), "-")
 
 
 def _kind(annotation: Any) -> str:

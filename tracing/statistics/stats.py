@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any, Iterator
@@ -21,9 +22,10 @@ REGENERATE = "python -m scepsy.cli.reference docs/cli.md"
 
 HEADER = f"""# Command reference
 
-Generated from the command line by `{REGENERATE}`; `scepsy COMMAND --help` prints the same. Every
-command is one function of the Python API (`scepsy/api.py`, named under each command), so a
-notebook does what a command does. `python -m scepsy` is the same command.
+Generated from the command line (`{REGENERATE}`);
+`scepsy COMMAND --help` prints the same. Every command is one function of the Python API
+(`scepsy/api.py`, named under each command), so a notebook does what a command does.
+`python -m scepsy` is the same command.
 """
 
 BEHAVIOUR = """## Exit codes, output and inputs
@@ -83,11 +85,11 @@ def api_function(command: Any) -> str:
 
 def _kind(annotation: Any) -> str:
     """What a parameter takes, from its Python type: path, text, integer, number or flag."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # Optional[X]: X
+        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
     repeated = typing.get_origin(annotation) is list
     if repeated:
         annotation = typing.get_args(annotation)[0]
-    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
-        annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
     kind = KINDS.get(annotation, getattr(annotation, "__name__", str(annotation)))
     return f"{kind}, repeatable" if repeated else kind
 

@@ -185,7 +185,7 @@ def test_workflow_named_by_an_attribute_of_the_parent_span(run):
     assert [w.name for w in merged.workflows] == ["handle"]
     (warning,) = merged.warnings
     assert f"all {2 * REQUESTS} workflow requests are named 'handle' (from the root span name)" in warning
-    assert "--workflow-attribute KEY" in warning
+    assert "pass its key as `workflow_attribute`" in warning and "--" not in warning  # the API's name
 
 
 def test_genai_workflow_agent_and_tool_spans_are_skipped_and_counted(run):
@@ -299,7 +299,7 @@ def test_aggregate_command_reads_a_collector_file_and_warns_on_stderr(run, tmp_p
     merged = CliRunner().invoke(app, ["aggregate", str(files["traces"])])
     assert merged.exit_code == 0, merged.output
     (line,) = merged.stderr.splitlines()
-    assert line.startswith("warning: all 6 workflow requests are named 'handle'") and "--workflow-attribute KEY" in line
+    assert line.startswith("warning: all 6 workflow requests are named 'handle'") and "pass its key as --workflow-attribute," in line
     help_text = CliRunner().invoke(app, ["aggregate", "--help"]).stdout
     for accepted in ("OTLP JSON", "OTLP protobuf", "zstd", "gzip", "--workflow-attribute"):
         assert accepted in " ".join(help_text.split()), accepted
@@ -380,3 +380,13 @@ def test_broken_and_oversized_files_are_input_errors(run, tmp_path, monkeypatch)
     assert (tmp_path / "bomb.zst").stat().st_size < 2**20
     with pytest.raises(InputError, match="expands to more than 2 MiB"):
         read_traces([tmp_path / "bomb.zst"])
+
+
+def test_an_empty_workflow_attribute_is_refused_by_its_name(run, tmp_path):
+    """The API names the argument, the command line its option, before any file is read."""
+    path = run("parent_attribute") / "sdk.jsonl"
+    with pytest.raises(InputError) as raised:
+        api.aggregate_traces([path], workflow_attribute=" ")
+    assert raised.value.field == "workflow_attribute" and "--" not in str(raised.value)
+    result = CliRunner().invoke(app, ["aggregate", str(path), "--workflow-attribute", ""])
+    assert result.exit_code == 2 and result.stderr.startswith("error: --workflow-attribute: is empty"), result.output

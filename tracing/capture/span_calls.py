@@ -298,8 +298,8 @@ def _warnings(summary: SpanSummary, request_names: list[tuple[str | None, str]],
         shown = f"'{name}' (from the {source})" if name is not None else "the default workflow (no name found)"
         out.append(
             f"all {requests} workflow requests are named {shown}: requests of different workflows are merged; name "
-            "each request's workflow with an attribute of its parent span and pass its key as workflow_attribute "
-            "(scepsy aggregate --workflow-attribute KEY), or set gen_ai.workflow.name or traceloop.workflow.name"
+            "each request's workflow with an attribute of its parent span and pass its key as `workflow_attribute`, "
+            "or set gen_ai.workflow.name or traceloop.workflow.name"
         )
     if attribute and missing_attribute:
         out.append(

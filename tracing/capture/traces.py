@@ -23,12 +23,15 @@ from typing import Iterable, Mapping
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import check_input
 
-from scepsy.tracing.capture.otlp import read_otlp
+from scepsy.tracing.capture.otlp import FORMATS, read_otlp
 from scepsy.tracing.capture.records import COLUMNS, CallRecord
 from scepsy.tracing.capture.span_calls import SpanSummary, span_calls
 from scepsy.tracing.capture.store import read_store
 
 _TRACE_FIX = "pass a proxy store (.db), a .jsonl or .parquet export, or an OTLP file"
+# the trace files `read_traces` accepts (`scepsy aggregate --help` lists them)
+TRACE_FILES = ("proxy stores (.db); scepsy's .jsonl and .parquet exports; OpenTelemetry spans in any file, read by "
+               f"content: {FORMATS}")
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,24 @@ def _read_parquet(path: Path) -> list[CallRecord]:
     return [CallRecord.from_row(row) for row in table.to_pylist()]
 
 
+def parse_llm_names(items: Iterable[str]) -> dict[str, str]:
+    """OTLP model -> LLM name from MODEL=LLM items (the command line's `--llm-name`)."""
+    names = {}
+    for item in items:
+        model, sep, llm = item.partition("=")
+        if not sep or not model or not llm:
+            raise InputError(None, "llm_names", f"{item!r} is not MODEL=LLM", "write e.g. meta-llama/Llama-3.2-1B=gen")
+        names[model] = llm
+    return names
+
+
 def read_traces(paths: Iterable[Path | str], llm_names: Mapping[str, str] | None = None,
                 workflow_attribute: str | None = None) -> TraceSet:
     """Every call record in the given files, sorted by (start_s, call_id); `llm_names` renames span
     models to LLM names, `workflow_attribute` is the span attribute that names a request's workflow."""
+    if workflow_attribute is not None and not workflow_attribute.strip():
+        raise InputError(None, "workflow_attribute", "is empty", "give the key of the span attribute that names each "
+                         "request's workflow, e.g. app.workflow, or leave it out")
     calls: list[CallRecord] = []
     spans = []
     for path in map(Path, paths):
@@ -127,5 +144,5 @@ def export_traces(calls: Iterable[CallRecord], out: Path | str, fmt: str, bodies
         table = pa.Table.from_pylist(rows, schema=schema)
         pq.write_table(table, out)
     else:
-        raise InputError(None, "--format", f"unknown format {fmt!r}", "use jsonl or parquet")
+        raise InputError(None, "format", f"unknown format {fmt!r}", "use jsonl or parquet")
     return len(rows)

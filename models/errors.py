@@ -29,6 +29,11 @@ class InputError(ScepsyError):
         return f"{text}; fix: {self.fix}" if self.fix else text
 
 
+class InputWarning(UserWarning):
+    """Input a command ignores, with the reason (`warnings.warn`); the CLI prints it as one
+    `warning:` line on stderr and goes on."""
+
+
 class InfeasibleError(ScepsyError):
     """No plan satisfies the constraints; `reason` names the binding one. The CLI exits with code 3."""
 

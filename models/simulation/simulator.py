@@ -49,6 +49,7 @@ from scepsy.models.catalog.model_config import card_from_config
 from scepsy.models.performance.aiconfigurator import make_timer
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
 from scepsy.models.errors import InputError
+from scepsy.models.output import json_number
 from scepsy.models.instance.instance import Instance, Workflow
 from scepsy.models.instance.statistic import InvocationStatistic, critical_time_s, request_use
 from scepsy.models.instance.streamed import Moments, QuantileSketch, RunningMoments
@@ -296,8 +297,8 @@ class SimulationResult:
         return next(m for m in self.llms if m.name == name)
 
     def to_json(self) -> dict:
-        def num(x):
-            return None if x is None or not math.isfinite(x) else float(f"{x:.6g}")
+        def num(x: float | None) -> float | None:
+            return json_number(x, 6)
 
         return {
             "duration_s": num(self.duration_s),

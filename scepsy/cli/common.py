@@ -4,9 +4,9 @@ traceback), the spinner and progress bar, list parsing and JSON output through t
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Callable, Iterator, Optional
@@ -14,8 +14,8 @@ from typing import Annotated, Callable, Iterator, Optional
 import typer
 from rich.console import Console
 
-from scepsy.models.errors import InputError, ScepsyError
-from scepsy.models.output import write_text
+from scepsy.models.errors import InputError, InputWarning, ScepsyError
+from scepsy.models.output import json_number, write_text
 
 # Wide enough for the tables when piped; a terminal keeps its own width. User-given text (names,
 # paths) is printed as it is: no markup, emoji codes or highlighting; stderr lines never wrap.
@@ -76,11 +76,25 @@ def fail(error: ScepsyError) -> None:
     raise typer.Exit(error.exit_code)
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001 - warnings.showwarning's signature
+    if issubclass(category, InputWarning):
+        say(f"warning: {message}")
+    else:
+        _default_show_warning(message, category, filename, lineno, file, line)
+
+
+_default_show_warning = warnings.showwarning
+
+
 @contextmanager
 def errors() -> Iterator[None]:
-    """Map scepsy's typed errors to one line and an exit code; never show a traceback."""
+    """Map scepsy's typed errors to one line and an exit code, and its warnings (InputWarning) to one
+    `warning:` line each; never show a traceback."""
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", InputWarning)
+            warnings.showwarning = _show_warning
+            yield
     except ScepsyError as error:
         fail(error)
     except (typer.Exit, typer.Abort, KeyboardInterrupt):
@@ -175,4 +189,4 @@ def emit_json(data: object, out: Optional[Path], to_stdout: bool, option: str = 
 
 def num(value: float | None) -> float | None:
     """A number for JSON: 6 significant digits, None for missing or infinite values."""
-    return None if value is None or not math.isfinite(value) else float(f"{value:.6g}")
+    return json_number(value, 6)

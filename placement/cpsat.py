@@ -51,7 +51,7 @@ Objective (lexicographic; stages solved in turn, each fixed at its optimum)
 Decode: per domain, kept candidates on their GPUs; the other whole-GPU replicas take the remaining
 GPUs with x = 1, t at a time; the other fractional replicas of m are dealt round robin over the GPUs
 listed c - K times each (valid because c - K <= n - K). Every placement returned is also checked by
-planner.placeability.validate_placement (placement/place.py).
+the placement validator (models/instance/placement_check.py, from placement/place.py).
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def load_placed_plan(plan_path: Path | str, instance_path: Path | None = None) -
     raw, document = read_document(plan_path, "pass a plan JSON written by `scepsy plan --out`")
     instance = load_instance(resolve_instance_path(plan_path, document.instance, instance_path))
     allocation, placement = placed_plan(source, document, instance)
-    models = {record.name: record.model for record in document.llms}
+    models = {record.name: record.model for record in document.llms or []}
     llms = []
     for choice in allocation.llms:
         spec = instance.llm(choice.llm)

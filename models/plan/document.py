@@ -158,7 +158,8 @@ class FragmentationRecord(_Record):
 
 class PlanDocument(_Record):
     """A plan (`scepsy plan`), a placed allocation (`scepsy place`), a prediction (`scepsy
-    predict --json`) or an allocation file: all but `llms` are optional."""
+    predict --json`), an allocation file (`llms` alone) or a current placement (`placement` alone):
+    every field is optional here, and each reader requires what its use needs."""
 
     status: str | None = None
     objective: str | None = None
@@ -175,7 +176,7 @@ class PlanDocument(_Record):
     fractions_per_gpu: Count | None = None
     gpus_in_use: int | None = None
     workflows: list[WorkflowRecord] | None = None
-    llms: list[LlmRecord] = Field(min_length=1)
+    llms: list[LlmRecord] | None = None
     placement: list[ReplicaRecord] | None = None
     fragmentation: list[FragmentationRecord] | None = None
 
@@ -267,7 +268,7 @@ def read_document(path: Path | str, fix: str = PLAN_FIX) -> tuple[dict, PlanDocu
     source = str(path)
     raw = _parse(path, fix)
     if not isinstance(raw, dict):
-        raise InputError(source, None, "not a plan or allocation document (expected a mapping with `llms`)", fix)
+        raise InputError(source, None, "not a plan or allocation document (a mapping)", fix)
     try:
         return raw, PlanDocument.model_validate(raw)
     except ValidationError as exc:
@@ -287,6 +288,8 @@ def document_allocation(source: str, document: PlanDocument, instance: Instance)
     gpu type of its cluster, with a fraction that is a multiple of 1/F."""
     cluster = instance.cluster
     names = [m.name for m in instance.llms]
+    if document.llms is None:
+        raise InputError(source, "llms", "missing the `llms:` list", "write llms: [{name, gpu_type, tp, fraction, replicas}, ...]")
     choices = []
     for i, record in enumerate(document.llms):
         where = f"llms[{i}]"
@@ -349,7 +352,7 @@ def read_current(path: Path | str, instance: Instance) -> Placement:
             document = PlanDocument.model_validate(raw)
             if document.placement is None:
                 raise InputError(source, "placement", "no placement list", "pass a plan JSON (with `placement`) or the list itself")
-            records, own = document.placement, document.llms
+            records, own = document.placement, document.llms or []
         else:
             raise InputError(source, None, "not a plan document or a placement list", CURRENT_FIX)
     except ValidationError as exc:

@@ -102,8 +102,8 @@ class PlacementModel:
     model: cp_model.CpModel
     domains: list[Domain]
     candidates: list[Candidate]
-    counts: Counts
-    kept: list[Kept]  # the keep candidates' literals k[q], for the count model
+    counts: Counts[str]
+    kept: list[Kept[str]]  # the keep candidates' literals k[q], for the count model
     n: dict[tuple[int, str], Var]
     c: dict[tuple[Gpu, str], Var]
     x: dict[Gpu, Var]

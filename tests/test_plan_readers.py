@@ -59,10 +59,11 @@ def inputs(tmp_path_factory) -> Path:
     return root
 
 
-def _cli(*argv) -> dict | None:
-    result = run_cli([str(a) for a in argv])
+def _cli(*argv) -> dict:
+    """`scepsy ARGV --json` in this process: its JSON output (exit 0 asserted)."""
+    result = run_cli([str(a) for a in (*argv, "--json")])
     assert result.code == 0, (argv, result.err)
-    return json.loads(result.out) if "--json" in argv else None
+    return json.loads(result.out)
 
 
 def _without_times(document: dict) -> dict:
@@ -109,19 +110,19 @@ def test_every_reader_accepts_a_plan_and_agrees_on_it(inputs, tmp_path, name, ob
         assert prediction_sections(api.predict(instance, plan_file)) == sections
 
     # predict: the CLI and the API read the same allocation and predict alike
-    predicted = _cli("predict", path, "--allocation", plan_file, "--json")
+    predicted = _cli("predict", path, "--allocation", plan_file)
     assert predicted == prediction_sections(api.predict(path, plan_file))
     assert [{k: m[k] for k in ("name", "gpu_type", "tp", "fraction", "replicas")} for m in predicted["llms"]] == \
         [{k: m[k] for k in ("name", "gpu_type", "tp", "fraction", "replicas")} for m in document["llms"]]
 
     # place: the plan's allocation, placed validly, alike by the CLI and the API
-    placed = _cli("place", path, "--allocation", plan_file, "--json")
+    placed = _cli("place", path, "--allocation", plan_file)
     by_api = api.place(path, plan_file)
     assert _without_times(placed) == _without_times(api.placement_document(str(path), planned.allocation, by_api))
     assert validate_placement(instance.cluster, planned.allocation, by_api.placement) == []
 
     # plan --current: the same plan again, every replica kept where it runs
-    replanned = _cli("plan", path, "--objective", objective, "--current", plan_file, "--json")
+    replanned = _cli("plan", path, "--objective", objective, "--current", plan_file)
     assert replanned["llms"] == document["llms"] and replanned["workflows"] == document["workflows"]
     assert replanned["placement_solver"]["objective"]["moved_shards"] == 0
     assert replanned["placement_solver"]["objective"]["kept_replicas"] == len(document["placement"])
@@ -129,7 +130,7 @@ def test_every_reader_accepts_a_plan_and_agrees_on_it(inputs, tmp_path, name, ob
     assert _without_times(api.plan_document(again)) == _without_times(replanned)
 
     # simulate --plan: the plan's allocation runs, with the same prediction beside it
-    simulated = _cli("simulate", path, "--plan", plan_file, "--duration-s", SIMULATED_S, "--json")
+    simulated = _cli("simulate", path, "--plan", plan_file, "--duration-s", SIMULATED_S)
     run = api.simulate(path, plan_file, settings=api.simulation_settings(duration_s=SIMULATED_S))
     assert [w["completed"] for w in simulated["workflows"]] == [w.completed for w in run.workflows] and run.workflows
     for workflow in simulated["workflows"]:
@@ -140,7 +141,7 @@ def test_every_reader_accepts_a_plan_and_agrees_on_it(inputs, tmp_path, name, ob
     from scepsy.k8s.manifests import ManifestSettings, emit
     from scepsy.k8s.plan_input import load_placed_plan
 
-    written = _cli("manifests", plan_file, "--instance", path, "--out", tmp_path / "manifests", "--json")
+    written = _cli("manifests", plan_file, "--instance", path, "--out", tmp_path / "manifests")
     placed_plan = load_placed_plan(plan_file, path)
     assert placed_plan.replicas == tuple(sorted(planned.placement.replicas, key=lambda r: (r.llm, r.replica)))
     files = emit(placed_plan, ManifestSettings())

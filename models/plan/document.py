@@ -144,18 +144,6 @@ class ReplicaRecord(_Record):
 PlacementList = TypeAdapter(list[ReplicaRecord])  # a `--current` file may be the placement list alone
 
 
-class FragmentationRecord(_Record):
-    gpu_type: str
-    gpus: int
-    free_gpus: int
-    domains: int
-    free_domains: int
-    free_capacity_gpus: float
-    stranded_capacity_gpus: float
-    largest_tp_whole_gpu: int
-    largest_tp_half_gpu: int
-
-
 class PlanDocument(_Record):
     """A plan (`scepsy plan`), a placed allocation (`scepsy place`), a prediction (`scepsy
     predict --json`), an allocation file (`llms` alone) or a current placement (`placement` alone):
@@ -178,7 +166,7 @@ class PlanDocument(_Record):
     workflows: list[WorkflowRecord] | None = None
     llms: list[LlmRecord] | None = None
     placement: list[ReplicaRecord] | None = None
-    fragmentation: list[FragmentationRecord] | None = None
+    fragmentation: list[GpuTypeFragmentation] | None = None  # models/plan/fragmentation.py
 
     def to_json(self) -> dict:
         """The document as written: the fields that were given, in the schema's order, except that
@@ -438,7 +426,7 @@ def _prediction_records(prediction: Prediction) -> tuple[list[WorkflowRecord], l
     ]
     llms = []
     for p in prediction.llms:
-        derived = {"profile_derived_from_fractions": [json_number(f) for f in p.profile_derived_from]} if p.profile_derived_from else {}
+        derived = {"profile_derived_from_fractions": [significant(f, 9) for f in p.profile_derived_from]} if p.profile_derived_from else {}
         llms.append(LlmRecord(
             name=p.llm, model=p.model, gpu_type=p.gpu_type, tp=p.tp, fraction=significant(p.fraction, 9), replicas=p.replicas,
             gpus=json_number(p.gpus), per_replica_rate=json_number(p.per_replica_rate_rps),
@@ -512,7 +500,7 @@ def plan_document(
     if placement is not None:
         fields["placement"] = placement_records(placement)
     if fragmentation is not None:
-        fields["fragmentation"] = [FragmentationRecord(**entry.to_json()) for entry in fragmentation]
+        fields["fragmentation"] = list(fragmentation)
     return PlanDocument(instance=instance, fractions_per_gpu=allocation.fractions_per_gpu, **fields).to_json()
 
 

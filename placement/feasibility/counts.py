@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Generic, Hashable, Mapping, Protocol, Sequence, TypeVar
 
 from ortools.sat.python import cp_model
 
@@ -53,13 +53,14 @@ from scepsy.models.instance.instance import Cluster, Domain
 from scepsy.placement.feasibility.packing import fit_in_domain
 
 Gpu = tuple[str, int]  # (node, gpu index)
+K = TypeVar("K", bound=Hashable)  # what names a group: a shape (allocation models), an LLM (placement)
 
 
 @dataclass(frozen=True)
-class Group:
+class Group(Generic[K]):
     """Replicas counted together: `key` names them (a shape, or an LLM), at most `most` of them."""
 
-    key: Hashable
+    key: K
     gpu_type: str
     tp: int
     share: int
@@ -67,11 +68,11 @@ class Group:
 
 
 @dataclass(frozen=True)
-class Kept:
+class Kept(Generic[K]):
     """A replica that may stay where it runs (re-planning): its literal, group, domain and GPUs."""
 
     var: Any
-    key: Hashable
+    key: K
     domain: int
     node: str
     gpus: tuple[int, ...]
@@ -88,17 +89,17 @@ class CountSolver(Protocol):
 
 
 @dataclass
-class Counts:
+class Counts(Generic[K]):
     """The variables of a count model (module docstring), keyed by index tuples."""
 
-    groups: list[Group]
+    groups: list[Group[K]]
     domains: list[Domain]
     free: dict[Gpu, int]  # free units of each GPU
     fractions_per_gpu: int
-    n: dict[tuple[int, Hashable], Any] = field(default_factory=dict)  # (j, key) -> replicas in domain j
-    c: dict[tuple[Gpu, Hashable], Any] = field(default_factory=dict)  # (GPU, key) -> shards of a fractional group
+    n: dict[tuple[int, K], Any] = field(default_factory=dict)  # (j, key) -> replicas in domain j
+    c: dict[tuple[Gpu, K], Any] = field(default_factory=dict)  # (GPU, key) -> shards of a fractional group
     x: dict[Gpu, Any] = field(default_factory=dict)  # GPU -> carries a whole-GPU shard
-    upper: dict[tuple[Gpu, Hashable], int] = field(default_factory=dict)  # the bound of each c
+    upper: dict[tuple[Gpu, K], int] = field(default_factory=dict)  # the bound of each c
 
     def loads(self) -> dict[Gpu, list[tuple[int, Any]]]:
         """(units, variable) terms of each GPU's load: its fractional shards, then a whole shard."""
@@ -111,8 +112,8 @@ class Counts:
         return out
 
 
-def count_variables(solver: CountSolver, cluster: Cluster, groups: Sequence[Group],
-                    tick: Callable[[int], None] = lambda step: None) -> Counts:
+def count_variables(solver: CountSolver, cluster: Cluster, groups: Sequence[Group[K]],
+                    tick: Callable[[int], None] = lambda step: None) -> Counts[K]:
     """n, c and x (module docstring), domain by domain; `tick(step)` lets the caller stop a build
     that passes its deadline."""
     f = cluster.fractions_per_gpu
@@ -145,7 +146,7 @@ def count_variables(solver: CountSolver, cluster: Cluster, groups: Sequence[Grou
     return counts
 
 
-def add_count_rows(solver: CountSolver, counts: Counts, replicas: Mapping[Hashable, Any], kept: Sequence[Kept] = (),
+def add_count_rows(solver: CountSolver, counts: Counts[K], replicas: Mapping[K, Any], kept: Sequence[Kept[K]] = (),
                    tick: Callable[[int], None] = lambda step: None) -> None:
     """The constraints of the count model (module docstring); `replicas[key]` is R_q, a number or
     a linear expression of the caller's variables."""
@@ -164,8 +165,8 @@ def add_count_rows(solver: CountSolver, counts: Counts, replicas: Mapping[Hashab
         else:
             solver.add(wanted == 0)
 
-    kept_on_gpu: dict[tuple[Gpu, Hashable], list[Any]] = defaultdict(list)
-    kept_in_domain: dict[tuple[int, Hashable], list[Any]] = defaultdict(list)
+    kept_on_gpu: dict[tuple[Gpu, K], list[Any]] = defaultdict(list)
+    kept_in_domain: dict[tuple[int, K], list[Any]] = defaultdict(list)
     kept_whole: dict[Gpu, list[Any]] = defaultdict(list)
     for candidate in kept:
         kept_in_domain[(candidate.domain, candidate.key)].append(candidate.var)
@@ -203,7 +204,7 @@ def add_count_rows(solver: CountSolver, counts: Counts, replicas: Mapping[Hashab
                 solver.add(on_gpu <= counts.c[(i, key)])
 
 
-def add_used(solver: CountSolver, counts: Counts, cluster: Cluster) -> dict[Gpu, Any]:
+def add_used(solver: CountSolver, counts: Counts[K], cluster: Cluster) -> dict[Gpu, Any]:
     """GPU capacity with used[i], true exactly when GPU i holds a shard (the allocation models count
     the GPUs in use, the placeability check prices them):
         sum_q s_q c[i, q] + F x[i] <= c_i used[i],   load_i >= used[i]
@@ -230,24 +231,24 @@ def add_used(solver: CountSolver, counts: Counts, cluster: Cluster) -> dict[Gpu,
 
 
 @dataclass(frozen=True)
-class CountSpot:
+class CountSpot(Generic[K]):
     """A replica decoded from the counts: its group, node and GPUs (`kept`: a kept candidate)."""
 
-    key: Hashable
+    key: K
     node: str
     gpus: tuple[int, ...]
-    kept: Kept | None = None
+    kept: Kept[K] | None = None
 
 
-def decode_counts(counts: Counts, value: Callable[[Any], int], kept: Sequence[Kept] = ()) -> list[CountSpot]:
+def decode_counts(counts: Counts[K], value: Callable[[Any], int], kept: Sequence[Kept[K]] = ()) -> list[CountSpot[K]]:
     """Counts -> replicas (module docstring): the kept candidates whose literal is set on their
     GPUs, the other whole-GPU replicas on the remaining GPUs with x = 1, t at a time, the other
     fractional replicas of q dealt round robin over the GPUs listed c - K times each."""
     f = counts.fractions_per_gpu
     groups = {g.key: g for g in counts.groups}
-    spots: list[CountSpot] = []
-    kept_replicas: dict[tuple[int, Hashable], int] = defaultdict(int)
-    kept_shards: dict[tuple[Gpu, Hashable], int] = defaultdict(int)
+    spots: list[CountSpot[K]] = []
+    kept_replicas: dict[tuple[int, K], int] = defaultdict(int)
+    kept_shards: dict[tuple[Gpu, K], int] = defaultdict(int)
     kept_whole: set[Gpu] = set()
     for candidate in kept:
         if value(candidate.var):
@@ -257,7 +258,7 @@ def decode_counts(counts: Counts, value: Callable[[Any], int], kept: Sequence[Ke
                 kept_shards[((candidate.node, g), candidate.key)] += 1
                 if groups[candidate.key].share == f:
                     kept_whole.add((candidate.node, g))
-    by_domain: dict[int, list[tuple[Hashable, int]]] = defaultdict(list)
+    by_domain: dict[int, list[tuple[K, int]]] = defaultdict(list)
     for (j, key), var in sorted(counts.n.items(), key=lambda item: item[0]):
         count = value(var) - kept_replicas.get((j, key), 0)
         if count > 0:

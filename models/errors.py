@@ -29,9 +29,12 @@ class InputError(ScepsyError):
         return f"{text}; fix: {self.fix}" if self.fix else text
 
 
-class InputWarning(UserWarning):
-    """Input a command ignores, with the reason (`warnings.warn`); the CLI prints it as one
-    `warning:` line on stderr and goes on."""
+class ScepsyWarning(UserWarning):
+    """A result scepsy computes, but less well than the input could let it: one line naming the
+    file, the field and the fix, issued with `warnings.warn` (the CLI prints it once on stderr)."""
+
+    def __init__(self, file: str | None, field: str | None, problem: str, fix: str):
+        super().__init__(InputError(file, field, problem, fix).line())
 
 
 class InfeasibleError(ScepsyError):

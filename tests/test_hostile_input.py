@@ -243,7 +243,7 @@ def test_current_placement_list_alone_that_cannot_run_exits_2(ws, tmp_path):
 def test_current_replicas_of_an_llm_the_instance_no_longer_has_are_ignored_with_one_warning(ws, tmp_path):
     """The operator removed the LLM from the instance: its replicas stop with the new plan, so the
     re-plan ignores them (their GPUs count as free) and says so in one line."""
-    from scepsy.models.errors import InputWarning
+    from scepsy.models.errors import ScepsyWarning
     from scepsy.models.instance.instance import load_instance
     from scepsy.models.plan.document import read_current
 
@@ -256,7 +256,7 @@ def test_current_replicas_of_an_llm_the_instance_no_longer_has_are_ignored_with_
     assert len(warnings) == 1 and warnings[0].startswith("warning: ") and "old-verifier" in warnings[0], result.err
     assert "ignored" in warnings[0] and "not in the instance" in warnings[0]
     assert json.loads(result.out)["placement_solver"]["objective"]["kept_replicas"] == 1  # gen stays
-    with pytest.warns(InputWarning, match="old-verifier"):
+    with pytest.warns(ScepsyWarning, match="old-verifier"):
         kept = read_current(path, load_instance(ws / BEAM))
     assert [r.llm for r in kept.replicas] == ["gen"]
 

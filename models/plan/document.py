@@ -36,7 +36,7 @@ from typing import Annotated, Any, Sequence, get_args
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from scepsy.models.errors import InputError, InputWarning
+from scepsy.models.errors import InputError, ScepsyWarning
 from scepsy.models.inputs import parse_json_text, parse_yaml_text, read_text
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Instance
@@ -242,7 +242,8 @@ def _validation_error(source: str, exc: ValidationError, model: Any, prefix: str
         return InputError(source, field, f"unknown field{also}", f"remove it or correct its spelling ({names})")
     if kind == "missing":
         return InputError(source, field, f"missing field{also}", "add it")
-    value = f" (got {given!r})" if not isinstance(given, (dict, list)) else ""
+    shown = repr(given)
+    value = "" if isinstance(given, (dict, list)) else f" (got {shown if len(shown) <= 60 else shown[:57] + '...'})"
     problem = first["msg"][:1].lower() + first["msg"][1:] + value + also
     fix = {"int_type": "write a whole number such as 1 or 2", "float_type": "write a number",
            "finite_number": "write a finite number", "string_type": "write a string", "bool_type": "write true or false",
@@ -326,7 +327,7 @@ def read_current(path: Path | str, instance: Instance) -> Placement:
     different sizes, a replica listed twice, a GPU holding more than a whole GPU of shards, and,
     where the file has `llms`, a replica whose gpu type, shard count (its TP) or shard fraction
     differ from its LLM's record. Replicas of LLMs the instance no longer has are ignored with one
-    warning (InputWarning): the operator removed the LLM, its replicas stop with the new plan, so
+    warning (ScepsyWarning): the operator removed the LLM, its replicas stop with the new plan, so
     they neither stay nor hold GPUs. Replicas that merely cannot stay under the new plan (another
     shape, a GPU now reserved) are no problem: they move (placement/current.py)."""
     source = str(path)
@@ -349,9 +350,10 @@ def read_current(path: Path | str, instance: Instance) -> Placement:
     known = {m.name for m in instance.llms}
     gone = sorted({r.llm for r in records} - known)
     if gone:
-        warnings.warn(InputWarning(
-            f"{source}: ignored the current replicas of {', '.join(gone)}: not in the instance (removed from it), so "
-            "they stop with the new plan and their GPUs count as free"), stacklevel=2)
+        warnings.warn(ScepsyWarning(
+            source, "placement", f"ignored the current replicas of {', '.join(gone)}: not in the instance (removed from "
+            "it), so they stop with the new plan and their GPUs count as free",
+            "nothing, if the llm was removed; else re-plan with the instance the placement runs"), stacklevel=2)
     placement = document_placement(source, records, f)
     entries = [i for i, r in enumerate(placement.replicas) if r.llm in known]
     kept = Placement(f, tuple(placement.replicas[i] for i in entries))
@@ -381,7 +383,7 @@ def placed_plan(source: str, document: PlanDocument, instance: Instance) -> tupl
     f = instance.cluster.fractions_per_gpu
     if document.fractions_per_gpu != f:
         raise InputError(source, "fractions_per_gpu", f"{document.fractions_per_gpu!r} differs from the instance's {f}",
-                         "use the instance the plan was made from (--instance)")
+                         "use the instance the plan was made from")
     allocation = document_allocation(source, document, instance)
     if not document.placement:
         raise InputError(source, "placement", "missing or empty list",

@@ -14,7 +14,7 @@ from typing import Annotated, Callable, Iterator, Optional
 import typer
 from rich.console import Console
 
-from scepsy.models.errors import InputError, InputWarning, ScepsyError
+from scepsy.models.errors import InputError, ScepsyError, ScepsyWarning
 from scepsy.models.output import json_number, write_text
 
 # Wide enough for the tables when piped; a terminal keeps its own width. User-given text (names,
@@ -76,25 +76,35 @@ def fail(error: ScepsyError) -> None:
     raise typer.Exit(error.exit_code)
 
 
-def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001 - warnings.showwarning's signature
-    if issubclass(category, InputWarning):
-        say(f"warning: {message}")
-    else:
-        _default_show_warning(message, category, filename, lineno, file, line)
-
-
-_default_show_warning = warnings.showwarning
+@contextmanager
+def errors() -> Iterator[None]:
+    """Map scepsy's typed errors to one line and an exit code; never show a traceback. Warnings
+    of scepsy's own (ScepsyWarning) are one `warning:` line each on stderr, each text once."""
+    with _scepsy_warnings():
+        yield from _mapped_errors()
 
 
 @contextmanager
-def errors() -> Iterator[None]:
-    """Map scepsy's typed errors to one line and an exit code, and its warnings (InputWarning) to one
-    `warning:` line each; never show a traceback."""
+def _scepsy_warnings() -> Iterator[None]:
+    shown: set[str] = set()
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, ScepsyWarning):
+            original(message, category, filename, lineno, file, line)
+        elif str(message) not in shown:
+            shown.add(str(message))
+            say(f"warning: {message}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ScepsyWarning)
+        warnings.showwarning = show
+        yield
+
+
+def _mapped_errors() -> Iterator[None]:
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("always", InputWarning)
-            warnings.showwarning = _show_warning
-            yield
+        yield
     except ScepsyError as error:
         fail(error)
     except (typer.Exit, typer.Abort, KeyboardInterrupt):

@@ -1,6 +1,6 @@
 """Read a placed plan JSON (`scepsy plan --out`) and the instance it was made from.
 
-The plan is read and checked by the plan document's reader (models/plan/document.py `placed_plan`:
+The plan is read and checked by the plan document's reader (models/plan/document.py `deployable_plan`:
 its schema, its allocation on the instance, its placement by the placement validator); the file as
 read goes into the plan ConfigMap. This module finds the instance file, requires the workflows (their
 names label the objects) and gives the manifest view of each LLM (`PlannedLlm`: its allocation with
@@ -21,7 +21,7 @@ from scepsy.models.errors import InputError
 from scepsy.models.inputs import kind_of
 from scepsy.models.instance.allocation import ReplicaPlacement
 from scepsy.models.instance.instance import Instance, load_instance
-from scepsy.models.plan.document import PlanDocument, placed_plan, read_document
+from scepsy.models.plan.document import PlanDocument, deployable_plan, read_document
 
 @dataclass(frozen=True)
 class PlannedLlm:
@@ -79,15 +79,15 @@ class PlacedPlan:
 
 
 def resolve_instance_path(plan_path: Path, recorded: object, override: Path | None) -> Path:
-    """The instance file: `--instance`, else the plan's `instance` relative to the current
+    """The instance file: `override`, else the plan's `instance` relative to the current
     directory, else relative to the plan file's directory."""
     if override is not None:
         if kind_of(override) != "file":
-            raise InputError(str(override), None, "instance file not found", "pass an existing file to --instance")
+            raise InputError(str(override), None, "instance file not found", "pass an existing file as `instance`", argument=True)
         return override
     if not isinstance(recorded, str) or not recorded:
         raise InputError(
-            str(plan_path), "instance", "the plan does not name its instance file", "pass the instance YAML with --instance"
+            str(plan_path), "instance", "the plan does not name its instance file", "pass the instance YAML as `instance`"
         )
     candidates = [Path(recorded)] if Path(recorded).is_absolute() else [Path(recorded), plan_path.parent / recorded]
     for candidate in candidates:
@@ -98,7 +98,7 @@ def resolve_instance_path(plan_path: Path, recorded: object, override: Path | No
         str(plan_path),
         "instance",
         f"instance file {recorded!r} not found (tried {tried})",
-        "run from the directory the plan was made in, or pass the instance YAML with --instance",
+        "run from the directory the plan was made in, or pass the instance YAML as `instance`",
     )
 
 
@@ -123,7 +123,7 @@ def load_placed_plan(plan_path: Path | str, instance_path: Path | None = None) -
     source = str(plan_path)
     raw, document = read_document(plan_path, "pass a plan JSON written by `scepsy plan --out`")
     instance = load_instance(resolve_instance_path(plan_path, document.instance, instance_path))
-    allocation, placement = placed_plan(source, document, instance)
+    allocation, placement = deployable_plan(source, document, instance)
     models = {record.name: record.model for record in document.llms or []}
     llms = []
     for choice in allocation.llms:

@@ -6,7 +6,7 @@ Every shipped instance is planned with every objective, from its full profiles a
 (only the fractions 0.2, 0.5 and 1.0 kept, so that most shares are derived and the plan carries
 `profile_derived_from_fractions`), and the plan JSON is given to `predict --allocation`, `place
 --allocation`, `plan --current`, `simulate --plan` and `manifests`, and to api.predict, api.place,
-api.plan(current=...), api.simulate and the manifests' reader. Solver limits are deterministic (the
+api.plan(current=...), api.simulate and api.manifests. Solver limits are deterministic (the
 shipped instances solve far inside them), simulations a few seconds long.
 """
 
@@ -137,16 +137,15 @@ def test_every_reader_accepts_a_plan_and_agrees_on_it(inputs, tmp_path, name, ob
         assert workflow["predicted_latency_s"] == json_number(
             next(w["latency_s"] for w in predicted["workflows"] if w["name"] == workflow["name"]), 6)
 
-    # manifests: the plan's replicas, one Deployment each
-    from scepsy.k8s.manifests import ManifestSettings, emit
+    # manifests: the plan's replicas, one engine Deployment each, alike by the CLI and the API
     from scepsy.k8s.plan_input import load_placed_plan
 
-    written = _cli("manifests", plan_file, "--instance", path, "--out", tmp_path / "manifests")
-    placed_plan = load_placed_plan(plan_file, path)
-    assert placed_plan.replicas == tuple(sorted(planned.placement.replicas, key=lambda r: (r.llm, r.replica)))
-    files = emit(placed_plan, ManifestSettings())
-    assert sorted(written["files"]) == sorted(files)
-    assert all((tmp_path / "manifests" / file).read_text() == text for file, text in files.items())
+    _cli("manifests", plan_file, "--instance", path, "--out", tmp_path / "by-cli")
+    written = api.manifests(plan_file, tmp_path / "by-api", instance=path)
+    assert written.replicas == len(planned.placement.replicas)
+    assert load_placed_plan(plan_file, path).replicas == tuple(sorted(planned.placement.replicas, key=lambda r: (r.llm, r.replica)))
+    assert sorted(p.name for p in (tmp_path / "by-cli").iterdir()) == sorted(p.name for p in written.files)
+    assert all((tmp_path / "by-cli" / p.name).read_text() == p.read_text() for p in written.files)
 
 
 def test_sparse_profiles_make_plans_with_derived_shares(inputs):

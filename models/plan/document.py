@@ -21,7 +21,7 @@ readers, one per use, all start from `read_document`:
 
     read_allocation   `--allocation` of predict and place, `simulate --plan`, the static baseline
     read_current      `--current` (re-planning): the placement that runs now, or its list alone
-    placed_plan       `scepsy manifests` (k8s/plan_input.py adds the instance file and workflows)
+    deployable_plan   `scepsy manifests` (k8s/plan_input.py adds the instance file and workflows)
 
 Every problem is an InputError (exit code 2) naming the file, the field (`llms[0].tp`,
 `placement[3].shards[1].gpu`) and the fix; placements are checked by the one placement validator
@@ -340,7 +340,7 @@ def read_current(path: Path | str, instance: Instance) -> Placement:
         elif isinstance(raw, dict):
             document = PlanDocument.model_validate(raw)
             if document.placement is None:
-                raise InputError(source, "placement", "no placement list", "pass a plan JSON (with `placement`) or the list itself")
+                raise InputError(source, "placement", "no placement list", "pass a plan JSON (with a placement list) or the list itself")
             records, own = document.placement, document.llms or []
         else:
             raise InputError(source, None, "not a plan document or a placement list", CURRENT_FIX)
@@ -377,13 +377,13 @@ def _own_shapes(source: str, records: Sequence[LlmRecord], known: set[str], inst
     return Allocation(f, tuple(shapes))
 
 
-def placed_plan(source: str, document: PlanDocument, instance: Instance) -> tuple[Allocation, Placement]:
+def deployable_plan(source: str, document: PlanDocument, instance: Instance) -> tuple[Allocation, Placement]:
     """A plan's allocation and placement, for deploying it on `instance`: made for its F, with a
     placement that is valid for the allocation on its cluster (the placement validator, complete)."""
     f = instance.cluster.fractions_per_gpu
     if document.fractions_per_gpu != f:
         raise InputError(source, "fractions_per_gpu", f"{document.fractions_per_gpu!r} differs from the instance's {f}",
-                         "use the instance the plan was made from")
+                         "use the instance the plan was made from (`instance`)")
     allocation = document_allocation(source, document, instance)
     if not document.placement:
         raise InputError(source, "placement", "missing or empty list",

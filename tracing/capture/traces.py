@@ -140,6 +140,17 @@ def _read_parquet(path: Path) -> list[CallRecord]:
     return [CallRecord.from_row(row) for row in table.to_pylist()]
 
 
+def parse_llm_names(items: Iterable[str]) -> dict[str, str]:
+    """OTLP model -> LLM name from MODEL=LLM items (the command line's `--llm-name`)."""
+    names = {}
+    for item in items:
+        model, sep, llm = item.partition("=")
+        if not sep or not model or not llm:
+            raise InputError(None, "llm_names", f"{item!r} is not MODEL=LLM", "write e.g. meta-llama/Llama-3.2-1B=gen")
+        names[model] = llm
+    return names
+
+
 def load_traces(paths: Iterable[Path | str], llm_names: Mapping[str, str] | None = None) -> list[CallRecord]:
     """Every call record in the given files, sorted by (start_s, call_id)."""
     calls: list[CallRecord] = []
@@ -199,5 +210,5 @@ def export_traces(calls: Iterable[CallRecord], out: Path | str, fmt: str, bodies
         table = pa.Table.from_pylist(rows, schema=schema)
         pq.write_table(table, out)
     else:
-        raise InputError(None, "--format", f"unknown format {fmt!r}", "use jsonl or parquet")
+        raise InputError(None, "format", f"unknown format {fmt!r}", "use jsonl or parquet")
     return len(rows)

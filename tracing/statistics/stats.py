@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -110,7 +111,7 @@ class LlmStats:
 
     @property
     def stage_parallelism(self) -> float:
-        """p for an instance's stage: at least 1, and at most max(n, 1) (what models/instance.py
+        """p for an instance's stage: at least 1, and at most max(n, 1) (what models/instance/instance.py
         accepts). The pooled p exceeds n only when requests that skip the LLM sit beside requests
         that fan out to it; capping it there keeps n/p >= 1 call's latency, a slight overestimate."""
         return min(max(self.parallelism, 1.0), max(self.invocations, 1.0))
@@ -292,6 +293,16 @@ def stats_to_dict(stats: TraceStats) -> dict:
         "calls_skipped_failed": stats.calls_failed,
         "workflows": workflows,
     }
+
+
+def write_stats(stats: TraceStats, out: Path | str, traces: Iterable[Path | str]) -> None:
+    """The statistics as YAML (`stats_to_dict`), headed by the traces they come from."""
+    import yaml
+
+    from scepsy.models.output import write_text
+
+    header = f"# scepsy aggregate {' '.join(map(str, traces))}\n"
+    write_text(out, header + yaml.safe_dump(stats_to_dict(stats), sort_keys=False))
 
 
 def stats_view(stats: TraceStats):

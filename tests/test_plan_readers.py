@@ -6,8 +6,10 @@ Every shipped instance is planned with every objective, from its full profiles a
 (only the fractions 0.2, 0.5 and 1.0 kept, so that most shares are derived and the plan carries
 `profile_derived_from_fractions`), and the plan JSON is given to `predict --allocation`, `place
 --allocation`, `plan --current`, `simulate --plan` and `manifests`, and to api.predict, api.place,
-api.plan(current=...), api.simulate and api.manifests. Solver limits are deterministic (the
-shipped instances solve far inside them), simulations a few seconds long.
+api.plan(current=...), api.simulate and api.manifests. The solves end at their optimum: a
+deterministic limit stops the allocation stages, and the wall-clock limits of the commands are set
+far beyond what the shipped instances need, so that a loaded machine cannot cut a solve short (the
+results would then differ between the readers); simulations are a few seconds long.
 """
 
 from __future__ import annotations
@@ -29,12 +31,16 @@ from scepsy.models.instance.placement_check import validate_placement
 from scepsy.models.output import json_number
 from scepsy.models.plan.document import PlanDocument, plan_json, prediction_sections, read_allocation, read_current
 from scepsy.pipeline import plan_and_place
+from scepsy.placement.place import PlacementSettings
 from scepsy.planner.allocation.objective import OBJECTIVES
 from scepsy.planner.allocation.search import PlanSettings
 
 SHIPPED = sorted(p.stem for p in INSTANCES.glob("*.yaml"))
 SPARSE_FRACTIONS = (0.2, 0.5, 1.0)
-SETTINGS = PlanSettings(stage_parameters=(("max_deterministic_time", 30.0),))
+SETTINGS = PlanSettings(time_limit_s=3600.0, stage_parameters=(("max_deterministic_time", 30.0),))
+PLACING = PlacementSettings(time_limit_s=3600.0)
+LIMITS = {"time_limit_s": 3600.0, "placement_time_limit_s": 3600.0}  # the same for the commands and the API
+OPTIONS = ("--time-limit-s", "3600", "--placement-time-limit-s", "3600")
 SIMULATED_S = 4.0
 
 
@@ -93,7 +99,7 @@ def _close(a: object, b: object, rel: float) -> bool:
 def test_every_reader_accepts_a_plan_and_agrees_on_it(inputs, tmp_path, name, objective, kind):
     path = inputs / kind / f"{name}.yaml"
     instance = load_instance(path).with_objective(objective)
-    planned = plan_and_place(instance, SETTINGS)
+    planned = plan_and_place(instance, SETTINGS, PLACING)
     document = plan_json(planned, include_wall_time=False)
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps(document, indent=2) + "\n")
@@ -116,17 +122,17 @@ def test_every_reader_accepts_a_plan_and_agrees_on_it(inputs, tmp_path, name, ob
         [{k: m[k] for k in ("name", "gpu_type", "tp", "fraction", "replicas")} for m in document["llms"]]
 
     # place: the plan's allocation, placed validly, alike by the CLI and the API
-    placed = _cli("place", path, "--allocation", plan_file)
-    by_api = api.place(path, plan_file)
+    placed = _cli("place", path, "--allocation", plan_file, "--placement-time-limit-s", "3600")
+    by_api = api.place(path, plan_file, placement_time_limit_s=3600.0)
     assert _without_times(placed) == _without_times(api.placement_document(str(path), planned.allocation, by_api))
     assert validate_placement(instance.cluster, planned.allocation, by_api.placement) == []
 
     # plan --current: the same plan again, every replica kept where it runs
-    replanned = _cli("plan", path, "--objective", objective, "--current", plan_file)
+    replanned = _cli("plan", path, "--objective", objective, "--current", plan_file, *OPTIONS)
     assert replanned["llms"] == document["llms"] and replanned["workflows"] == document["workflows"]
     assert replanned["placement_solver"]["objective"]["moved_shards"] == 0
     assert replanned["placement_solver"]["objective"]["kept_replicas"] == len(document["placement"])
-    again = api.plan(path, objective=objective, current=plan_file)
+    again = api.plan(path, objective=objective, current=plan_file, **LIMITS)
     assert _without_times(api.plan_document(again)) == _without_times(replanned)
 
     # simulate --plan: the plan's allocation runs, with the same prediction beside it
@@ -151,5 +157,5 @@ def test_every_reader_accepts_a_plan_and_agrees_on_it(inputs, tmp_path, name, ob
 def test_sparse_profiles_make_plans_with_derived_shares(inputs):
     """The sparse half of the matrix is what it is for: plans whose shares were derived."""
     instance = load_instance(inputs / "sparse" / "rag-4xa6000.yaml")
-    document = plan_json(plan_and_place(instance, SETTINGS), include_wall_time=False)
+    document = plan_json(plan_and_place(instance, SETTINGS, PLACING), include_wall_time=False)
     assert any("profile_derived_from_fractions" in m for m in document["llms"])

@@ -93,7 +93,7 @@ def leave_one_out(path: Path, weights: tuple[float, str]) -> list[dict]:
         memory = MEMORY_GIB[gpu_type]
         for measured in curves:
             kept = without(profile, key, measured.fraction)
-            shape = share_model(model, gpu_type, tp, kept.curves[key])
+            shape = share_model(catalog.find_model(model), catalog.find_gpu(gpu_type), tp, kept.curves[key])
             derived = kept.curve(gpu_type, tp, measured.fraction, memory, weights_gib, shape)
             if derived is None:
                 continue

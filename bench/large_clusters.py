@@ -24,7 +24,7 @@ from common import large_instance  # noqa: E402
 
 from scepsy.pipeline import plan_and_place  # noqa: E402
 from scepsy.placement.place import PlacementSettings  # noqa: E402
-from scepsy.placement.feasibility.placeability import validate_placement  # noqa: E402
+from scepsy.models.instance.placement_check import validate_placement  # noqa: E402
 from scepsy.planner.allocation.search import PlanSettings  # noqa: E402
 
 TIME_LIMIT_S = 60.0

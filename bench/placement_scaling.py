@@ -12,7 +12,7 @@ about 80% of the free capacity, placeable by construction. For each size and fam
 cases; per method the median wall time and the median objective (free whole NVLink domains, free
 whole GPUs, GPUs shared by different LLMs); for CP-SAT how many cases were proven optimal and the
 gaps of the others (the relative gap of the first stage not proven, with the stage). Every placement is
-checked with planner.placeability.validate_placement, and CP-SAT is checked to be never worse
+checked with the placement validator (models/instance/placement_check.py), and CP-SAT is checked to be never worse
 than the heuristic (lexicographically).
 Targets (2 cores): 1024 GPUs placed by the heuristic in under 1 s and by CP-SAT, proven or within
 the stated gap, in under 10 s.
@@ -29,7 +29,7 @@ from pathlib import Path
 from scepsy.placement.place import PlacementSettings, place
 import paths  # noqa: F401, E402 - examples/ and tests/support/ on the import path
 from support.synthetic_placement import LAYOUTS_8, random_case
-from scepsy.placement.feasibility.placeability import validate_placement
+from scepsy.models.instance.placement_check import validate_placement
 
 FAMILIES = {"nvswitch": (LAYOUTS_8[:1], 0.0), "mixed": (LAYOUTS_8, 0.05)}
 

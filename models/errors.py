@@ -75,6 +75,14 @@ class InputError(ScepsyError):
         return self.line(rename)
 
 
+class ScepsyWarning(UserWarning):
+    """A result scepsy computes, but less well than the input could let it: one line naming the
+    file, the field and the fix, issued with `warnings.warn` (the CLI prints it once on stderr)."""
+
+    def __init__(self, file: str | None, field: str | None, problem: str, fix: str):
+        super().__init__(InputError(file, field, problem, fix).line())
+
+
 class InfeasibleError(ScepsyError):
     """No plan satisfies the constraints; `reason` names the binding one. The CLI exits with code 3."""
 

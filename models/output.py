@@ -1,4 +1,5 @@
-"""The one writer of output files, and the checks of output paths, used by every command.
+"""The one writer of output files, the checks of output paths and the one rounding of the numbers
+in JSON outputs, used by every command.
 
 An output is never one of the call's inputs (exporting a trace store onto itself would replace it)
 and never a directory where a file is wanted; an OSError while writing is an input error naming
@@ -7,6 +8,7 @@ the path and the argument that gave it (`field`, e.g. `out`; exit code 2), never
 
 from __future__ import annotations
 
+import math
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,3 +68,17 @@ def write_text(path: Path | str, text: str, field: str = "out") -> Path:
     with writing(path, field) as target:
         target.write_text(text)
     return target
+
+
+def significant(value: float, digits: int) -> float:
+    """`value` rounded to `digits` significant digits: what outputs carry, stable across runs and
+    platforms (the last bits of a float sum depend on the order of its terms)."""
+    return float(f"{value:.{digits}g}")
+
+
+def json_number(value: float | None, digits: int = 9) -> float | None:
+    """A number for a JSON output: `digits` significant digits, None where it is missing or not
+    finite (JSON has no NaN or Infinity)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return significant(value, digits)

@@ -51,7 +51,7 @@ Objective (lexicographic; stages solved in turn, each fixed at its optimum)
 Decode: per domain, kept candidates on their GPUs; the other whole-GPU replicas take the remaining
 GPUs with x = 1, t at a time; the other fractional replicas of m are dealt round robin over the GPUs
 listed c - K times each (valid because c - K <= n - K). Every placement returned is also checked by
-planner.placeability.validate_placement (placement/place.py).
+the placement validator (models/instance/placement_check.py, from placement/place.py).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ from ortools.sat.python import cp_model
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Cluster, Domain
 from scepsy.placement.feasibility.solver import STATUS_NAMES, cpsat_solver
-from scepsy.placement.feasibility.packing import fit_in_domain, packing_weights
+from scepsy.placement.feasibility.counts import Counts, CpsatCounts, Group, Kept, add_count_rows, count_variables, decode_counts
+from scepsy.placement.feasibility.packing import packing_weights
 
 from .current import Candidate, keep_candidates, movable_replicas
 from .heuristic import first_fit_placement
@@ -101,6 +102,8 @@ class PlacementModel:
     model: cp_model.CpModel
     domains: list[Domain]
     candidates: list[Candidate]
+    counts: Counts[str]
+    kept: list[Kept[str]]  # the keep candidates' literals k[q], for the count model
     n: dict[tuple[int, str], Var]
     c: dict[tuple[Gpu, str], Var]
     x: dict[Gpu, Var]
@@ -142,90 +145,28 @@ def build_placement_model(
     # data
     f = cluster.fractions_per_gpu
     llms = [m for m in allocation.llms if m.replicas > 0]
-    whole = {m.llm for m in llms if m.share == f}
     share = {m.llm: m.share for m in llms}
     tp = {m.llm: m.tp for m in llms}
-    domains = cluster.domains()
-    _check_deadline(deadline)  # each of these steps is linear in the GPUs: a second for a million
-    free = {(d.node, g): cluster.free_units(d.node, g) for d in domains for g in d.gpus}
-    _check_deadline(deadline)
-    clean = {i for i, units in free.items() if units == f}
     candidates = keep_candidates(cluster, allocation, current)
-    _check_deadline(deadline)
+    _check_deadline(deadline)  # each step here is linear in the GPUs: a second for a million
     model = cp_model.CpModel()
 
     # n[j, m]: replicas of m in domain j;  c[i, m]: shards of fractional m on GPU i;  x[i]: whole shard
-    n: dict[tuple[int, str], Var] = {}
-    c: dict[tuple[Gpu, str], Var] = {}
-    upper: dict[tuple[Gpu, str], int] = {}
-    x: dict[Gpu, Var] = {}
-    for j, domain in enumerate(domains):
-        _check_deadline(deadline, j)
-        gpus = [(domain.node, g) for g in domain.gpus]
-        for choice in llms:
-            if domain.gpu_type != choice.gpu_type or domain.size < choice.tp:
-                continue
-            slots = {i: min(choice.replicas, free[i] // choice.share) for i in gpus}
-            most = min(choice.replicas, fit_in_domain(list(slots.values()), choice.tp))
-            if most == 0:
-                continue
-            n[(j, choice.llm)] = model.new_int_var(0, most, f"n[{j},{choice.llm}]")
-            for i, slot in slots.items():
-                if slot == 0:
-                    continue
-                if choice.llm in whole:
-                    if i not in x:
-                        x[i] = model.new_bool_var(f"x[{i[0]}/{i[1]}]")
-                else:
-                    upper[(i, choice.llm)] = min(slot, most)
-                    c[(i, choice.llm)] = model.new_int_var(0, upper[(i, choice.llm)], f"c[{i[0]}/{i[1]},{choice.llm}]")
+    # (the count model: placement/feasibility/counts.py, one group per LLM)
+    solver = CpsatCounts(model)
+    tick = lambda step: _check_deadline(deadline, step)  # noqa: E731
+    counts = count_variables(solver, cluster, [Group(m.llm, m.gpu_type, m.tp, m.share, m.replicas) for m in llms], tick)
+    n, c, x, upper = counts.n, counts.c, counts.x, counts.upper
+    domains, free = counts.domains, counts.free
+    clean = {i for i, units in free.items() if units == f}
+    _check_deadline(deadline)
     # k[q]: candidate q stays (only where its domain is eligible)
     k = {q: model.new_bool_var(f"k[{q}]") for q, cand in enumerate(candidates) if (cand.domain, cand.llm) in n}
+    kept = [Kept(var, candidates[q].llm, candidates[q].domain, candidates[q].node, candidates[q].gpus) for q, var in k.items()]
 
-    # every replica in one eligible domain (none eligible: infeasible, diagnosed by the caller)
-    for choice in llms:
-        eligible = [n[(j, choice.llm)] for j in range(len(domains)) if (j, choice.llm) in n]
-        if eligible:
-            model.add(sum(eligible) == choice.replicas)
-        else:
-            model.add_bool_or([])  # the empty clause: no placement
-
-    kept_on_gpu: dict[tuple[Gpu, str], list[Var]] = defaultdict(list)
-    kept_in_domain: dict[tuple[int, str], list[Var]] = defaultdict(list)
-    kept_whole: dict[Gpu, list[Var]] = defaultdict(list)
-    for q, var in k.items():
-        cand = candidates[q]
-        kept_in_domain[(cand.domain, cand.llm)].append(var)
-        for g in cand.gpus:
-            (kept_whole[(cand.node, g)] if cand.llm in whole else kept_on_gpu[((cand.node, g), cand.llm)]).append(var)
-
-    # whole shards: one GPU each, as many per domain as its whole-GPU replicas have shards
-    whole_in_domain: dict[int, list[tuple[int, Var]]] = defaultdict(list)
-    for (j, m), var in n.items():
-        if m in whole:
-            whole_in_domain[j].append((tp[m], var))
-    for step, (j, replicas) in enumerate(whole_in_domain.items()):
-        _check_deadline(deadline, step)
-        gpus = [(domains[j].node, g) for g in domains[j].gpus if (domains[j].node, g) in x]
-        model.add(sum(x[i] for i in gpus) == _sum(replicas))
-    for i, kept in kept_whole.items():
-        model.add(sum(kept) <= x[i])  # a kept whole-GPU replica's GPUs carry whole shards
-    for (j, m), kept in kept_in_domain.items():
-        model.add(sum(kept) <= n[(j, m)])
-
-    # fractional shards: t_m per replica in its domain, on distinct GPUs (round robin), kept ones stay
-    for step, ((j, m), replica_count) in enumerate(n.items()):
-        _check_deadline(deadline, step)
-        if m in whole:
-            continue
-        gpus = [(domains[j].node, g) for g in domains[j].gpus if ((domains[j].node, g), m) in c]
-        model.add(sum(c[(i, m)] for i in gpus) == tp[m] * replica_count)
-        kd = sum(kept_in_domain.get((j, m), []))
-        for i in gpus:
-            ki = sum(kept_on_gpu.get((i, m), []))
-            model.add(c[(i, m)] - ki <= replica_count - kd)
-            if (i, m) in kept_on_gpu:
-                model.add(ki <= c[(i, m)])
+    # every replica in one eligible domain (none eligible: infeasible, diagnosed by the caller);
+    # whole shards one GPU each; fractional shards t_m per replica on distinct GPUs; kept ones stay
+    add_count_rows(solver, counts, {m.llm: m.replicas for m in llms}, kept, tick)
 
     # GPU capacity; u[i], v[j]: clean GPUs and clean domains in use
     fractional: dict[Gpu, list[tuple[str, Var]]] = defaultdict(list)
@@ -275,7 +216,7 @@ def build_placement_model(
     _break_symmetry(model, cluster, domains, classes, loads)
     _check_deadline(deadline)
 
-    pm = PlacementModel(cluster, allocation, model, domains, candidates, n, c, x, u, v, e, h, k, classes)
+    pm = PlacementModel(cluster, allocation, model, domains, candidates, counts, kept, n, c, x, u, v, e, h, k, classes)
     if current is not None:
         movable = sum(tp[m] * count for m, count in movable_replicas(cluster, allocation, current).items() if m in tp)
         pm.stages.append(Stage("moved_shards", _sum([(-candidates[q].tp, var) for q, var in k.items()]), movable, 1))
@@ -640,47 +581,10 @@ def _solve_once(pm: PlacementModel, stage: Stage, time_limit_s: float, workers: 
 
 
 def decode(pm: PlacementModel, solver: cp_model.CpSolver) -> Placement:
-    """Counts -> replicas (module docstring)."""
-    f = pm.cluster.fractions_per_gpu
-    choices: dict[str, LlmAllocation] = {m.llm: m for m in pm.allocation.llms}
-    spots: list[Spot] = []
-    kept_replicas: dict[tuple[int, str], int] = defaultdict(int)
-    kept_shards: dict[tuple[Gpu, str], int] = defaultdict(int)
-    kept_whole: set[Gpu] = set()
-    for q, var in sorted(pm.k.items()):
-        if solver.boolean_value(var):
-            cand = pm.candidates[q]
-            spots.append(Spot(cand.llm, cand.node, cand.gpus, choices[cand.llm].share, cand.replica))
-            kept_replicas[(cand.domain, cand.llm)] += 1
-            for g in cand.gpus:
-                kept_shards[((cand.node, g), cand.llm)] += 1
-                if choices[cand.llm].share == f:
-                    kept_whole.add((cand.node, g))
-    by_domain: dict[int, list[tuple[str, int]]] = defaultdict(list)
-    for (j, m), var in sorted(pm.n.items()):
-        count = solver.value(var) - kept_replicas.get((j, m), 0)
-        if count > 0:
-            by_domain[j].append((m, count))
-    for j, entries in sorted(by_domain.items()):
-        domain = pm.domains[j]
-        # whole-GPU replicas take the free GPUs with x = 1, t at a time
-        whole = [g for g in domain.gpus if (domain.node, g) in pm.x and solver.boolean_value(pm.x[(domain.node, g)])]
-        whole = [g for g in whole if (domain.node, g) not in kept_whole]
-        for m, count in entries:
-            choice = choices[m]
-            if choice.share == f:
-                for _ in range(count):
-                    gpus, whole = tuple(whole[: choice.tp]), whole[choice.tp :]
-                    spots.append(Spot(m, domain.node, gpus, f))
-                continue
-            # fractional replicas: round robin over each GPU listed c - K times
-            positions = [
-                g
-                for g in domain.gpus
-                if ((domain.node, g), m) in pm.c
-                for _ in range(solver.value(pm.c[((domain.node, g), m)]) - kept_shards.get(((domain.node, g), m), 0))
-            ]
-            for r in range(count):
-                gpus = tuple(sorted(positions[r + t * count] for t in range(choice.tp)))
-                spots.append(Spot(m, domain.node, gpus, choice.share))
+    """Counts -> replicas (module docstring; placement/feasibility/counts.py decode_counts)."""
+    share = {m.llm: m.share for m in pm.allocation.llms}
+    spots = [
+        Spot(spot.key, spot.node, spot.gpus, share[spot.key], pm.candidates[pm.kept.index(spot.kept)].replica if spot.kept else None)
+        for spot in decode_counts(pm.counts, solver.value, pm.kept)
+    ]
     return number_replicas(pm.cluster, spots)

@@ -1,10 +1,11 @@
 """Re-planning: the placement that runs now (`--current`), and which of its replicas may stay.
 
 A current placement is a previous plan JSON (its `placement` list is used) or the list alone:
-`[{llm, replica, node, shards: [{gpu, fraction}]}]` (read by models/plan/document.load_placement).
-Structural problems are input errors (exit 2), and so is a replica on a node or GPU the cluster does
-not have; replicas that no longer fit the new plan (another shape, a GPU now reserved) are not
-errors: they simply cannot stay.
+`[{llm, replica, node, shards: [{gpu, fraction}]}]` (read by models/plan/document.read_current).
+A placement that cannot run is an input error (exit 2) naming the entry: a node or GPU the cluster
+does not have, a GPU filled twice over, a shard count that is not its LLM's TP; replicas of an LLM
+the instance no longer has are ignored with a warning. Replicas that no longer fit the new plan
+(another shape, a GPU now reserved) are not errors: they simply cannot stay.
 
 A current replica is a *keep candidate* when the new allocation gives its LLM the same shape
 (gpu type of its node, tp = its number of shards, the same share per shard) and its GPUs still

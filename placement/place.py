@@ -8,7 +8,7 @@
   lexicographic objective, `time_limit_s` for all stages together; status `optimal` when every
   stage is proven, else `feasible` with the gap of the first stage not proven. The result is never
   worse than the heuristic's (if the solver's best is, the heuristic's placement is returned).
-Every placement returned has passed placement.feasibility.placeability.validate_placement. An allocation that
+Every placement returned has passed the placement validator (models/instance/placement_check.py). An allocation that
 cannot be placed raises PlacementInfeasibleError (exit code 3) with the binding reason
 (placement/diagnose.py).
 
@@ -25,7 +25,8 @@ from scepsy.models.errors import InfeasibleError, TimeLimitError
 from scepsy.models.plan.fragmentation import GpuTypeFragmentation, fragmentation_report
 from scepsy.models.instance.instance import Cluster
 from scepsy.models.plan.plan import PlacementInfo
-from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, exact_placement, validate_placement
+from scepsy.models.instance.placement_check import validate_placement
+from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, exact_placement
 
 from .cpsat import CpsatOutcome, ModelTooLargeError, build_placement_model, solve_placement
 from .diagnose import explain_unplaceable, necessary_condition_violated

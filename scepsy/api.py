@@ -17,7 +17,6 @@ naming the argument as this module spells it (`clusters`, `time_limit_s`).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,13 +31,13 @@ from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance, load_instance
 from scepsy.models.inputs import kind_of
 from scepsy.models.instance.profile import build_profile, capacity_inversions, load_profile, read_profile_frame, write_profile
-from scepsy.models.output import check_output, check_output_dir, writing
+from scepsy.models.output import check_output, check_output_dir, json_number, writing
 from scepsy.models.performance.aiconfigurator import make_timer
 from scepsy.models.performance.alp import AllocationError, Prediction
 from scepsy.models.performance.engine import IterationTimer
 from scepsy.models.performance.alp import predict as predict_allocation
 from scepsy.models.plan import document
-from scepsy.models.plan.document import instance_allocation, load_placement
+from scepsy.models.plan.document import read_allocation, read_current
 from scepsy.models.plan.plan import Plan
 from scepsy.models.plan.report import comparison_table, placement_view, plan_view, prediction_view, simulation_view
 from scepsy.models.profiles.synthesize import RequestSource, Skipped, SynthesisSettings, load_request_source, stable_capacity_rps
@@ -107,7 +106,7 @@ def allocation_of(instance: Instance, allocation: AllocationLike | None) -> Allo
     the instance now (without placing it: the allocation is what the simulator runs)."""
     if allocation is None:
         return make_plan(instance, PlanSettings()).allocation
-    return allocation if isinstance(allocation, Allocation) else instance_allocation(allocation, instance)
+    return allocation if isinstance(allocation, Allocation) else read_allocation(allocation, instance)
 
 
 def placement_settings(method: str = "cpsat", time_limit_s: float = 10.0, workers: int = 1) -> PlacementSettings:
@@ -120,7 +119,7 @@ def placement_settings(method: str = "cpsat", time_limit_s: float = 10.0, worker
 def _current(instance: Instance, current: PlacementLike | None) -> Placement | None:
     if current is None or isinstance(current, Placement):
         return current
-    return load_placement(current, instance.cluster.fractions_per_gpu, instance.cluster)
+    return read_current(current, instance)
 
 
 def plan(
@@ -327,7 +326,7 @@ class SimulatedRun:
         if self.prediction is not None:
             for workflow in run["workflows"]:
                 latency = self.prediction.workflow(workflow["name"]).latency_s
-                workflow["predicted_latency_s"] = float(f"{latency:.6g}") if math.isfinite(latency) else None
+                workflow["predicted_latency_s"] = json_number(latency, 6)
         return run
 
 

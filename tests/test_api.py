@@ -59,7 +59,7 @@ def test_one_writer_for_planned_and_placed_documents(tmp_path):
     planned one begins with how it was solved, a placed one with the instance; both read back."""
     from scepsy import api
     from scepsy.models.instance.instance import load_instance
-    from scepsy.models.plan.document import instance_allocation, load_placement
+    from scepsy.models.plan.document import read_allocation, read_current
 
     planned = plan(DEFAULT)
     placed = place(DEFAULT, planned.allocation)
@@ -72,8 +72,8 @@ def test_one_writer_for_planned_and_placed_documents(tmp_path):
     for name, document in documents.items():
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(document))
-        assert instance_allocation(path, instance) == planned.allocation, name
-        assert load_placement(path, instance.cluster.fractions_per_gpu, instance.cluster) == placements[name], name
+        assert read_allocation(path, instance) == planned.allocation, name
+        assert read_current(path, instance) == placements[name], name
 
 
 def test_profile_summaries_come_from_the_api(tmp_path):

@@ -141,10 +141,11 @@ def engine_model_curves():
 
 
 def shaped_curve(profile, truth, f):
+    from scepsy.models.catalog.catalog import find_gpu, find_model
     from scepsy.models.performance.fraction_shape import share_model
 
     ((gpu, tp), measured), = profile.curves.items()
-    shape = share_model(truth.model.name, gpu, tp, measured)
+    shape = share_model(find_model(truth.model.name), find_gpu(gpu), tp, measured)
     return profile.curve(gpu, tp, f, truth.gpu.memory_gib, truth.model.weights_gib, shape)
 
 
@@ -180,10 +181,11 @@ def test_engine_shaped_curves_are_exact_on_profiled_points(made):
 def _rise_is_modelled(profile, truth, f, sources) -> bool:
     """Whether the derived curve's rise with the load is the engine model's simulated one (an encoder,
     or `f` in another KV regime than a share it is derived from): not the synthetic (1 + bend u^3)."""
+    from scepsy.models.catalog.catalog import find_gpu, find_model
     from scepsy.models.performance.fraction_shape import share_model
 
     ((gpu, tp), measured), = profile.curves.items()
-    shape = share_model(truth.model.name, gpu, tp, measured)
+    shape = share_model(find_model(truth.model.name), find_gpu(gpu), tp, measured)
     assert shape is not None
     return truth.model.encoder or any(shape.regime(source) != shape.regime(f) for source in sources)
 
@@ -250,6 +252,7 @@ def test_a_kv_cache_cliff_of_a_shipped_profile_is_derived_from_its_neighbour():
     from pathlib import Path
 
     from scepsy.models.instance.profile import load_profile
+    from scepsy.models.catalog.catalog import find_gpu, find_model
     from scepsy.models.performance.fraction_shape import share_model
 
     profile = load_profile(Path(__file__).resolve().parent.parent / "instances" / "profiles" / "llama-3-8b.csv")
@@ -257,7 +260,7 @@ def test_a_kv_cache_cliff_of_a_shipped_profile_is_derived_from_its_neighbour():
     (truth,) = [c for c in profile.curves[key] if c.fraction == 0.2]
     kept = tuple(c for c in profile.curves[key] if c.fraction != 0.2)
     left_out = replace(profile, curves={key: kept})
-    shape = share_model("meta-llama/Meta-Llama-3-8B-Instruct", "A6000", 2, kept)
+    shape = share_model(find_model("meta-llama/Meta-Llama-3-8B-Instruct"), find_gpu("A6000"), 2, kept)
     rates = np.linspace(0.1, 0.8, 15) * truth.capacity_rps
 
     def worst_error(curve) -> float:
@@ -320,13 +323,14 @@ def test_a_neighbour_the_engine_model_cannot_describe_is_not_interpolated_from()
     from pathlib import Path
 
     from scepsy.models.instance.profile import _capacity_outliers, load_profile
+    from scepsy.models.catalog.catalog import find_gpu, find_model
     from scepsy.models.performance.fraction_shape import share_model
 
     profile = load_profile(Path(__file__).resolve().parent.parent / "instances" / "profiles" / "llama-3.1-8b-prm.csv")
     key = ("A6000", 2)
     (truth,) = [c for c in profile.curves[key] if c.fraction == 0.3]
     kept = tuple(c for c in profile.curves[key] if c.fraction != 0.3)
-    shape = share_model("llama-3.1-8b", "A6000", 2, kept)
+    shape = share_model(find_model("llama-3.1-8b"), find_gpu("A6000"), 2, kept)
     assert _capacity_outliers(kept, shape) == {0.2}
     got = replace(profile, curves={key: kept}).curve("A6000", 2, 0.3, 48.0, 14.96, shape)
     assert got is not None and got.derived_from == (0.4,)
@@ -344,13 +348,14 @@ def test_a_share_its_kv_cache_starves_is_left_out_and_a_fast_one_is_not(monkeypa
     from pathlib import Path
 
     import scepsy.models.instance.profile as profiles
+    from scepsy.models.catalog.catalog import find_gpu, find_model
     from scepsy.models.performance.fraction_shape import share_model
 
     profile = profiles.load_profile(Path(__file__).resolve().parent.parent / "instances" / "profiles" / "llama-3.1-8b-prm.csv")
     key = ("H100", 1)
     (truth,) = [c for c in profile.curves[key] if c.fraction == 0.4]
     kept = tuple(c for c in profile.curves[key] if c.fraction != 0.4)
-    shape = share_model("llama-3.1-8b", *key, kept)
+    shape = share_model(find_model("llama-3.1-8b"), find_gpu(key[0]), key[1], kept)
     rates = np.linspace(0.1, 0.8, 15) * truth.capacity_rps
 
     def derived():
@@ -381,6 +386,7 @@ def test_a_kv_regime_change_is_derived_with_the_engine_models_load_shape():
 
     from scepsy.models.catalog import catalog
     from scepsy.models.instance.profile import build_profile
+    from scepsy.models.catalog.catalog import find_gpu, find_model
     from scepsy.models.performance.fraction_shape import share_model
     from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
 
@@ -391,7 +397,7 @@ def test_a_kv_regime_change_is_derived_with_the_engine_models_load_shape():
     key = ("H100-SXM", 2)
     truth, near, _, _ = profile.curves[key]
     kept = profile.curves[key][1:]
-    shape = share_model(model.name, *key, kept)
+    shape = share_model(find_model(model.name), find_gpu(key[0]), key[1], kept)
     assert shape is not None
     assert shape.regime(0.1) == "memory" and shape.regime(0.2) == "compute"  # (the fit finds 512 + 128 tokens back)
     got = replace(profile, curves={key: kept}).curve(*key, 0.1, gpu.memory_gib, model.weights_gib, shape)
@@ -412,13 +418,14 @@ def test_an_encoders_rise_with_the_load_is_the_engine_models_at_each_share():
     from pathlib import Path
 
     from scepsy.models.instance.profile import load_profile
+    from scepsy.models.catalog.catalog import find_gpu, find_model
     from scepsy.models.performance.fraction_shape import share_model
 
     profile = load_profile(Path(__file__).resolve().parent.parent / "instances" / "profiles" / "e5-base-v2.csv")
     key = ("A6000", 1)
     truth, near = profile.curves[key][:2]
     kept = profile.curves[key][1:]
-    shape = share_model("intfloat/e5-base-v2", *key, kept)
+    shape = share_model(find_model("intfloat/e5-base-v2"), find_gpu(key[0]), key[1], kept)
     assert shape is not None
     got = replace(profile, curves={key: kept}).curve(*key, 0.1, 48.0, 0.21, shape)
     assert got is not None and got.derived_from == (0.2, 0.3)

@@ -204,6 +204,63 @@ def test_current_placement_on_unknown_nodes_or_gpus(ws, tmp_path):
     _expect(["plan", ws / BEAM, "--current", path], 2, "GPUs 0..3")
 
 
+def _current(ws, tmp_path, edit):
+    """The golden beam-4xa6000 plan (gen and ver, TP 2 on whole GPUs 0-1 and 2-3) with `edit(plan)`."""
+    plan = json.loads((ws / "plans" / "beam-4xa6000-optimal.json").read_text())
+    edit(plan)
+    path = tmp_path / "current.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+@pytest.mark.parametrize("edit, field, fragment", [
+    # two replicas filling GPUs 0 and 1 twice over
+    (lambda p: p["placement"][1]["shards"][0].update(gpu=0) or p["placement"][1]["shards"][1].update(gpu=1),
+     "placement[1].shards", "holds 20 units (2 GPU, placement entries 0, 1) but has 10 free"),
+    # a shard count that differs from the replica's TP (gen has tp 2)
+    (lambda p: p["placement"][0]["shards"].pop(), "placement[0].shards", "needs 2 distinct GPUs (its tp)"),
+    # a shard fraction that differs from its llm's, a node of another gpu type's llm record
+    (lambda p: p["placement"][0]["shards"][1].update(fraction=0.5), "placement[0].shards[1].fraction", "expected 10"),
+    (lambda p: p["llms"][0].update(gpu_type="H100"), "placement[0].node", "needs H100 but a6000-0 has A6000"),
+    # two shards of one replica on one GPU, one replica listed twice
+    (lambda p: p["placement"][0]["shards"][1].update(gpu=0), "placement[0].shards", "distinct GPUs"),
+    (lambda p: p["placement"].append(p["placement"][0]), "placement[2].replica", "placed twice"),
+], ids=["gpus-filled-twice-over", "shards-not-its-tp", "shard-fraction", "gpu-type", "one-gpu-twice", "replica-twice"])
+def test_current_placement_that_cannot_run_exits_2_naming_the_entry(ws, tmp_path, edit, field, fragment):
+    path = _current(ws, tmp_path, edit)
+    _expect(["plan", ws / BEAM, "--current", path], 2, str(path), field, fragment, "fix:")
+
+
+def test_current_placement_list_alone_that_cannot_run_exits_2(ws, tmp_path):
+    """Without `llms` the shards themselves say the shape: two sizes in one replica cannot run."""
+    plan = json.loads((ws / "plans" / "beam-4xa6000-optimal.json").read_text())
+    plan["placement"][0]["shards"][1]["fraction"] = 0.5
+    path = tmp_path / "placement.json"
+    path.write_text(json.dumps(plan["placement"]))
+    _expect(["plan", ws / BEAM, "--current", path], 2, "placement[0].shards[1].fraction", "expected 10")
+
+
+def test_current_replicas_of_an_llm_the_instance_no_longer_has_are_ignored_with_one_warning(ws, tmp_path):
+    """The operator removed the LLM from the instance: its replicas stop with the new plan, so the
+    re-plan ignores them (their GPUs count as free) and says so in one line."""
+    from scepsy.models.errors import ScepsyWarning
+    from scepsy.models.instance.instance import load_instance
+    from scepsy.models.plan.document import read_current
+
+    def rename(plan):
+        plan["llms"][1]["name"] = plan["placement"][1]["llm"] = "old-verifier"
+
+    path = _current(ws, tmp_path, rename)
+    result = _expect(["plan", ws / BEAM, "--current", path, "--json"], 0)
+    warnings = [line for line in result.err.splitlines() if line.strip()]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: ") and "old-verifier" in warnings[0], result.err
+    assert "ignored" in warnings[0] and "not in the instance" in warnings[0]
+    assert json.loads(result.out)["placement_solver"]["objective"]["kept_replicas"] == 1  # gen stays
+    with pytest.warns(ScepsyWarning, match="old-verifier"):
+        kept = read_current(path, load_instance(ws / BEAM))
+    assert [r.llm for r in kept.replicas] == ["gen"]
+
+
 @pytest.mark.parametrize("edit, fragment", [
     ({"request_throughput": -1.0}, "negative throughput"),
     ({"mean_e2el_ms": -5.0}, "not positive"),

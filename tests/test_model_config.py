@@ -177,7 +177,7 @@ def test_cli_bad_model_path_and_weights_are_one_line_exit_2(tmp_path):
 
 def test_an_instance_llm_given_by_its_config_json(write_instance, tmp_path):
     from scepsy.models.instance.instance import load_instance
-    from scepsy.models.simulation.simulator import model_card
+    from scepsy.models.performance.cards import model_card
 
     shutil.copytree(CONFIGS / "Qwen--Qwen3-8B", tmp_path / "qwen3-8b")
     instance = load_instance(write_instance(lambda d: d["llms"][1].update(model="qwen3-8b")))

@@ -9,7 +9,8 @@ import pytest
 
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from support.synthetic import synthetic_cluster
-from scepsy.placement.feasibility.placeability import check_placement, exact_placement, greedy_placement, validate_placement
+from scepsy.models.instance.placement_check import validate_placement
+from scepsy.placement.feasibility.placeability import check_placement, exact_placement, greedy_placement
 
 
 def naive_placeable(cluster, allocation) -> bool:

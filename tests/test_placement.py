@@ -22,7 +22,7 @@ from scepsy.placement.objective import Spot, evaluate, number_replicas
 from scepsy.pipeline import plan_and_place
 from scepsy.placement.place import PlacementInfeasibleError, PlacementSettings, feasibility_placer, place
 from support.synthetic_placement import LAYOUTS_8, random_allocation, random_case, random_cluster
-from scepsy.placement.feasibility.placeability import validate_placement
+from scepsy.models.instance.placement_check import validate_placement
 from scepsy.planner.allocation.search import PlanSettings
 from scepsy.planner.allocation.planning import make_plan
 

@@ -18,7 +18,7 @@ from scepsy.models.instance.instance import load_instance
 from scepsy.models.plan.document import plan_json
 from support.synthetic import random_instance
 from scepsy.planner.allocation.options import SearchSpace, all_options
-from scepsy.placement.feasibility.placeability import validate_placement
+from scepsy.models.instance.placement_check import validate_placement
 from scepsy.planner.allocation.search import PlanSettings, references
 from scepsy.placement.feasibility.placeability import check_placement
 from scepsy.planner.allocation.planning import make_plan

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from scepsy.models.instance.instance import Instance, Llm, Stage, Workflow
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.profile import ProfileCurve
+from scepsy.models.performance.cards import find_gpu_card, find_model_card
 from scepsy.models.performance.fraction_shape import profile_share_model
 
 
@@ -105,7 +106,8 @@ def replica_curve(instance: Instance, llm: Llm, gpu_type: str, tp: int, share: i
         return None
     # an unprofiled fraction: derived with the engine model's shape of this model, GPU and TP
     measured = llm.profile.measures(gpu_type, tp, fraction)
-    shape = None if measured else profile_share_model(llm.profile, llm.model, gpu_type, tp)
+    shape = None if measured else profile_share_model(llm.profile, find_model_card(instance, llm.name),
+                                                      find_gpu_card(instance, gpu_type), gpu_type, tp)
     curve = llm.profile.curve(gpu_type, tp, fraction, memory_gib, llm.weights_gib, shape)
     if curve is None or curve.capacity_rps <= 0:
         return None

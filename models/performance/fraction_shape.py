@@ -37,7 +37,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from scepsy.models.catalog.catalog import GpuCard, ModelCard, find_gpu, find_model
+from scepsy.models.catalog.catalog import GpuCard, ModelCard
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, IterationWork, causal_attention
 from scepsy.models.performance.replica import Request, run_poisson, unit_gaps
 
@@ -222,11 +222,11 @@ def _fit(model: ModelCard, gpu: GpuCard, tp: int, points: tuple[tuple[float, flo
     return ShareModel(model, gpu, tp, *shape)
 
 
-def share_model(model_name: str, gpu_type: str, tp: int, measured) -> ShareModel | None:
-    """The engine model's share shape for `model_name` on `gpu_type` x `tp`, its request shape fitted
-    to the `measured` curves (ProfileCurve: fraction, capacity_rps, light-load latency); None when
-    the model or the GPU is not in the catalogue, or fewer than two fractions are measured."""
-    model, gpu = find_model(model_name), find_gpu(gpu_type)
+def share_model(model: ModelCard | None, gpu: GpuCard | None, tp: int, measured) -> ShareModel | None:
+    """The engine model's share shape for `model` on `gpu` x `tp` (the instance's cards:
+    models/performance/cards.py), its request shape fitted to the `measured` curves (ProfileCurve:
+    fraction, capacity_rps, light-load latency); None without a model or GPU card, or with fewer
+    than two measured fractions."""
     if model is None or gpu is None or len(measured) < 2:
         return None
     points = tuple((c.fraction, c.capacity_rps, float(c.latencies_s["mean"][0])) for c in measured)
@@ -237,6 +237,6 @@ def share_model(model_name: str, gpu_type: str, tp: int, measured) -> ShareModel
 
 
 @lru_cache(maxsize=1024)
-def profile_share_model(profile, model_name: str, gpu_type: str, tp: int) -> ShareModel | None:
+def profile_share_model(profile, model: ModelCard | None, gpu: GpuCard | None, gpu_type: str, tp: int) -> ShareModel | None:
     """`share_model` of an LlmProfile's measured curves of (gpu_type, tp), once per profile object."""
-    return share_model(model_name, gpu_type, tp, profile.curves.get((gpu_type, tp), ()))
+    return share_model(model, gpu, tp, profile.curves.get((gpu_type, tp), ()))

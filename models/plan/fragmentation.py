@@ -19,14 +19,19 @@ small: the capacity is there but not in one piece.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+
+from pydantic import BaseModel, ConfigDict
 
 from scepsy.models.instance.allocation import Placement
 from scepsy.models.instance.instance import Cluster
 
 
-@dataclass(frozen=True)
-class GpuTypeFragmentation:
+class GpuTypeFragmentation(BaseModel):
+    """One gpu type's entry (module docstring); also the `fragmentation[]` record of the plan
+    document (models/plan/document.py), so it is read back as strictly as it is written."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
     gpu_type: str
     gpus: int
     free_gpus: int
@@ -38,10 +43,7 @@ class GpuTypeFragmentation:
     largest_tp_half_gpu: int
 
     def to_json(self) -> dict:
-        out = asdict(self)
-        out["free_capacity_gpus"] = round(self.free_capacity_gpus, 9)
-        out["stranded_capacity_gpus"] = round(self.stranded_capacity_gpus, 9)
-        return out
+        return self.model_dump()
 
 
 def domain_counts_after(cluster: Cluster, placement: Placement | None) -> Counter[tuple[str, tuple[int, ...]]]:
@@ -78,8 +80,8 @@ def fragmentation_report(cluster: Cluster, placement: Placement | None) -> tuple
                 free_gpus=sum(sum(u == f for u in free) * count for free, count in mine),
                 domains=sum(count for _, count in mine),
                 free_domains=sum(count for free, count in mine if all(u == f for u in free)),
-                free_capacity_gpus=sum(sum(free) * count for free, count in mine) / f,
-                stranded_capacity_gpus=sum(sum(u for u in free if u < f) * count for free, count in mine) / f,
+                free_capacity_gpus=round(sum(sum(free) * count for free, count in mine) / f, 9),
+                stranded_capacity_gpus=round(sum(sum(u for u in free if u < f) * count for free, count in mine) / f, 9),
                 largest_tp_whole_gpu=max((sum(u == f for u in free) for free, _ in mine), default=0),
                 largest_tp_half_gpu=max((sum(u >= half for u in free) for free, _ in mine), default=0),
             )

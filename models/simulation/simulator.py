@@ -44,11 +44,11 @@ from typing import Callable, Generator, Iterable, Iterator, Mapping, Sequence, c
 import simpy
 
 from scepsy.models.instance.allocation import Allocation
-from scepsy.models.catalog.catalog import GpuCard, ModelCard, find_gpu, find_model
-from scepsy.models.catalog.model_config import card_from_config
 from scepsy.models.performance.aiconfigurator import make_timer
+from scepsy.models.performance.cards import gpu_card, model_card
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings
 from scepsy.models.errors import InputError
+from scepsy.models.output import json_number
 from scepsy.models.instance.instance import Instance, Workflow
 from scepsy.models.instance.statistic import InvocationStatistic, critical_time_s, request_use
 from scepsy.models.instance.streamed import Moments, QuantileSketch, RunningMoments
@@ -58,49 +58,7 @@ from scepsy.models.performance.replica import ReplicaSim, Request, Router
 
 
 # ---------------------------------------------------------------------------------------------
-# Hardware and models of an instance
-
-
-def model_card(instance: Instance, llm: str) -> ModelCard:
-    """The catalog model of an instance LLM (by its `model` id, else its name)."""
-    spec = instance.llm(llm)
-    card = find_model(spec.model) or find_model(spec.name)
-    config = Path(instance.source).parent / spec.model if instance.source else Path(spec.model)
-    if card is None and (config.is_dir() or config.suffix == ".json"):
-        return card_from_config(config)  # the model given by its config.json (path relative to the instance)
-    if card is None:
-        index = [m.name for m in instance.llms].index(llm)
-        raise InputError(
-            instance.source, f"llms[{index}] ({llm}).model", f"model {spec.model!r} is not in the engine catalog",
-            "use a model of models/catalog/catalog.py (e.g. meta-llama/Llama-3.1-8B) or the path of its config.json",
-        )
-    return card
-
-
-def gpu_card(instance: Instance, gpu_type: str) -> GpuCard:
-    """The catalog GPU of an instance GPU type, with the instance's own numbers where it gives them."""
-    spec = instance.cluster.gpu_types[gpu_type]
-    base = find_gpu(gpu_type)
-    domain = instance.cluster.largest_domain(gpu_type)
-    if base is None:
-        if spec.tflops is None or spec.bandwidth_gbps is None:
-            raise InputError(
-                instance.source, f"cluster.gpu_types.{gpu_type}",
-                "unknown GPU type without tflops and bandwidth_gbps",
-                "give tflops and bandwidth_gbps (and nvlink_gbps) or name it after a catalog GPU (A6000, H100, ...)",
-            )
-        return GpuCard(
-            gpu_type, spec.memory_gib, spec.bandwidth_gbps, spec.tflops, spec.nvlink_gbps, max(domain, 1), 64.0,
-            source=f"instance {instance.source}",
-        )
-    return replace(
-        base,
-        name=gpu_type,
-        memory_gib=spec.memory_gib,
-        hbm_gbps=spec.bandwidth_gbps or base.hbm_gbps,
-        bf16_tflops=spec.tflops or base.bf16_tflops,
-        nvlink_gbps=spec.nvlink_gbps if spec.nvlink_gbps is not None else base.nvlink_gbps,
-    )
+# The engine of a replica (its model and GPU cards: models/performance/cards.py)
 
 
 def replica_engine(instance: Instance, llm: str, gpu_type: str, tp: int, fraction: float,
@@ -296,8 +254,8 @@ class SimulationResult:
         return next(m for m in self.llms if m.name == name)
 
     def to_json(self) -> dict:
-        def num(x):
-            return None if x is None or not math.isfinite(x) else float(f"{x:.6g}")
+        def num(x: float | None) -> float | None:
+            return json_number(x, 6)
 
         return {
             "duration_s": num(self.duration_s),

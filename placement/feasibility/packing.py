@@ -1,32 +1,18 @@
-"""Packing arithmetic and the replica count model: what fits on the GPUs of NVLink domains.
+"""Packing arithmetic: what fits on the GPUs of NVLink domains.
 
 A replica of shape (gpu_type, tp, share) is tp shards of `share` units (1/F GPU each) on tp distinct
-GPUs of one NVLink domain of that type. The planner's capacity rows, its exact placement counts,
-the placeability check and the placement model all rest on the arithmetic here.
-
-The count model (docs/placement.md) works on counts instead of individual replicas:
-
-    n[j, k]  replicas of shape k = (gpu_type, tp, share) in NVLink domain j      (integer >= 0)
-    c[i, k]  shards of shape k on GPU i                                         (integer >= 0)
-
-    sum_j n[j, k]            = R_k                  every replica placed
-    sum_{i in j} c[i, k]     = tp_k * n[j, k]       a domain holds the shards of its replicas
-    c[i, k]                 <= n[j(i), k]           at most one shard of a replica per GPU
-    sum_k share_k * c[i, k] <= free_i               GPU capacity in units of 1/F
-
-The counts are exact: given c[i, k] <= n, list GPU i c[i, k] times in GPU order and deal the n
-replicas round-robin (replica r takes positions r, r + n, ...); a GPU's block is at most n long,
-so each replica's shards land on distinct GPUs. `CountModel` holds the index sets (which domains
-and GPUs may hold which shape); each solver (CP-SAT, MILP) states the constraints over them.
+GPUs of one NVLink domain of that type. The planner's capacity rows, its option bounds, the count
+model (placement/feasibility/counts.py), the placeability check and the placement model all rest
+on the arithmetic here: `fit_in_domain` is exact for one domain (fill GPUs in blocks, deal replicas
+round robin), and the bin-packing weights give valid inequalities for many.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
 from scepsy.models.instance.allocation import Allocation
-from scepsy.models.instance.instance import Cluster, Domain
+from scepsy.models.instance.instance import Cluster
 
 Shape = tuple[str, int, int]  # (gpu_type, tp, share units per shard)
 
@@ -101,29 +87,3 @@ def gpu_weight_capacity(weight: tuple[int, ...], free: int) -> int:
     for c in range(1, free + 1):
         best[c] = max([best[c - 1]] + [best[c - s] + weight[s] for s in range(1, c + 1)])
     return best[free]
-
-
-@dataclass(frozen=True)
-class CountModel:
-    """Index sets of the count model (module docstring) for some shapes on a cluster."""
-
-    domains: list[Domain]
-    shapes: list[Shape]
-    eligible: dict[Shape, list[int]]  # k -> domains j of its type and at least its size
-    gpus: dict[tuple[int, Shape], list[int]]  # (j, k) -> GPUs of j with room for a shard of k
-    free: dict[tuple[str, int], int]  # (node, gpu) -> free units
-
-    def holds(self, j: int, g: int, k: Shape) -> bool:
-        return (j, k) in self.gpus and g in self.gpus[(j, k)]
-
-
-def count_model(cluster: Cluster, shapes: list[Shape]) -> CountModel:
-    domains = cluster.domains()
-    free = free_by_gpu(cluster)
-    eligible = {k: [j for j, d in enumerate(domains) if d.gpu_type == k[0] and d.size >= k[1]] for k in shapes}
-    gpus = {
-        (j, k): [g for g in domains[j].gpus if free[(domains[j].node, g)] >= k[2]]
-        for k in shapes
-        for j in eligible[k]
-    }
-    return CountModel(domains, list(shapes), eligible, gpus, free)

@@ -2,7 +2,7 @@
 NVLink domain of one node, with at most the free units of each GPU used?
 
 `check_placement` first tries a best-fit greedy; if that fails it solves the count model
-(placement/feasibility/packing.py states it) with CP-SAT and decodes a placement from the counts.
+(placement/feasibility/counts.py states it) with CP-SAT and decodes a placement from the counts.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from ortools.sat.python import cp_model
 
 from scepsy.models.instance.allocation import Allocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Cluster, Domain
-from scepsy.placement.feasibility.packing import Shape, count_model, free_by_gpu, shape_counts
+from scepsy.placement.feasibility.counts import CpsatCounts, Group, add_count_rows, add_used, count_variables, decode_counts
+from scepsy.placement.feasibility.packing import Shape, free_by_gpu, shape_counts
 from scepsy.placement.feasibility.solver import cpsat_solver
 
 
@@ -67,42 +68,24 @@ def greedy_placement(cluster: Cluster, allocation: Allocation) -> Placement | No
 def exact_placement(
     cluster: Cluster, allocation: Allocation, time_limit_s: float = 10.0, gpu_cost: Mapping[str, float] | None = None
 ) -> PlacementCheck:
-    """Decide placeability exactly with the count model and decode a placement when one exists.
-    With `gpu_cost` (price per GPU type), find the placement of least cost of the GPUs it uses."""
-    counts = shape_counts(allocation)
-    shapes = sorted(counts)
-    index = count_model(cluster, shapes)
-    domains, free = index.domains, index.free
+    """Decide placeability exactly with the count model (counts.py, one group per replica shape, R_k
+    its replicas) and decode a placement when one exists. With `gpu_cost` (price per GPU type),
+    find the placement of least cost of the GPUs it uses."""
+    # data
+    replicas = shape_counts(allocation)
+    shapes = sorted(replicas)
     model = cp_model.CpModel()
+    solver_counts = CpsatCounts(model)
 
-    # n[j, k]: replicas of shape k in domain j (only where the domain has the type and the size)
-    n = {
-        (j, k): model.new_int_var(0, counts[k], f"n[{j},{k}]")
-        for j in range(len(domains))
-        for k in shapes
-        if (j, k) in index.gpus
-    }
-    # c[i, k]: shards of shape k on GPU i of domain j
-    c = {(j, g, k): model.new_int_var(0, counts[k], f"c[{j},{g},{k}]") for (j, k) in n for g in index.gpus[(j, k)]}
-    # every replica placed
-    for k in shapes:
-        model.add(sum(v for (j, kk), v in n.items() if kk == k) == counts[k])
-    # a domain holds all shards of its replicas, at most one per GPU per replica
-    for (j, k), v in n.items():
-        model.add(sum(c[(j, g, k)] for g in domains[j].gpus if (j, g, k) in c) == k[1] * v)
-        for g in domains[j].gpus:
-            if (j, g, k) in c:
-                model.add(c[(j, g, k)] <= v)
-    # GPU capacity, and used[j, g] when the GPU hosts a shard
-    used = {}
-    for j, domain in enumerate(domains):
-        for g in domain.gpus:
-            terms = [k[2] * c[(j, g, k)] for k in shapes if (j, g, k) in c]
-            if terms:
-                used[(j, g)] = model.new_bool_var(f"used[{j},{g}]")
-                model.add(sum(terms) <= free[(domain.node, g)] * used[(j, g)])
+    # the count model's variables and constraints, and used[i] for the GPUs it uses
+    counts = count_variables(solver_counts, cluster, [Group(k, *k, replicas[k]) for k in shapes])
+    add_count_rows(solver_counts, counts, replicas)
+    used = add_used(solver_counts, counts, cluster)
+
+    # objective: the cost of the GPUs in use, when asked for
     if gpu_cost is not None:
-        model.minimize(sum(int(round(gpu_cost[domains[j].gpu_type] * 1e6)) * v for (j, _), v in used.items()))
+        types = {n.name: n.gpu_type for n in cluster.nodes}
+        model.minimize(sum(int(round(gpu_cost.get(types[node], 0.0) * 1e6)) * v for (node, _), v in used.items()))
 
     solver = cpsat_solver(time_limit_s)
     status = solver.solve(model)
@@ -111,18 +94,12 @@ def exact_placement(
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return PlacementCheck(None, False)
 
-    # decode: deal each domain's replicas of a shape round-robin over its GPU blocks
+    # decode: the counts' replicas of each shape, given to the allocation's replicas of that shape
     pending = {k: [(llm, r) for llm, r, shape in replica_list(allocation) if shape == k] for k in shapes}
-    placed: list[ReplicaPlacement] = []
-    for (j, k), v in sorted(n.items()):
-        count = solver.value(v)
-        if count == 0:
-            continue
-        positions = [g for g in domains[j].gpus if (j, g, k) in c for _ in range(solver.value(c[(j, g, k)]))]
-        for r in range(count):
-            llm, replica = pending[k].pop(0)
-            gpus = sorted(positions[r + t * count] for t in range(k[1]))
-            placed.append(ReplicaPlacement(llm, replica, domains[j].node, tuple(Shard(g, k[2]) for g in gpus)))
+    placed = []
+    for spot in decode_counts(counts, solver.value):
+        llm, replica = pending[spot.key].pop(0)
+        placed.append(ReplicaPlacement(llm, replica, spot.node, tuple(Shard(g, spot.key[2]) for g in spot.gpus)))
     placement = Placement(cluster.fractions_per_gpu, tuple(sorted(placed, key=lambda r: (r.llm, r.replica))))
     return PlacementCheck(placement, status == cp_model.OPTIMAL or gpu_cost is None)
 
@@ -147,48 +124,3 @@ def gpus_by_type(cluster: Cluster, placement: Placement) -> dict[str, int]:
     for node, _ in busy:
         counts[types[node]] += 1
     return counts
-
-
-def validate_placement(cluster: Cluster, allocation: Allocation, placement: Placement) -> list[str]:
-    """Independent checker: every problem with a placement, as sentences (empty list: valid)."""
-    problems: list[str] = []
-    used: dict[tuple[str, int], int] = {}  # only the GPUs the placement uses: linear in the placement
-    nodes = {n.name: n for n in cluster.nodes}
-    expected = {(llm, r): shape for llm, r, shape in replica_list(allocation)}
-    seen: set[tuple[str, int]] = set()
-    for rp in placement.replicas:
-        key = (rp.llm, rp.replica)
-        if key not in expected:
-            problems.append(f"replica {key} is not in the allocation")
-            continue
-        if key in seen:
-            problems.append(f"replica {key} placed twice")
-        seen.add(key)
-        gpu_type, tp, share = expected[key]
-        node = nodes.get(rp.node)
-        if node is None:
-            problems.append(f"replica {key} on unknown node {rp.node}")
-            continue
-        if node.gpu_type != gpu_type:
-            problems.append(f"replica {key} needs {gpu_type} but {rp.node} has {node.gpu_type}")
-        gpus = [s.gpu for s in rp.shards]
-        if len(gpus) != tp or len(set(gpus)) != tp:
-            problems.append(f"replica {key} needs {tp} distinct GPUs, got {gpus}")
-        if not any(set(gpus) <= set(d) for d in node.domains):
-            problems.append(f"replica {key} spans NVLink domains on {rp.node}: {gpus}")
-        for shard in rp.shards:
-            if shard.units != share:
-                problems.append(f"replica {key} shard has {shard.units} units, expected {share}")
-            if not 0 <= shard.gpu < node.gpus:
-                problems.append(f"replica {key} on missing GPU {rp.node}/{shard.gpu}")
-                continue
-            used[(rp.node, shard.gpu)] = used.get((rp.node, shard.gpu), 0) + shard.units
-    for key in expected:
-        if key not in seen:
-            problems.append(f"replica {key} not placed")
-    order = {n.name: i for i, n in enumerate(cluster.nodes)}
-    for key in sorted(used, key=lambda gpu: (order[gpu[0]], gpu[1])):  # in the cluster's order
-        free = cluster.free_units(*key)
-        if used[key] > free:
-            problems.append(f"GPU {key[0]}/{key[1]} holds {used[key]} units but has {free} free")
-    return problems

@@ -20,7 +20,9 @@ Parameters
 Variables
     x[m, o]       1 if LLM m runs option o                                        {0, 1}
     n[j, k]       replicas of shape k in domain j       (placement counts, small clusters)
-    c[j, i, k]    shards of shape k on GPU i of domain j (placement counts, small clusters)
+    c[i, k]       shards of fractional shape k (s < F) on GPU i      (placement counts)
+    whole[i]      GPU i carries a whole-GPU shard                    (placement counts)
+    used[i]       GPU i holds a shard                                (placement counts)
     z             egalitarian latency ratio (several workflows)                   integer, scaled
 Constraints
     sum_o x[m, o] = 1                                             one configuration per LLM
@@ -28,10 +30,12 @@ Constraints
                                               share units of TP >= t replicas fit domains >= t
     sum_{m,o: g_o = g, t_o >= t} t d w(s_o) x[m, o] <= sum_{i in I_g^t} W(c_i)
                                               shards that cannot share a GPU need their own
-    placement counts (clusters with at most 1000 (GPU, shape) pairs; exact):
+    placement counts (clusters with at most 1000 (GPU, shape) pairs; exact; the count model of
+    placement/feasibility/counts.py, one group per shape):
         sum_j n[j, k] = R_k := sum_{m,o: shape k} d_o x[m, o]     every replica in a domain
-        sum_{i in I_j} c[j, i, k] = t_k n[j, k],  c[j, i, k] <= n[j, k]   tp distinct GPUs
-        sum_k s_k c[j, i, k] <= c_i                               GPU capacity
+        sum_{i in I_j} whole[i] = sum_{k: s_k = F} t_k n[j, k]    whole shards: one GPU each
+        sum_{i in I_j} c[i, k] = t_k n[j, k],  c[i, k] <= n[j, k]   tp distinct GPUs (s_k < F)
+        sum_k s_k c[i, k] + F whole[i] <= c_i used[i],  load >= used[i]   GPU capacity, GPUs in use
     placement cuts (lazy, larger clusters): for an allocation found unplaceable with cumulative
         shape counts R*_{g,t,s} = #replicas of type g, tp t and share >= s, forbid every allocation
         with R_{g,t,s} >= R*_{g,t,s} for all (g, t, s) in its support (it is at least as hard)
@@ -55,10 +59,10 @@ from ortools.sat.python import cp_model
 
 from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Cluster
-from scepsy.placement.feasibility.packing import count_model
+from scepsy.placement.feasibility.counts import CpsatCounts, add_count_rows, add_used, count_variables
 from scepsy.placement.feasibility.solver import STATUS_NAMES, cpsat_solver
 
-from scepsy.planner.allocation.formulation import Row, capacity_rows, chosen_allocation, counts_model_size, cut_rows, grid, items, most_replicas_by_shape
+from scepsy.planner.allocation.formulation import Row, capacity_rows, chosen_allocation, counts_model_size, cut_rows, grid, items, shape_groups
 from scepsy.planner.allocation.objective import SLO_TOLERANCE, GpuCount, LatencySum, MaxLatencySum, Objective
 from scepsy.planner.allocation.options import Option, configuration
 
@@ -161,51 +165,15 @@ def _gpus_by_type(model, cluster: Cluster, options, x, used) -> dict[str, cp_mod
 def add_placement_counts(
     model: cp_model.CpModel, cluster: Cluster, options: dict[str, list[Option]], x: dict
 ) -> dict[tuple[str, int], cp_model.IntVar]:
-    """Exact placeability inside the allocation model (the count model of placement/feasibility/placeability.py,
-    with the replica counts R_k as linear expressions of x). Used where the cluster is small enough;
-    larger clusters rely on the valid inequalities and lazy cuts. Returns used[node, gpu], true
-    when the GPU hosts a shard."""
-    items = [(m, i, o) for m, opts in options.items() for i, o in enumerate(opts)]
-    shapes = sorted({o.shape for _, _, o in items})
-    most = most_replicas_by_shape(options)
-    counts = count_model(cluster, shapes)
-    domains = counts.domains
-    n, c = {}, {}
-    for k in shapes:
-        # n[j, k]: replicas of shape k in domain j;  c[j, g, k]: their shards on GPU g
-        for j in counts.eligible[k]:
-            n[(j, k)] = model.new_int_var(0, most[k], f"n[{j},{k}]")
-            for g in counts.gpus[(j, k)]:
-                c[(j, g, k)] = model.new_int_var(0, most[k], f"c[{j},{g},{k}]")
-        # every replica of shape k is in some domain
-        replicas = _weighted([(o.replicas, x[(m, i)]) for m, i, o in items if o.shape == k])
-        model.add(sum(n[(j, k)] for j in counts.eligible[k]) == replicas)
-        # a domain holds tp shards per replica, at most one per GPU per replica
-        for j in counts.eligible[k]:
-            shards = [c[(j, g, k)] for g in counts.gpus[(j, k)]]
-            model.add(sum(shards) == k[1] * n[(j, k)])
-            for v in shards:
-                model.add(v <= n[(j, k)])
-    # GPU capacity; used[i] when GPU i hosts a shard (its load is positive)
-    used = {}
-    for j, domain in enumerate(domains):
-        loads = []
-        for g in domain.gpus:
-            free = cluster.free_units(domain.node, g)
-            terms = [(k[2], c[(j, g, k)]) for k in shapes if (j, g, k) in c]
-            used[(domain.node, g)] = flag = model.new_bool_var(f"used[{domain.node},{g}]")
-            load = _weighted(terms) if terms else 0
-            if terms:
-                model.add(load <= free * flag)
-                model.add(load >= flag)
-            else:
-                model.add(flag == 0)
-            loads.append((free, load, flag))
-        # GPUs of a domain with equal free units are interchangeable: order their loads
-        for (free_a, load_a, used_a), (free_b, load_b, used_b) in zip(loads, loads[1:]):
-            if free_a == free_b and not (isinstance(load_a, int) and isinstance(load_b, int)):
-                model.add(load_a >= load_b)
-    return used
+    """Exact placeability inside the allocation model: the count model (placement/feasibility/counts.py)
+    with one group per replica shape k, R_k = sum_{m, o: shape k} d_o x[m, o]. Used where the
+    cluster is small enough; larger clusters rely on the valid inequalities and lazy cuts. Returns
+    used[node, gpu], true when the GPU hosts a shard."""
+    solver = CpsatCounts(model)
+    groups, replicas = shape_groups(options)
+    counts = count_variables(solver, cluster, groups)
+    add_count_rows(solver, counts, {k: _weighted([(d, x[key]) for d, key in terms]) for k, terms in replicas.items()})
+    return add_used(solver, counts, cluster)
 
 
 def _scaled(options, x, weight_of, step: float) -> tuple[cp_model.LinearExpr, int]:

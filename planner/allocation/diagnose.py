@@ -5,7 +5,7 @@ from __future__ import annotations
 from scepsy.models.instance.instance import Instance, Llm
 
 from scepsy.planner.allocation.objective import Objective
-from scepsy.planner.allocation.options import Option, SearchSpace, gpu_types_for, max_servable, shares_for, tp_degrees_for
+from scepsy.planner.allocation.options import Option, SearchSpace, configurations, max_servable
 
 
 def _restrictions(space: SearchSpace) -> str:
@@ -23,12 +23,7 @@ def _no_options_reason(instance: Instance, llm: Llm, space: SearchSpace) -> str:
     best_rate, best_config = max_servable(instance, llm, space)
     if best_rate == 0.0:
         best_memory = max(
-            (
-                tp * share / cluster.fractions_per_gpu * cluster.gpu_types[g].memory_gib
-                for g in gpu_types_for(instance, space)
-                for tp in tp_degrees_for(instance, llm, g, space)
-                for share in shares_for(cluster, space)
-            ),
+            (tp * share / cluster.fractions_per_gpu * cluster.gpu_types[g].memory_gib for g, tp, share in configurations(instance, llm, space)),
             default=0.0,
         )
         return (

@@ -1,6 +1,6 @@
 """Backend-neutral data of the allocation model (planner/allocation/cpsat.py states the formulation; the MILP
 backend, planner/allocation/milp.py, builds the same model): the capacity rows, the bin-packing rows, the
-replica shapes for the placement counts and the rows of a placement cut.
+replica shapes of the placement counts (placement/feasibility/counts.py) and the rows of a placement cut.
 
 Rows are lists of (coefficient, (llm, option index)) terms with a right-hand side, so each backend
 only translates them into its own linear expressions.
@@ -13,7 +13,8 @@ from typing import Callable
 
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.instance import Cluster
-from scepsy.placement.feasibility.packing import free_in_domains, gpu_weight_capacity, packing_weights
+from scepsy.placement.feasibility.counts import Group
+from scepsy.placement.feasibility.packing import Shape, free_in_domains, gpu_weight_capacity, packing_weights
 
 from scepsy.planner.allocation.options import Option, options_allocation
 
@@ -73,17 +74,21 @@ def capacity_rows(cluster: Cluster, options: dict[str, list[Option]]) -> list[Ro
     return rows
 
 
-def most_replicas_by_shape(options: dict[str, list[Option]]) -> dict[tuple[str, int, int], int]:
-    """The most replicas of each shape an allocation can have: several LLMs may share a shape, so
-    their largest replica counts add up."""
-    most: dict[tuple[str, int, int], int] = {}
-    for opts in options.values():
-        per_llm: dict[tuple[str, int, int], int] = {}
-        for o in opts:
+def shape_groups(options: dict[str, list[Option]]) -> tuple[list[Group], dict[Shape, list[Term]]]:
+    """The placement counts' groups, one per replica shape in sorted order with the most replicas an
+    allocation can have of it (several LLMs may share a shape, so their largest counts add up), and
+    the terms of R_k = sum_{m, o: shape k} d_o x[m, o]."""
+    most: dict[Shape, int] = {}
+    replicas: dict[Shape, list[Term]] = {}
+    for m, opts in options.items():
+        per_llm: dict[Shape, int] = {}
+        for i, o in enumerate(opts):
             per_llm[o.shape] = max(per_llm.get(o.shape, 0), o.replicas)
+            replicas.setdefault(o.shape, []).append((o.replicas, (m, i)))
         for shape, count in per_llm.items():
             most[shape] = most.get(shape, 0) + count
-    return most
+    shapes = sorted(most)
+    return [Group(k, *k, most[k]) for k in shapes], {k: replicas[k] for k in shapes}
 
 
 def counts_model_size(cluster: Cluster, options: dict[str, list[Option]]) -> int:

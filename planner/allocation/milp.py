@@ -20,9 +20,9 @@ import pulp
 
 from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Cluster
-from scepsy.placement.feasibility.packing import count_model
+from scepsy.placement.feasibility.counts import add_count_rows, add_used, count_variables
 
-from scepsy.planner.allocation.formulation import Row, capacity_rows, chosen_allocation, cut_rows, items, most_replicas_by_shape
+from scepsy.planner.allocation.formulation import Row, capacity_rows, chosen_allocation, cut_rows, items, shape_groups
 from scepsy.planner.allocation.objective import GpuCount, LatencySum, MaxLatencySum, Objective
 from scepsy.planner.allocation.options import Option, configuration
 
@@ -97,39 +97,38 @@ def build_allocation_model(
     return MilpModel(problem, options, x, stages, cluster.fractions_per_gpu, exact_gpus=used is not None)
 
 
+class _PulpCounts:
+    """The count model (placement/feasibility/counts.py) on a PuLP problem. Variable names:
+    n_j_k, c_j_g_k (k: the shape's index), whole_j_g and used_j_g (j: the domain, g: the GPU)."""
+
+    def __init__(self, problem: pulp.LpProblem):
+        self.problem = problem
+
+    def int_var(self, upper: int, kind: str, j: int, gpu, q: int, key) -> pulp.LpVariable:
+        where = f"{j}" if gpu is None else f"{j}_{gpu[1]}"
+        return self.problem.add_variable(f"{kind}_{where}_{q}", 0, upper, cat="Integer")
+
+    def bool_var(self, kind: str, j: int, gpu) -> pulp.LpVariable:
+        return self.problem.add_variable(f"{'whole' if kind == 'x' else kind}_{j}_{gpu[1]}", cat="Binary")
+
+    def weighted(self, terms) -> pulp.LpAffineExpression:
+        return pulp.lpSum(k * v for k, v in terms)
+
+    def add(self, constraint) -> None:
+        self.problem += constraint
+
+    def never(self) -> None:  # not met: R_k is an expression of x here
+        raise AssertionError("the allocation model's replica counts are never fixed numbers")
+
+
 def _placement_counts(problem, cluster: Cluster, options, x) -> dict[tuple[str, int], pulp.LpVariable]:
-    """The count model of placement/feasibility/placeability.py; used[node, gpu] when the GPU hosts a shard."""
-    all_items = items(options)
-    shapes = sorted({o.shape for _, _, o in all_items})
-    most = most_replicas_by_shape(options)
-    counts = count_model(cluster, shapes)
-    domains = counts.domains
-    n, c = {}, {}
-    for s_index, k in enumerate(shapes):
-        # n[j, k]: replicas of shape k in domain j;  c[j, g, k]: their shards on GPU g
-        for j in counts.eligible[k]:
-            n[(j, k)] = problem.add_variable(f"n_{j}_{s_index}", 0, most[k], cat="Integer")
-            for g in counts.gpus[(j, k)]:
-                c[(j, g, k)] = problem.add_variable(f"c_{j}_{g}_{s_index}", 0, most[k], cat="Integer")
-        # every replica of shape k is in some domain
-        replicas = pulp.lpSum(o.replicas * x[(m, i)] for m, i, o in all_items if o.shape == k)
-        problem += pulp.lpSum(n[(j, k)] for j in counts.eligible[k]) == replicas
-        # a domain holds tp shards per replica, at most one per GPU per replica
-        for j in counts.eligible[k]:
-            shards = [c[(j, g, k)] for g in counts.gpus[(j, k)]]
-            problem += pulp.lpSum(shards) == k[1] * n[(j, k)]
-            for v in shards:
-                problem += v <= n[(j, k)]
-    # GPU capacity; used[i] when GPU i hosts a shard
-    used = {}
-    for j, domain in enumerate(domains):
-        for g in domain.gpus:
-            free = cluster.free_units(domain.node, g)
-            flag = used[(domain.node, g)] = problem.add_variable(f"used_{j}_{g}", cat="Binary")
-            load = pulp.lpSum(k[2] * c[(j, g, k)] for k in shapes if (j, g, k) in c)
-            problem += load <= free * flag
-            problem += load >= flag
-    return used
+    """The count model (placement/feasibility/counts.py), one group per replica shape;
+    used[node, gpu] when the GPU hosts a shard."""
+    groups, replicas = shape_groups(options)
+    solver = _PulpCounts(problem)
+    counts = count_variables(solver, cluster, groups)
+    add_count_rows(solver, counts, {k: pulp.lpSum(d * x[key] for d, key in terms) for k, terms in replicas.items()})
+    return add_used(solver, counts, cluster)
 
 
 def _gpus_by_type(problem, cluster: Cluster, options, x, used) -> dict[str, pulp.LpAffineExpression]:

@@ -11,9 +11,10 @@ shape are never harder to place and use no more GPU, so some optimal plan avoids
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -83,6 +84,16 @@ def gpu_types_for(instance: Instance, space: SearchSpace) -> list[str]:
     return [g for g in types if space.gpu_types is None or g in space.gpu_types]
 
 
+def configurations(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace()) -> Iterator[tuple[str, int, int]]:
+    """Every replica shape (gpu_type, tp, share) the search may give `llm`, in that order: a gpu
+    type of the cluster (of the space), a TP degree of the LLM that fits that type's largest NVLink
+    domain and is profiled, a share of 1..F units (F alone for whole GPUs only)."""
+    for gpu_type in gpu_types_for(instance, space):
+        for tp in tp_degrees_for(instance, llm, gpu_type, space):
+            for share in shares_for(instance.cluster, space):
+                yield gpu_type, tp, share
+
+
 def _pareto(candidates: dict[int, tuple[np.ndarray, np.ndarray]], epsilon: float = 0.0) -> list[tuple[int, int, float]]:
     """Keep the (share, replicas, latency) points that no kept point with smaller-or-equal share and
     replicas matches within a factor (1 - epsilon) of latency. epsilon = 0: exact dominance. With
@@ -139,29 +150,28 @@ def llm_options(
     kinds = domain_kinds(cluster) if kinds is None else kinds
     offered = instance.offered_rate_rps(llm.name)
     options: list[Option] = []
-    for gpu_type in gpu_types_for(instance, space):
-        for tp in tp_degrees_for(instance, llm, gpu_type, space):
-            candidates: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-            capacities: dict[int, float] = {}
-            for share in shares_for(cluster, space):
-                _check_deadline(deadline, instance, llm)
-                curve, d_max = _shape(instance, llm, gpu_type, tp, share, shapes, kinds)
-                if curve is None:
-                    continue
-                usable = instance.max_utilization * curve.capacity_rps
-                d_min = max(1, math.ceil(offered / usable * (1 - 1e-9)))
-                if d_min > d_max:
-                    continue
-                if prune:
-                    d_max = max(d_min, most_useful_replicas(curve, offered, d_max))
-                replicas = np.arange(d_min, d_max + 1)
-                latencies = np.asarray(curve.latency_s(offered / replicas, instance.call_latency_metric), dtype=float)
-                candidates[share] = (replicas, latencies)
-                capacities[share] = curve.capacity_rps
-            points = _pareto(candidates, epsilon) if prune else [
-                (s, int(d), float(l)) for s, (ds, ls) in sorted(candidates.items()) for d, l in zip(ds, ls)
-            ]
-            options += [Option(llm.name, gpu_type, tp, s, d, lat, capacities[s]) for s, d, lat in points]
+    for (gpu_type, tp), shapes_of_tp in itertools.groupby(configurations(instance, llm, space), key=lambda c: c[:2]):
+        candidates: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        capacities: dict[int, float] = {}
+        for _, _, share in shapes_of_tp:
+            _check_deadline(deadline, instance, llm)
+            curve, d_max = _shape(instance, llm, gpu_type, tp, share, shapes, kinds)
+            if curve is None:
+                continue
+            usable = instance.max_utilization * curve.capacity_rps
+            d_min = max(1, math.ceil(offered / usable * (1 - 1e-9)))
+            if d_min > d_max:
+                continue
+            if prune:
+                d_max = max(d_min, most_useful_replicas(curve, offered, d_max))
+            replicas = np.arange(d_min, d_max + 1)
+            latencies = np.asarray(curve.latency_s(offered / replicas, instance.call_latency_metric), dtype=float)
+            candidates[share] = (replicas, latencies)
+            capacities[share] = curve.capacity_rps
+        points = _pareto(candidates, epsilon) if prune else [
+            (s, int(d), float(l)) for s, (ds, ls) in sorted(candidates.items()) for d, l in zip(ds, ls)
+        ]
+        options += [Option(llm.name, gpu_type, tp, s, d, lat, capacities[s]) for s, d, lat in points]
     options.sort(key=lambda o: (o.gpu_type, o.tp, o.share, o.replicas))
     return options
 
@@ -193,16 +203,14 @@ def max_servable(instance: Instance, llm: Llm, space: SearchSpace = SearchSpace(
     cluster = instance.cluster
     kinds = domain_kinds(cluster)
     best_rate, best_config = 0.0, ""
-    for gpu_type in gpu_types_for(instance, space):
-        for tp in tp_degrees_for(instance, llm, gpu_type, space):
-            for share in shares_for(cluster, space):
-                curve = replica_curve(instance, llm, gpu_type, tp, share)
-                if curve is None:
-                    continue
-                replicas = max_replicas(cluster, gpu_type, tp, share, kinds)
-                rate = replicas * curve.capacity_rps * instance.max_utilization
-                if rate > best_rate:
-                    fraction = share / cluster.fractions_per_gpu
-                    best_rate = rate
-                    best_config = f"{replicas} replicas of {gpu_type} tp={tp} fraction={fraction:g}"
+    for gpu_type, tp, share in configurations(instance, llm, space):
+        curve = replica_curve(instance, llm, gpu_type, tp, share)
+        if curve is None:
+            continue
+        replicas = max_replicas(cluster, gpu_type, tp, share, kinds)
+        rate = replicas * curve.capacity_rps * instance.max_utilization
+        if rate > best_rate:
+            fraction = share / cluster.fractions_per_gpu
+            best_rate = rate
+            best_config = f"{replicas} replicas of {gpu_type} tp={tp} fraction={fraction:g}"
     return best_rate, best_config

@@ -11,7 +11,7 @@ Systems (`SYSTEMS`):
                            only per-LLM load and capacity, never the workflow latency.
   k8s-hpa                  per-LLM autoscaling (models/simulation/autoscaler.py) from one whole-GPU replica each,
                            changing replicas while the simulation runs
-  static                   a user-given allocation file (scepsy.models.plan.document.instance_allocation)
+  static                   a user-given allocation file (scepsy.models.plan.document.read_allocation)
 
 A scepsy plan needs a feasible load; above the planner's capacity `plan_deployment` plans for the
 largest feasible fraction of the load (bisection) and the simulation then shows the overload.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
-from scepsy.models.plan.document import instance_allocation
+from scepsy.models.plan.document import read_allocation
 from scepsy.models.performance.alp import replica_curve
 from scepsy.models.simulation.autoscaler import Autoscaler, GpuPool, HpaSettings
 from scepsy.models.errors import InfeasibleError, InputError
@@ -164,7 +164,7 @@ def hpa_deployment(instance: Instance, settings: HpaSettings = HpaSettings()) ->
 
 
 def static_deployment(instance: Instance, path: Path | str) -> Deployment:
-    allocation = instance_allocation(path, instance)
+    allocation = read_allocation(path, instance)
     return Deployment("static", allocation, note=str(path))
 
 

@@ -23,6 +23,7 @@ import pandas as pd
 
 from scepsy.models.simulation.autoscaler import HpaSettings
 from scepsy.models.errors import InfeasibleError, InputError
+from scepsy.models.output import json_number
 from scepsy.models.instance.instance import Instance
 from scepsy.models.simulation.simulator import SimulationSettings, simulate
 
@@ -138,7 +139,7 @@ class Comparison:
 
     def to_json(self) -> dict:
         def num(value: float) -> float | None:
-            return float(f"{value:.6g}") if math.isfinite(value) else None
+            return json_number(value, 6)
 
         return {
             "workflow": self.workflow,

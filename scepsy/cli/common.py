@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Callable, Iterator, Optional
@@ -14,7 +15,7 @@ from typing import Annotated, Callable, Iterator, Optional
 import typer
 from rich.console import Console
 
-from scepsy.models.errors import InputError, ScepsyError, renamed
+from scepsy.models.errors import InputError, ScepsyError, ScepsyWarning, renamed
 from scepsy.models.output import check_output, write_text
 
 # Wide enough for the tables when piped; a terminal keeps its own width. User-given text (names,
@@ -188,7 +189,31 @@ def fail(error: ScepsyError) -> None:
 
 @contextmanager
 def errors() -> Iterator[None]:
-    """Map scepsy's typed errors to one line and an exit code; never show a traceback."""
+    """Map scepsy's typed errors to one line and an exit code; never show a traceback. Warnings
+    of scepsy's own (ScepsyWarning) are one `warning:` line each on stderr, each text once."""
+    with _scepsy_warnings():
+        yield from _mapped_errors()
+
+
+@contextmanager
+def _scepsy_warnings() -> Iterator[None]:
+    shown: set[str] = set()
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not issubclass(category, ScepsyWarning):
+            original(message, category, filename, lineno, file, line)
+        elif str(message) not in shown:
+            shown.add(str(message))
+            warn(str(message))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ScepsyWarning)
+        warnings.showwarning = show
+        yield
+
+
+def _mapped_errors() -> Iterator[None]:
     try:
         yield
     except ScepsyError as error:

@@ -42,7 +42,6 @@ grouped and are skipped. Both are counted in the result.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ import numpy as np
 
 from scepsy.models.instance.instance import Stage
 from scepsy.models.instance.statistic import InvocationStatistic, critical_time_s, request_use, union_length
+from scepsy.models.output import json_number, significant
 
 from scepsy.tracing.capture.records import CallRecord
 from scepsy.tracing.capture.span_calls import SpanSummary
@@ -108,7 +108,7 @@ class LlmStats:
     @property
     def stage_critical_path(self) -> float:
         """f for an instance's stage, to 6 digits: exactly 1 where the LLMs never overlap."""
-        return float(f"{self.critical_path:.6g}")
+        return significant(self.critical_path, 6)
 
     @property
     def stage_parallelism(self) -> float:
@@ -151,7 +151,7 @@ class TraceStats:
 
 def _round(value):
     if isinstance(value, float):
-        return float(f"{value:.6g}") if math.isfinite(value) else None
+        return json_number(value, 6)
     if isinstance(value, dict):
         return {k: _round(v) for k, v in value.items()}
     return value

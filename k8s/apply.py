@@ -38,6 +38,8 @@ APPLY_ORDER = (
     "Deployment",
     "PodDisruptionBudget",
     "PodMonitor",
+    "InferencePool",
+    "HTTPRoute",
 )
 DRY_RUN_MODES = ("none", "server")
 # metadata the API server writes; never part of "did the object change"

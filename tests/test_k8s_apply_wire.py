@@ -27,6 +27,7 @@ from scepsy.cli import app
 
 DRA = GOLDEN / next(c for c in CASES if c.sharing == "dra-mps").name
 DEVICE_PLUGIN = GOLDEN / next(c for c in CASES if c.sharing == "device-plugin-mps").name
+INFERENCE_GATEWAY = GOLDEN / next(c for c in CASES if c.router == "inference-gateway").name
 
 RESOURCES = {
     "v1": [("namespaces", "Namespace", False), ("configmaps", "ConfigMap", True), ("services", "Service", True), ("serviceaccounts", "ServiceAccount", True)],
@@ -35,6 +36,8 @@ RESOURCES = {
     "resource.k8s.io/v1": [("resourceclaims", "ResourceClaim", True)],
     "scheduling.k8s.io/v1": [("priorityclasses", "PriorityClass", False)],
     "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget", True)],
+    "inference.networking.k8s.io/v1": [("inferencepools", "InferencePool", True)],
+    "gateway.networking.k8s.io/v1": [("httproutes", "HTTPRoute", True)],
 }
 
 
@@ -163,7 +166,7 @@ def test_dry_run_sends_dry_run_all_and_stores_nothing(api_server, monkeypatch, t
     assert _Server.store == {"/api/v1/namespaces/scepsy": namespace}
 
 
-@pytest.mark.parametrize("directory", [DRA, DEVICE_PLUGIN], ids=lambda d: d.name)
+@pytest.mark.parametrize("directory", [DRA, DEVICE_PLUGIN, INFERENCE_GATEWAY], ids=lambda d: d.name)
 def test_a_rendered_directory_applies_to_an_empty_cluster(api_server, monkeypatch, tmp_path, directory):
     """From empty, in dependency order: every namespace an object lives in is created first (the
     scepsy namespace and, for device-plugin-mps, the device plugin's), so nothing is refused."""

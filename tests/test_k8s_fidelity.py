@@ -175,6 +175,52 @@ def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, 
     return len(seen)
 
 
+def check_inference_gateway(objects: list[dict], plan_json: dict, engine: str) -> None:
+    """`--router inference-gateway`: per LLM an InferencePool over exactly its replica pods on the
+    engine port, its endpoint picker (Service, Deployment, RBAC, config) and an HTTPRoute that sends
+    requests whose BBR header names the LLM, on its API paths, to that pool."""
+    llms, _ = _plan_view(plan_json)
+    namespace = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "scepsy-plan")["metadata"]["namespace"]
+    pods = [(d["metadata"]["name"], d["spec"]["template"]["metadata"]["labels"]) for d in of_kind(objects, "Deployment")]
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in objects if "metadata" in o}
+    assert not [d for d in of_kind(objects, "Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"]
+    assert ("ServiceAccount", "scepsy-gateway") not in by_name
+
+    def selected(selector: dict) -> set[str]:
+        return {name for name, labels in pods if selector.items() <= labels.items()}
+
+    paths = {"generate": {"/v1/chat/completions", "/v1/completions"}, "embed": {"/v1/embeddings"},
+             "score": {"/v1/rerank", "/rerank", "/v2/rerank"} if engine == "vllm" else {"/v1/rerank"}}
+    for name, llm in llms.items():
+        pool = by_name[("InferencePool", name)]["spec"]
+        assert selected(pool["selector"]["matchLabels"]) == {f"{name}-r{k}" for k in range(llm["replicas"])}
+        assert pool["targetPorts"] == [{"number": ENGINE_PORTS[engine]}]
+        picker = pool["endpointPickerRef"]
+        assert picker["name"] == f"{name}-epp" and picker["port"] == {"number": 9002}
+        service = by_name[("Service", f"{name}-epp")]["spec"]
+        assert {p["port"] for p in service["ports"]} == {9002, 9090}
+        assert selected(service["selector"]) == {f"{name}-epp"}
+        epp = by_name[("Deployment", f"{name}-epp")]["spec"]["template"]["spec"]
+        args = epp["containers"][0]["args"]
+        assert flag(args, "--pool-name") == name and flag(args, "--pool-namespace") == namespace
+        assert epp["containers"][0]["image"] == "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
+        assert epp["serviceAccountName"] == f"{name}-epp"
+        rules = by_name[("Role", f"{name}-epp")]["rules"]
+        assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]} in rules
+        assert any(r["resources"] == ["inferencepools"] for r in rules)
+        config = yaml.safe_load(by_name[("ConfigMap", f"{name}-epp")]["data"]["default-plugins.yaml"])
+        task = catalog.serving_task(llm["model"])
+        assert (config.get("parser") == {"pluginRef": "passthrough-parser"}) == (task == "score")
+        extractor = next(p for p in config["plugins"] if p["type"] == "core-metrics-extractor")
+        assert extractor.get("parameters", {}).get("defaultEngine", "vllm") == engine
+        route = by_name[("HTTPRoute", name)]["spec"]
+        assert route["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"}]
+        (rule,) = route["rules"]
+        assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": name}]
+        assert {m["path"]["value"] for m in rule["matches"]} == paths[task]
+        assert all(m["headers"] == [{"type": "Exact", "name": "X-Gateway-Model-Name", "value": name}] for m in rule["matches"])
+
+
 def check_routing(objects: list[dict], plan_json: dict, engine: str) -> None:
     """Routing labels: each LLM's Service selects its gateway (or, for a vLLM reranker, its
     engines), each gateway's discovery selector picks exactly its LLM's replica pods in its
@@ -235,7 +281,10 @@ def test_golden_pods_realise_the_plan(case):
     objects = objects_of(regenerate.emit(case))
     plan_json = json.loads(plan_file.read_text())
     assert check_pods(objects, plan_json, case.engine, case.sharing, memory, None, weights) > 0
-    check_routing(objects, plan_json, case.engine)
+    if case.router == "inference-gateway":
+        check_inference_gateway(objects, plan_json, case.engine)
+    else:
+        check_routing(objects, plan_json, case.engine)
 
 
 @pytest.mark.parametrize("uuid_order", ["bus", "reversed"])

@@ -39,6 +39,9 @@ def manifests(
     hf_token_secret: Annotated[str, typer.Option("--hf-token-secret", help="Secret (key `token`) with a Hugging Face token; required by pods of gated models, optional otherwise.")] = "hf-token",
     hf_cache_pvc: Annotated[Optional[str], typer.Option("--hf-cache-pvc", help="PersistentVolumeClaim for the HF cache (default: an emptyDir per pod).")] = None,
     device_plugin_namespace: Annotated[str, typer.Option("--device-plugin-namespace", help="Namespace of the NVIDIA device plugin (device-plugin-mps config).")] = "nvidia-device-plugin",
+    router: Annotated[str, typer.Option("--router", help="Routing: sglang (an SGLang model gateway per LLM) or inference-gateway (InferencePools, endpoint pickers and HTTPRoutes of the Gateway API Inference Extension).")] = "sglang",
+    gateway_name: Annotated[str, typer.Option("--gateway-name", help="The platform's Gateway the HTTPRoutes attach to (--router inference-gateway).")] = "inference-gateway",
+    gateway_namespace: Annotated[Optional[str], typer.Option("--gateway-namespace", help="Namespace of that Gateway (default: --namespace).")] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, gateways)."""
@@ -59,6 +62,9 @@ def manifests(
             hf_cache_pvc=hf_cache_pvc,
             kubernetes_version=kubernetes_version,
             device_plugin_namespace=device_plugin_namespace,
+            router=router,
+            gateway_name=gateway_name,
+            gateway_namespace=gateway_namespace,
         )
         check_output_dir(out, [plan_file, instance])
         placed = load_placed_plan(plan_file, instance)

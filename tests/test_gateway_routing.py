@@ -312,7 +312,8 @@ def test_late_restarted_and_added_replicas_get_traffic_without_a_gateway_restart
         # gen's engines in (modelled) real time / 20, so that concurrent requests overlap
         cluster = Cluster(stack, tmp_path, HALVES[engine], speedup={"gen": 20.0})
         gateway = cluster.start_gateway("gen", ["--worker-startup-timeout-secs", "1"])
-        assert _get(gateway.url + "/readiness").status_code == 503  # no replica yet: alive, not ready
+        waiting = _get(gateway.url + "/readiness")
+        assert waiting is not None and waiting.status_code == 503  # no replica yet: alive, not ready
         time.sleep(3)  # past the shortened window (a lower bound: waiting longer changes nothing)
         ver = cluster.start_replica("ver-r0")
 

@@ -146,7 +146,7 @@ def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, 
             if shared:
                 # the MPS server numbers the claim's GPUs by their UUIDs sorted as strings (the DRA
                 # driver's prepared.go); without UUIDs, in plan order
-                order = sorted(claim_gpus, key=lambda g: node_uuids[g]) if node_uuids else claim_gpus
+                order = sorted(claim_gpus, key=lambda g: (node_uuids or [])[g]) if node_uuids else claim_gpus
                 assert env["CUDA_VISIBLE_DEVICES"] == ",".join(str(order.index(g)) for g in gpus)
                 assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(round(100 * share))
                 mib = math.floor(share * reported + 1e-9)  # from the memory the GPU reports

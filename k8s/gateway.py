@@ -50,6 +50,7 @@ from . import names
 from .engines import ENGINE_PORTS, METRICS
 from .plan_input import PlacedPlan
 from .sizing import gateway_resources
+from .workloads import single_pod_deployment
 
 GATEWAY_VERSION = "0.3.2"  # sglang-router on PyPI == lmsysorg/sgl-model-gateway tag (pyproject test extra)
 GATEWAY_IMAGE = f"lmsysorg/sgl-model-gateway:v{GATEWAY_VERSION}"
@@ -196,17 +197,7 @@ def gateway_deployment(plan: PlacedPlan, llm: str, namespace: str, engine: str, 
         "terminationGracePeriodSeconds": GATEWAY_TERMINATION_GRACE_S,
         "containers": [container],
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
+    return single_pod_deployment(name, namespace, labels, selector, pod_spec)
 
 
 def _service(name: str, namespace: str, labels: dict[str, str], selector: dict[str, str], port: int) -> dict:

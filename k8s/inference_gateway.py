@@ -39,6 +39,7 @@ from . import names
 from .engines import ENGINE_PORTS
 from .gateway import DRAIN_LIMIT_S, replica_selector
 from .plan_input import PlacedPlan
+from .workloads import single_pod_deployment
 
 INFERENCE_EXTENSION_VERSION = "v1.5.0"
 EPP_IMAGE = f"registry.k8s.io/gateway-api-inference-extension/epp:{INFERENCE_EXTENSION_VERSION}"
@@ -185,18 +186,8 @@ def _epp_deployment(plan: PlacedPlan, llm: str, namespace: str, priority_class: 
         "containers": [container],
         "volumes": [{"name": "plugins-config", "configMap": {"name": name}}],
     }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            # one active picker (its prefix-cache state); the chart's strategy
-            "strategy": {"type": "Recreate"},
-            "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
-        },
-    }
+    # one active picker (its prefix-cache state), replaced on change: the chart's strategy
+    return single_pod_deployment(name, namespace, labels, selector, pod_spec)
 
 
 def llm_objects(plan: PlacedPlan, llm: str, namespace: str, engine: str, gateway_name: str, gateway_namespace: str | None,

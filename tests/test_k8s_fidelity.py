@@ -109,6 +109,8 @@ def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, 
         assert float(flag(args, mem_flag)) == pytest.approx(U * visible, abs=1e-4)
         assert (args[0] if engine == "vllm" else flag(args, "--model-path")) == llm["model"]
         assert ("--is-embedding" in args) == (engine == "sglang" and catalog.serving_task(llm["model"]) != "generate")
+        # SGLang serves /metrics only with --enable-metrics (the drain hook and the controller read it)
+        assert ("--enable-metrics" in args) == (engine == "sglang")
         mps_client = (sharing == "device-plugin-mps" and share < 1) or (
             sharing == "dra-mps" and claims[spec["resourceClaims"][0]["resourceClaimName"]]["metadata"]["annotations"]["scepsy.io/mps"] == "true")
         _check_resources(container, spec, llm, weights[key[0]], mps_client)

@@ -4,7 +4,7 @@ Design (why, in docs/deploy.md, "Routing" and "Scaling and draining"): every LLM
 gateway Deployment `<llm>-gateway` in the gateway's regular (single-model) mode, which finds the
 LLM's replicas itself through Kubernetes service discovery instead of a fixed worker list:
 
-    python3 -m sglang_router.launch_router --host 0.0.0.0 --port 30000 --policy P
+    python3 -m sglang_router.launch_router --host 0.0.0.0 --port 30000 --policy P [--max-tree-size N]
         --service-discovery --selector scepsy.io/llm=<llm> app.kubernetes.io/component=engine
         --service-discovery-namespace <ns> --service-discovery-port <engine port>
         --health-check-interval-secs 10 --shutdown-grace-period-secs 180
@@ -35,6 +35,11 @@ model as "unknown", which vLLM rejects. So a vLLM reranker gets no gateway: its 
 selects its engine pods directly (kube-proxy spreads requests over the ready ones; rerankers keep
 no cache to route for), and the same preStop hook drains its pods.
 
+Nothing in a gateway's objects depends on the plan's replicas: its arguments, labels, Service and
+RBAC do not, and its pod is sized, and its cache-aware tree bounded (`--max-tree-size`), from the
+most replicas the cluster could hold (sizing.py). So applying a re-plan never rewrites a gateway
+Deployment, and never restarts a gateway.
+
 The image is the gateway release whose PyPI wheel (`sglang-router`) the tests run: the image's
 Dockerfile (sgl-project/sglang docker/gateway.Dockerfile) installs that wheel and has the same
 entry point.
@@ -49,7 +54,7 @@ from scepsy.models.catalog.catalog import serving_task
 from . import names
 from .engines import ENGINE_PORTS, METRICS
 from .plan_input import PlacedPlan
-from .sizing import gateway_resources
+from .sizing import gateway_resources, most_replicas, tree_chars_per_worker
 from .workloads import single_pod_deployment
 
 GATEWAY_VERSION = "0.3.2"  # sglang-router on PyPI == lmsysorg/sgl-model-gateway tag (pyproject test extra)
@@ -134,7 +139,13 @@ def membership(llm: str, engine: str, namespace: str) -> Membership:
 
 
 def gateway_args(plan: PlacedPlan, llm: str, namespace: str, engine: str) -> list[str]:
-    args = ["--host", "0.0.0.0", "--port", str(GATEWAY_PORT), "--policy", policy(plan.llm(llm).model)]
+    """The gateway's arguments: the same for every plan of the instance (nothing here depends on the
+    plan's replicas), so a re-plan never changes them."""
+    routing = policy(plan.llm(llm).model)
+    args = ["--host", "0.0.0.0", "--port", str(GATEWAY_PORT), "--policy", routing]
+    if routing == "cache_aware":
+        # the tree's characters per worker, from the most replicas the cluster could hold (sizing.py)
+        args += ["--max-tree-size", str(tree_chars_per_worker(most_replicas(plan.instance, llm)))]
     selector = [f"{key}={value}" for key, value in replica_selector(llm).items()]
     args += ["--service-discovery", "--selector", *selector]
     args += ["--service-discovery-namespace", namespace, "--service-discovery-port", str(ENGINE_PORTS[engine])]
@@ -175,7 +186,7 @@ def gateway_deployment(plan: PlacedPlan, llm: str, namespace: str, engine: str, 
     name = names.gateway(llm)
     labels = gateway_labels(plan, llm)
     selector = {names.LLM_LABEL: labels[names.LLM_LABEL], "app.kubernetes.io/component": "gateway"}
-    requests, limits = gateway_resources(plan.llm(llm).replicas)
+    requests, limits = gateway_resources(policy(plan.llm(llm).model) == "cache_aware")
     container = {
         "name": "gateway",
         "image": image,

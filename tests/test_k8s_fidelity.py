@@ -259,7 +259,15 @@ def check_routing(objects: list[dict], plan_json: dict, engine: str) -> None:
         assert gateway_spec["serviceAccountName"] == "scepsy-gateway"
         assert gateway_spec["terminationGracePeriodSeconds"] > int(flag(args, "--shutdown-grace-period-secs"))
         resources = gateway_spec["containers"][0]["resources"]
-        assert resources["requests"]["memory"] == resources["limits"]["memory"] == f"{1024 + 256 * llm['replicas']}Mi"
+        # sized from nothing a plan changes (tests/test_k8s_replan.py); the whole cache-aware tree of
+        # this plan's replicas stays within the 2^28 characters its memory is sized for
+        cache_aware = flag(args, "--policy") == "cache_aware"
+        assert resources["requests"]["memory"] == resources["limits"]["memory"] == ("2304Mi" if cache_aware else "1024Mi")
+        assert (resources["requests"]["cpu"], resources["limits"]["cpu"]) == ("1", "2")
+        if cache_aware:
+            assert int(flag(args, "--max-tree-size")) * llm["replicas"] <= 2**28
+        else:
+            assert "--max-tree-size" not in args
     if gateways:
         role = next(r for r in of_kind(objects, "Role") if r["metadata"]["name"] == "scepsy-gateway")
         assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]

@@ -55,7 +55,7 @@ H100 = load_instance(REPO / "instances" / "combined-8xh100.yaml")
 
 
 def large_instance(gpus: int, n_llms: int = 10, fractions_per_gpu: int = 10, load: float = 0.5) -> Instance:
-    """Issue 7's scale benchmark: `gpus` GPUs in nodes of 8, half H100 SXM (one NVSwitch domain per
+    """The scale benchmark: `gpus` GPUs in nodes of 8, half H100 SXM (one NVSwitch domain per
     node) and half RTX A6000 (NVLink pairs), `n_llms` LLMs (copies of the paper's five) in three
     workflows: beam search, RAG, and an agent calling the copies. Rates scale with the cluster."""
     from scepsy.models.instance.instance import GpuTypeSpec, Node

@@ -18,7 +18,7 @@
    recipe reproduces the profile; the verifier's and the generator's recipes pool ten draws per rate).
 2. Sparse profiles: plan every shipped instance with its profiles cut to the fractions 0.2, 0.5
    and 1.0 (the README's `profiles synthesize` example), evaluate that allocation on the full
-   profiles (models/alp.py) and compare its latency with the full-profile optimum.
+   profiles (models/performance/alp.py) and compare its latency with the full-profile optimum.
 
 Prints markdown tables (docs/evidence.md carries them). Deterministic.
 """
@@ -100,13 +100,13 @@ def leave_one_out(path: Path, weights: tuple[float, str]) -> list[dict]:
             rates = LOADS * measured.capacity_rps
             truth = measured.latency_s(rates)
             got = derived.latency_s(rates)
-            old = old_rule_latency(without(profile, key, measured.fraction).curves[key], measured.fraction, rates,
+            borrowed = borrow_rule_latency(without(profile, key, measured.fraction).curves[key], measured.fraction, rates,
                                    lambda f: tp * f * memory - weights_gib)
             rows.append({
                 "profile": path.stem, "gpu_type": gpu_type, "tp": tp, "fraction": measured.fraction,
                 "max_error": float(np.max(np.abs(got - truth) / truth)),
                 "signed_error_at_80": float(got[-1] / truth[-1] - 1),
-                "old_max_error": float(np.max(np.abs(old - truth) / truth)),
+                "borrow_max_error": float(np.max(np.abs(borrowed - truth) / truth)),
                 "capacity_error": derived.capacity_rps / measured.capacity_rps - 1,
                 "curve": measured,
             })
@@ -167,8 +167,8 @@ def worst_noise(reference, curves) -> float:
     return max(float(np.max(np.abs(c.latency_s(rates) - truth) / truth)) for c in curves)
 
 
-def old_rule_latency(curves, fraction: float, rates, kv) -> np.ndarray:
-    """The rule before issue 13: borrow the smallest measured share f0 >= f (else the largest) and
+def borrow_rule_latency(curves, fraction: float, rates, kv) -> np.ndarray:
+    """The borrowing rule (the baseline of the comparison): borrow the smallest measured share f0 >= f (else the largest) and
     scale its rate axis by kappa = min(f/f0, kv(f)/kv(f0)): L_f(r) = L_f0(r / kappa)."""
     larger = [c for c in curves if c.fraction >= fraction]
     base = larger[0] if larger else curves[-1]
@@ -245,8 +245,8 @@ def main() -> None:
         summary.append({
             "profile": name, "cases": len(mine),
             "within_10%": sum(1 for r in mine if r["max_error"] <= 0.10),
-            "old_rule_within_10%": sum(1 for r in mine if r["old_max_error"] <= 0.10),
-            "old_rule_median_%": 100 * float(np.median([r["old_max_error"] for r in mine])),
+            "borrow_rule_within_10%": sum(1 for r in mine if r["borrow_max_error"] <= 0.10),
+            "borrow_rule_median_%": 100 * float(np.median([r["borrow_max_error"] for r in mine])),
             "median_error_%": 100 * float(np.median([r["max_error"] for r in mine])),
             "worst_error_%": 100 * worst["max_error"],
             "worst_case": f"{worst['gpu_type']} tp{worst['tp']} f={worst['fraction']:g}",

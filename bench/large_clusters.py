@@ -1,4 +1,4 @@
-"""Planning at the scale of real clusters (issue 7, section 4).
+"""Planning at the scale of real clusters.
 
     python bench/large_clusters.py [--quick] [--repeats 1] [--json out.json]
 

@@ -24,7 +24,7 @@ proxy's CPU time taken from the upstream and the client). The proxy's CPU use pe
 reported from /proc: when it nears 1.0 (one core), one proxy process is the bottleneck and more
 must run (one per core) behind the same store.
 
-Targets (issue 6): at 200 concurrent streams, added median < 1 ms and added p99 < 5 ms; no record
+Targets: at 200 concurrent streams, added median < 1 ms and added p99 < 5 ms; no record
 lost.
 
     python bench/proxy_overhead.py [--streams 1,200] [--token-delays-ms 62,28,18] [--phase-s 8]

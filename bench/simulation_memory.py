@@ -6,9 +6,9 @@ Simulates instances/beam-4xa6000.yaml (its beam-search program, every workflow a
 requests/s, one whole A6000 per LLM) for each duration, each in a fresh process, and reports side by
 side that process's peak resident set (resource.getrusage ru_maxrss), the calls simulated and, with
 `--tracemalloc`, the peak of Python's heap during the run (slower: about 3x). The first row is a
-10-second run, the cost of the interpreter, libraries and engine set-up. Before the statistics were
-streamed, every call was kept until the run ended (about 0.4 KB each), so memory grew with the
-duration: 7 GB at 1e9 s before the bound of 2,000,000 calls, 959 MB at that bound.
+10-second run, the cost of the interpreter, libraries and engine set-up. Keeping every call until
+the run ends (about 0.4 KB each, what `record_calls` does) makes memory grow with the duration
+instead.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Time limits that bound the whole `scepsy plan` command, on huge instances (issue 14).
+"""Time limits that bound the whole `scepsy plan` command, on huge instances.
 
     python bench/time_limits.py [--time-limit-s 5] [--placement-time-limit-s 5] [--quick] [--json out.json]
 

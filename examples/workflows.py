@@ -363,7 +363,7 @@ class EnsembleState(TypedDict):
 class JudgeEnsemble:
     """Several different LLMs answer the question side by side (a LangGraph `Send` to each judge,
     which run concurrently), then the aggregator reads every answer and gives the verdict; the
-    program `ensemble` of models/programs.py. `run(question)` is one workflow request."""
+    program `ensemble` of models/simulation/programs.py. `run(question)` is one workflow request."""
 
     proxy_url: str
     judges: tuple[str, ...] = ("judge-a", "judge-b", "judge-c")

@@ -142,7 +142,7 @@ class KubeApplier:
                 None,
                 None,
                 f"the cluster does not serve {obj['kind']} in {obj['apiVersion']}",
-                "install the GPU sharing stack the manifests were made for (docs/deploy.md), or regenerate with --kubernetes-version of this cluster",
+                "install the GPU sharing stack the manifests were made for (docs/deploy.md), or regenerate them with `kubernetes_version` of this cluster",
             ) from None
 
     def get(self, obj: dict) -> dict | None:
@@ -191,9 +191,9 @@ def _load_config(kubeconfig: Path | None, context: str | None):
     from kubernetes.config.config_exception import ConfigException
 
     if kubeconfig is not None:
-        parsed = load_yaml(kubeconfig, "pass --kubeconfig a kubeconfig file (kubectl config view --raw)")
+        parsed = load_yaml(kubeconfig, "pass `kubeconfig`, a kubeconfig file (kubectl config view --raw)")
         if not isinstance(parsed, dict):
-            raise InputError(str(kubeconfig), None, "not a kubeconfig (no YAML mapping)", "pass --kubeconfig a kubeconfig file")
+            raise InputError(str(kubeconfig), None, "not a kubeconfig (no YAML mapping)", "pass `kubeconfig`, a kubeconfig file")
     try:
         return config.new_client_from_config(config_file=str(kubeconfig) if kubeconfig else None, context=context)
     except ConfigException as exc:
@@ -210,7 +210,7 @@ def _load_config(kubeconfig: Path | None, context: str | None):
         str(kubeconfig) if kubeconfig else "kubeconfig",
         f"context {context}" if context else None,
         f"no usable cluster configuration: {problem}",
-        "pass --kubeconfig FILE (and --context NAME) of a reachable cluster",
+        "pass `kubeconfig` (and `context`) of a reachable cluster",
     )
 
 
@@ -234,7 +234,7 @@ def _connect(kubeconfig: Path | None, context: str | None, timeout_s: float):
             str(kubeconfig) if kubeconfig else "kubeconfig",
             f"context {context}" if context else None,
             f"cannot reach the Kubernetes API server at {host} ({reason})",
-            "check that the cluster is up and that --kubeconfig/--context point at it",
+            "check that the cluster is up and that `kubeconfig` and `context` point at it",
         ) from None
     return api_client
 
@@ -286,3 +286,16 @@ def summarize(deployments: list[dict], pods: list[dict]) -> list[ReplicaStatus]:
         node = (pod.get("spec") or {}).get("node_name") or (pod.get("spec") or {}).get("nodeName")
         rows.append(ReplicaStatus(name, llm, replica, workflow, node, status.get("phase") or "Unknown", ready, restarts))
     return rows
+
+
+def status_table(rows: list[ReplicaStatus], namespace: str):
+    """The replicas' pod phase and readiness as a readable table (rich)."""
+    from rich.table import Table
+
+    table = Table(title=f"scepsy deployments in {namespace}")
+    for column in ("deployment", "llm", "replica", "workflow", "node", "phase", "ready", "restarts"):
+        table.add_column(column)
+    for r in rows:
+        table.add_row(r.deployment, r.llm or "-", r.replica or "-", r.workflow or "-", r.node or "-", r.phase,
+                      "yes" if r.ready else "no", str(r.restarts))
+    return table

@@ -79,7 +79,7 @@ def parse_kubernetes_version(text: str) -> tuple[int, int]:
     try:
         return int(parts[0]), int(parts[1])
     except (IndexError, ValueError):
-        raise InputError(None, "--kubernetes-version", f"{text!r} is not MAJOR.MINOR", "write e.g. 1.33") from None
+        raise InputError(None, "kubernetes_version", f"{text!r} is not MAJOR.MINOR", "write e.g. 1.33") from None
 
 
 # An image reference, per the grammar of github.com/distribution/reference (reference.go):
@@ -95,14 +95,14 @@ IMAGE_REFERENCE = re.compile(
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
-def _check_image(option: str, image: str | None) -> None:
+def _check_image(field: str, image: str | None) -> None:
     if image is not None and (len(image) > 255 or not IMAGE_REFERENCE.match(image)):
-        raise InputError(None, option, f"{image!r} is not an image reference", "write e.g. vllm/vllm-openai:v0.11.0")
+        raise InputError(None, field, f"{image!r} is not an image reference", "write e.g. vllm/vllm-openai:v0.11.0")
 
 
 def check_settings(settings: ManifestSettings) -> None:
     if settings.engine not in ENGINES:
-        raise InputError(None, "--engine", f"unknown engine {settings.engine!r}", f"use one of: {', '.join(ENGINES)}")
+        raise InputError(None, "engine", f"unknown engine {settings.engine!r}", f"use one of: {', '.join(ENGINES)}")
     if settings.router not in ROUTERS:
         raise InputError(None, "router", f"unknown router {settings.router!r}", f"use one of: {', '.join(ROUTERS)}")
     if len(settings.gateway_name) > 253 or not _DNS_SUBDOMAIN.match(settings.gateway_name):
@@ -110,18 +110,18 @@ def check_settings(settings: ManifestSettings) -> None:
     if settings.gateway_namespace is not None and names.dns_label(settings.gateway_namespace, 63) != settings.gateway_namespace:
         raise InputError(None, "gateway_namespace", f"{settings.gateway_namespace!r} is not a DNS-1123 label", "give the Gateway's namespace")
     if not 0 < settings.gpu_memory_utilization <= 1:
-        raise InputError(None, "--gpu-memory-utilization", f"{settings.gpu_memory_utilization:g} is not in (0, 1]", "use e.g. 0.9")
+        raise InputError(None, "gpu_memory_utilization", f"{settings.gpu_memory_utilization:g} is not in (0, 1]", "use e.g. 0.9")
     if names.dns_label(settings.namespace, 63) != settings.namespace:
-        raise InputError(None, "--namespace", f"{settings.namespace!r} is not a DNS-1123 label", "use lower-case letters, digits and '-'")
+        raise InputError(None, "namespace", f"{settings.namespace!r} is not a DNS-1123 label", "use lower-case letters, digits and '-'")
     if settings.shm_gib < 1:
-        raise InputError(None, "--shm-gib", f"{settings.shm_gib} is below 1", "give the /dev/shm size of TP > 1 engines in GiB, e.g. 16")
+        raise InputError(None, "shm_gib", f"{settings.shm_gib} is below 1", "give the /dev/shm size of TP > 1 engines in GiB, e.g. 16")
     parse_kubernetes_version(settings.kubernetes_version)
-    _check_image("--image", settings.image)
-    _check_image("--gateway-image", settings.gateway_image)
-    for option, value in (("--hf-token-secret", settings.hf_token_secret), ("--hf-cache-pvc", settings.hf_cache_pvc),
-                          ("--device-plugin-namespace", settings.device_plugin_namespace)):
+    _check_image("image", settings.image)
+    _check_image("gateway_image", settings.gateway_image)
+    for field, value in (("hf_token_secret", settings.hf_token_secret), ("hf_cache_pvc", settings.hf_cache_pvc),
+                         ("device_plugin_namespace", settings.device_plugin_namespace)):
         if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
-            raise InputError(None, option, f"{value!r} is not a Kubernetes object name", "use lower-case letters, digits, '-' and '.'")
+            raise InputError(None, field, f"{value!r} is not a Kubernetes object name", "use lower-case letters, digits, '-' and '.'")
 
 
 def engine_memory_fraction(settings: ManifestSettings, share: float, access: GpuAccess) -> float:
@@ -138,9 +138,9 @@ def _check_memory(plan: PlacedPlan, settings: ManifestSettings, replica: Replica
             plan.source,
             f"llms ({llm.name})",
             f"weights + minimum KV cache ({llm.memory_need_gib:g} GiB) exceed the {budget:.2f} GiB the engine may use "
-            f"(tp x the {access.slice_mib} MiB slice of the memory the GPU reports x --gpu-memory-utilization "
+            f"(tp x the {access.slice_mib} MiB slice of the memory the GPU reports x `gpu_memory_utilization` "
             f"{settings.gpu_memory_utilization:g})",
-            "raise --gpu-memory-utilization or plan with a larger share",
+            "raise `gpu_memory_utilization` or plan with a larger share",
         )
 
 
@@ -441,7 +441,7 @@ def write(files: dict[str, str], out_dir: Path) -> list[Path]:
             path.write_text(text)
             paths.append(path)
     except OSError as exc:
-        raise InputError(str(out_dir), None, f"cannot write ({exc.strerror})", "choose a writable --out directory") from None
+        raise InputError(str(out_dir), None, f"cannot write ({exc.strerror})", "choose a writable `out` directory") from None
     return paths
 
 

@@ -81,15 +81,15 @@ class PlacedPlan:
 
 
 def resolve_instance_path(plan_path: Path, recorded: object, override: Path | None) -> Path:
-    """The instance file: `--instance`, else the plan's `instance` relative to the current
+    """The instance file: `override`, else the plan's `instance` relative to the current
     directory, else relative to the plan file's directory."""
     if override is not None:
         if kind_of(override) != "file":
-            raise InputError(str(override), None, "instance file not found", "pass an existing file to --instance")
+            raise InputError(str(override), None, "instance file not found", "pass an existing file as `instance`", argument=True)
         return override
     if not isinstance(recorded, str) or not recorded:
         raise InputError(
-            str(plan_path), "instance", "the plan does not name its instance file", "pass the instance YAML with --instance"
+            str(plan_path), "instance", "the plan does not name its instance file", "pass the instance YAML as `instance`"
         )
     candidates = [Path(recorded)] if Path(recorded).is_absolute() else [Path(recorded), plan_path.parent / recorded]
     for candidate in candidates:
@@ -100,7 +100,7 @@ def resolve_instance_path(plan_path: Path, recorded: object, override: Path | No
         str(plan_path),
         "instance",
         f"instance file {recorded!r} not found (tried {tried})",
-        "run from the directory the plan was made in, or pass the instance YAML with --instance",
+        "run from the directory the plan was made in, or pass the instance YAML as `instance`",
     )
 
 
@@ -223,7 +223,7 @@ def load_placed_plan(plan_path: Path | str, instance_path: Path | None = None) -
             source,
             "fractions_per_gpu",
             f"{f!r} differs from the instance's {instance.cluster.fractions_per_gpu}",
-            "use the instance the plan was made from (--instance)",
+            "use the instance the plan was made from (`instance`)",
         )
     f = instance.cluster.fractions_per_gpu  # equal to the plan's, and an int
     llms = _parse_llms(source, raw, instance, f)

@@ -177,8 +177,8 @@ def _none(plan: PlacedPlan) -> SharingResult:
         raise InputError(
             plan.source,
             f"llms ({r.llm}).fraction",
-            f"--gpu-sharing none gives whole GPUs only, but {r.llm} gets {_share(plan, r):g} of a GPU",
-            "use --gpu-sharing hami (default) or dra-mps, or plan with whole GPUs only",
+            f"`gpu_sharing` none gives whole GPUs only, but {r.llm} gets {_share(plan, r):g} of a GPU",
+            "use `gpu_sharing` hami (default) or dra-mps, or plan with whole GPUs only",
         )
     access = {
         (r.llm, r.replica): GpuAccess({"nvidia.com/gpu": len(r.shards)}, {PINNING_ANNOTATION: _pinning(plan, r, "none")},
@@ -214,7 +214,7 @@ def _replicas_per_gpu(plan: PlacedPlan) -> dict[str, int]:
                 plan.source,
                 f"placement (node {node})",
                 f"device-plugin MPS splits every GPU of a node into equal replicas, but node {node} holds shares {listed}",
-                "use --gpu-sharing hami or dra-mps, which enforce unequal shares",
+                "use `gpu_sharing` hami or dra-mps, which enforce unequal shares",
             )
         (share,) = shares
         if f % share:
@@ -222,7 +222,7 @@ def _replicas_per_gpu(plan: PlacedPlan) -> dict[str, int]:
                 plan.source,
                 f"placement (node {node})",
                 f"device-plugin MPS gives 1/N of a GPU, but node {node} holds shares of {share / f:g}, not 1/N",
-                "use --gpu-sharing hami or dra-mps, or plan with shares of 1/N",
+                "use `gpu_sharing` hami or dra-mps, or plan with shares of 1/N",
             )
         replicas_per_gpu[node] = f // share
     return replicas_per_gpu
@@ -254,7 +254,7 @@ def _device_plugin_mps(plan: PlacedPlan, namespace: str) -> SharingResult:
                 plan.source,
                 f"llms ({r.llm}).tp",
                 f"{r.llm} has tp {len(r.shards)} on shared GPUs; device-plugin MPS hands one GPU replica per request and cannot place shards on distinct GPUs",
-                "use --gpu-sharing hami or dra-mps",
+                "use `gpu_sharing` hami or dra-mps",
             )
         # the plugin's MPS daemon limits each client to 1/N of the device's memory
         access[(r.llm, r.replica)] = GpuAccess({"nvidia.com/gpu": len(r.shards)}, {PINNING_ANNOTATION: _pinning(plan, r, "device-plugin-mps")},
@@ -358,9 +358,9 @@ def _dra_mps(plan: PlacedPlan, namespace: str, kubernetes_version: tuple[int, in
     if kubernetes_version < MIN_DRA_KUBERNETES:
         raise InputError(
             None,
-            "--kubernetes-version",
+            "kubernetes_version",
             f"the NVIDIA DRA driver needs Kubernetes >= {MIN_DRA_KUBERNETES[0]}.{MIN_DRA_KUBERNETES[1]}",
-            "target a newer cluster or use --gpu-sharing hami",
+            "target a newer cluster or use `gpu_sharing` hami",
         )
     api_version = resource_api_version(kubernetes_version)
     access, objects = {}, []
@@ -403,4 +403,4 @@ def realise(plan: PlacedPlan, backend: str, namespace: str, device_plugin_namesp
         return _device_plugin_mps(plan, device_plugin_namespace)
     if backend == "none":
         return _none(plan)
-    raise InputError(None, "--gpu-sharing", f"unknown backend {backend!r}", f"use one of: {', '.join(BACKENDS)}")
+    raise InputError(None, "gpu_sharing", f"unknown backend {backend!r}", f"use one of: {', '.join(BACKENDS)}")

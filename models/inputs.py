@@ -16,6 +16,7 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -209,6 +210,31 @@ def parse_json_text(text: str, source: str, fix: str = "fix the JSON") -> object
         raise InputError(source, None, f"malformed JSON: {exc}", fix) from None
     except RecursionError:
         raise InputError(source, None, "JSON nested too deeply to read", "flatten the structure") from None
+
+
+def parse_json_values(text: str, source: str, fix: str = "fix the JSON") -> Iterator[tuple[int, object]]:
+    """A sequence of JSON values (JSON Lines, or values written one after another, pretty-printed or
+    not), each with the line it starts on; parsed as strictly as `parse_json_text`."""
+    decoder = json.JSONDecoder(object_pairs_hook=_unique_object, parse_constant=_no_constant, parse_float=_finite_float)
+    position, line, length = 0, 1, len(text)
+    while True:
+        start = position
+        while position < length and text[position] in " \t\r\n":
+            position += 1
+        line += text.count("\n", start, position)
+        if position == length:
+            return
+        try:
+            value, end = decoder.raw_decode(text, position)
+        except json.JSONDecodeError as exc:
+            raise InputError(source, f"line {exc.lineno}", f"malformed JSON: {exc.msg}", fix) from None
+        except ValueError as exc:
+            raise InputError(source, f"line {line}", f"malformed JSON: {exc}", fix) from None
+        except RecursionError:
+            raise InputError(source, f"line {line}", "JSON nested too deeply to read", "flatten the structure") from None
+        yield line, value
+        line += text.count("\n", position, end)
+        position = end
 
 
 def load_json(path: Path | str, fix: str = "fix the JSON") -> object:

@@ -62,7 +62,7 @@ def _unplaceable(cluster: Cluster, allocation: Allocation) -> PlacementInfeasibl
 def _undecided(settings: PlacementSettings) -> PlacementInfeasibleError:
     return PlacementInfeasibleError(
         f"no placement found within the placement time limit of {settings.time_limit_s:g} s and none proven "
-        "impossible; raise --placement-time-limit-s"
+        "impossible; raise `placement_time_limit_s`"
     )
 
 
@@ -99,7 +99,7 @@ def _cpsat_method(cluster, allocation, settings, current, heuristic, hint, notes
         if seed is None:
             raise TimeLimitError(
                 f"the placement model of {cluster.gpu_count()} GPUs did not finish building within the placement time "
-                f"limit of {settings.time_limit_s:g} s and the heuristic found no placement; raise --placement-time-limit-s"
+                f"limit of {settings.time_limit_s:g} s and the heuristic found no placement; raise `placement_time_limit_s`"
             ) from None
         notes.append("the exact model did not finish building within the time limit; kept the heuristic's placement")
         return seed, "heuristic", (), None, None

@@ -4,18 +4,26 @@
     result = plan("instances/beam-4xa6000.yaml", objective="min_gpus")
     print(plan_document(result))
 
+Every command of the command line is one function here (docs/cli.md lists them): plan, place,
+predict, whatif, simulate_rates, sweep, synthesize_profile, import_profile, replay_profile,
+aggregate_traces, export_traces, proxy, emulate, topology, manifests, deploy and status. Besides
+them, the documents and views are what the commands print (`plan_document`, `plan_view`, ...;
+results of the newer functions carry theirs as methods).
+
 Instances and allocations may be given as files (paths) or as loaded objects; every function
-raises scepsy's typed errors (models/errors.py) with the line that says how to fix the input.
+raises scepsy's typed errors (models/errors.py) with the line that says how to fix the input,
+naming the argument as this module spells it (`clusters`, `time_limit_s`).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
+from scepsy.models.arguments import check_choice, check_finite, check_fraction
 from scepsy.models.catalog import catalog
 from scepsy.models.catalog.catalog import GpuCard, ModelCard
 from scepsy.models.catalog.model_config import describe, resolve_model
@@ -23,8 +31,8 @@ from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance, load_instance
 from scepsy.models.inputs import kind_of
-from scepsy.models.instance.profile import build_profile, capacity_inversions, read_profile_frame, write_profile
-from scepsy.models.output import writing
+from scepsy.models.instance.profile import build_profile, capacity_inversions, load_profile, read_profile_frame, write_profile
+from scepsy.models.output import check_output, check_output_dir, writing
 from scepsy.models.performance.aiconfigurator import make_timer
 from scepsy.models.performance.alp import AllocationError, Prediction
 from scepsy.models.performance.engine import IterationTimer
@@ -32,9 +40,11 @@ from scepsy.models.performance.alp import predict as predict_allocation
 from scepsy.models.plan import document
 from scepsy.models.plan.document import instance_allocation, load_placement
 from scepsy.models.plan.plan import Plan
+from scepsy.models.plan.report import comparison_table, placement_view, plan_view, prediction_view, simulation_view
 from scepsy.models.profiles.synthesize import RequestSource, Skipped, SynthesisSettings, load_request_source, stable_capacity_rps
 from scepsy.models.profiles.synthesize import synthesize as synthesize_rows
-from scepsy.models.simulation.simulator import SimulationResult, SimulationSettings
+from scepsy.models.simulation.arrivals import load_arrivals
+from scepsy.models.simulation.simulator import SimulationResult, SimulationSettings, write_calls
 from scepsy.models.simulation.simulator import simulate as simulate_allocation
 from scepsy.pipeline import plan_and_place
 from scepsy.placement.place import METHODS, PlacementResult, PlacementSettings
@@ -43,26 +53,49 @@ from scepsy.planner.allocation.objective import OBJECTIVES, WELFARES
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.planner.allocation.search import PlanSettings
 
-if TYPE_CHECKING:  # the tracing extra (aiohttp, pyarrow) is imported where it is used
+if TYPE_CHECKING:  # the tracing and k8s extras (aiohttp, pyarrow, kubernetes) are imported where they are used
     import pandas as pd
+    from rich.console import RenderableType
 
+    from scepsy.k8s.apply import ApplyResult, ReplicaStatus
     from scepsy.planner.studies.sweep import Comparison
+    from scepsy.tracing.discovery.topology import NodeTopology
+    from scepsy.tracing.emulation.emulator import EmulatorConfig
     from scepsy.tracing.profiling.replay import PointResult, SweepSettings
     from scepsy.tracing.statistics.stats import TraceStats
 
 InstanceLike = Instance | str | Path
 AllocationLike = Allocation | str | Path
 PlacementLike = Placement | str | Path
+PathLike = str | Path
+
+# what the commands do, one function each (docs/cli.md names each command's)
+OPERATIONS = (
+    "plan", "place", "predict", "whatif", "simulate", "simulate_rates", "sweep", "synthesize_profile",
+    "import_profile", "replay_profile", "aggregate_traces", "export_traces", "proxy", "emulate", "topology",
+    "manifests", "deploy", "status",
+)
+__all__ = [
+    "plan", "place", "predict", "whatif", "simulate", "simulate_rates", "sweep", "synthesize_profile",
+    "import_profile", "replay_profile", "aggregate_traces", "export_traces", "proxy", "emulate", "topology",
+    "manifests", "deploy", "status",
+    # their inputs
+    "load", "allocation_of", "placement_settings", "simulation_settings", "replay_settings", "emulator_config",
+    "SimulationSettings", "SynthesisSettings",
+    # what the commands print
+    "plan_document", "placement_document", "prediction_document", "simulation_document", "plan_view",
+    "placement_view", "prediction_view", "simulation_view", "stats_document", "stats_view",
+]
 
 
 def load(instance: InstanceLike, objective: str | None = None, welfare: str | None = None,
          deadline: float | None = None) -> Instance:
     """An instance (loaded from its YAML file when given a path), with objective and welfare
     overridden; past `deadline` (time.perf_counter seconds) loading stops with TimeLimitError."""
-    if objective is not None and objective not in OBJECTIVES:
-        raise InputError(None, "--objective", f"unknown objective {objective!r}", f"use one of: {', '.join(OBJECTIVES)}")
-    if welfare is not None and welfare not in WELFARES:
-        raise InputError(None, "--welfare", f"unknown welfare {welfare!r}", f"use one of: {', '.join(WELFARES)}")
+    if objective is not None:
+        check_choice(objective, OBJECTIVES, "objective", "objective")
+    if welfare is not None:
+        check_choice(welfare, WELFARES, "welfare", "welfare")
     loaded = instance if isinstance(instance, Instance) else load_instance(Path(instance), deadline)
     if objective is None and welfare is None:
         return loaded
@@ -78,8 +111,9 @@ def allocation_of(instance: Instance, allocation: AllocationLike | None) -> Allo
 
 
 def placement_settings(method: str = "cpsat", time_limit_s: float = 10.0, workers: int = 1) -> PlacementSettings:
-    if method not in METHODS:
-        raise InputError(None, "--placement", f"unknown placement method {method!r}", f"use one of: {', '.join(METHODS)}")
+    """How to place (`placement`, `placement_time_limit_s` of `plan` and `place`), checked."""
+    check_choice(method, METHODS, "placement", "placement method")
+    check_finite(time_limit_s, "placement_time_limit_s")
     return PlacementSettings(method=method, time_limit_s=time_limit_s, workers=workers)
 
 
@@ -108,6 +142,7 @@ def plan(
     after that, so the whole call takes at most time_limit_s + placement_time_limit_s (docs/model.md,
     "Time limits")."""
     started_s = time.perf_counter() if started_s is None else started_s
+    check_finite(time_limit_s, "time_limit_s")
     placing = placement_settings(placement, placement_time_limit_s, workers)
     loaded = load(instance, objective, welfare, deadline=started_s + time_limit_s)
     settings = PlanSettings(backend=backend, time_limit_s=time_limit_s, workers=workers, started_s=started_s)
@@ -135,10 +170,13 @@ def plan_document(result: Plan, include_wall_time: bool = True) -> dict:
     return document.plan_json(result, include_wall_time)
 
 
-def placement_document(instance: str, allocation: Allocation, result: PlacementResult) -> dict:
+def placement_document(instance: InstanceLike, allocation: AllocationLike, result: PlacementResult) -> dict:
     """The plan document of a placed allocation (`scepsy place --json`): no prediction, it reads
-    back as an allocation and a placement."""
-    return document.plan_document(instance, allocation, result.placement, result.info, result.fragmentation)
+    back as an allocation and a placement. `instance` is named in it as given (a path), or by its
+    source file."""
+    name = (instance.source or "instance") if isinstance(instance, Instance) else str(instance)
+    chosen = allocation if isinstance(allocation, Allocation) else allocation_of(load(instance), allocation)
+    return document.plan_document(name, chosen, result.placement, result.info, result.fragmentation)
 
 
 def predict(instance: InstanceLike, allocation: AllocationLike) -> Prediction:
@@ -157,6 +195,90 @@ def prediction_document(prediction: Prediction) -> dict:
     return document.prediction_sections(prediction)
 
 
+# ---------------------------------------------------------------------------------------------
+# Capacity studies
+
+
+@dataclass(frozen=True)
+class Study:
+    """A capacity study (`scepsy whatif`): the tidy table, one row per scenario and LLM
+    (docs/capacity.md has its schema), and the files written."""
+
+    frame: pd.DataFrame
+    forecast: bool  # the axes include a growth forecast
+    table: Path | None = None
+    plots: tuple[Path, ...] = ()
+
+    def to_json_text(self) -> str:
+        """What `scepsy whatif --json` prints: the table's rows as a JSON list."""
+        return self.frame.to_json(orient="records", indent=2) + "\n"
+
+    def view(self) -> RenderableType:
+        """The grid (cheapest cluster per rate starred) and, with a forecast, the month each
+        cluster runs out."""
+        from scepsy.planner.studies.whatif import study_view
+
+        return study_view(self.frame, self.forecast)
+
+
+def whatif(
+    instance: InstanceLike,
+    *,
+    rates: str | None = None,
+    rate: Sequence[str] = (),
+    clusters: str | None = None,
+    mix: Sequence[str] = (),
+    price: Sequence[str] = (),
+    growth_per_month: float | None = None,
+    months: int | None = None,
+    objective: str | None = None,
+    backend: str = "cpsat",
+    time_limit_s: float = 60.0,
+    workers: int = 1,
+    executor: str = "local",
+    address: str | None = None,
+    reuse: bool = True,
+    out: PathLike | None = None,
+    plots: PathLike | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Study:
+    """Plan every scenario of a capacity study (`scepsy whatif`): total `rates` ("2:40:2" or
+    "2,4,8", req/s) or per-workflow `rate` items ("beam=2:20:2"), cluster sizes `clusters`
+    ("4,8,16" GPUs), GPU-type `mix`es ("H100+A6000"), `price` items ("H100=2,3" per GPU hour), and
+    a forecast (`growth_per_month`, `months`). `out` writes the table (.csv or .parquet), `plots`
+    the PNG plots into that folder; `progress(done, total)` counts the scenarios planned."""
+    from scepsy.planner.studies.executors import check_executor
+    from scepsy.planner.studies.scenarios import scenarios
+    from scepsy.planner.studies.whatif import plot_grid, run_study, study_axes, write_table
+
+    check_finite(time_limit_s, "time_limit_s")
+    check_finite(growth_per_month, "growth_per_month")
+    check_executor(executor, address)
+    inputs = [None if isinstance(instance, Instance) else instance]
+    if out is not None:
+        check_output(out, inputs)
+    if plots is not None:
+        check_output_dir(plots, inputs, "plots")
+    loaded = load(instance, objective)
+    axes = study_axes(loaded, rates, list(rate), clusters, list(mix), list(price), growth_per_month, months)
+    if progress is not None:
+        progress(0, len(scenarios(loaded, axes)))
+    settings = PlanSettings(backend=backend, time_limit_s=time_limit_s)
+    frame = run_study(loaded, axes, settings, workers, progress, reuse=reuse, executor=executor, address=address)
+    written: tuple[Path, ...] = ()
+    if out is not None:
+        with writing(out):
+            write_table(frame, Path(out))
+    if plots is not None:
+        with writing(Path(plots) / "grid.png", "plots"):
+            written = tuple(plot_grid(frame, Path(plots)))
+    return Study(frame, axes.months is not None, None if out is None else Path(out), written)
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulation
+
+
 def simulate(
     instance: InstanceLike,
     allocation: AllocationLike | None = None,
@@ -167,8 +289,9 @@ def simulate(
     record_calls: bool = False,
     progress: Callable[[float], None] | None = None,
 ) -> SimulationResult:
-    """Run the workflows' control flow on an allocation (`scepsy simulate`); without one, plan it
-    first; `rate_rps` sets every workflow's arrival rate."""
+    """Run the workflows' control flow on an allocation; without one, plan it first; `rate_rps`
+    sets every workflow's arrival rate (`simulate_rates` runs several rates, as `scepsy simulate`)."""
+    check_finite(rate_rps, "rate_rps")
     loaded = load(instance)
     chosen = allocation_of(loaded, allocation)
     if rate_rps is not None:
@@ -182,8 +305,10 @@ ROUTINGS = ("cache_aware", "least_outstanding")
 def simulation_settings(duration_s: float = 300.0, warmup_s: float | None = None, seed: int = 0,
                         routing: str = "cache_aware", engine_model: str = "builtin", backend: str = "vllm",
                         database_version: str = "current") -> SimulationSettings:
-    if routing not in ROUTINGS:
-        raise InputError(None, "--routing", f"unknown routing {routing!r}", "use cache_aware or least_outstanding")
+    """Settings of a simulation, checked (`duration_s`, `warmup_s`, `routing`, ...)."""
+    check_finite(duration_s, "duration_s")
+    check_finite(warmup_s, "warmup_s")
+    check_choice(routing, ROUTINGS, "routing", "routing")
     return SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing,
                               engine_model=engine_model, backend=backend, database_version=database_version)
 
@@ -207,30 +332,42 @@ class SimulatedRun:
 
 
 def simulate_rates(
-    instance: Instance,
-    allocation: Allocation,
-    rates: Sequence[float | None],
+    instance: InstanceLike,
+    allocation: AllocationLike | None = None,
+    rates: Sequence[float | None] = (None,),
     settings: SimulationSettings = SimulationSettings(),
-    arrivals: Mapping[str, Sequence[float]] | None = None,
-    record_calls: bool = False,
+    arrivals: Mapping[str, Sequence[float]] | PathLike | None = None,
+    calls_out: PathLike | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> list[SimulatedRun]:
-    """`scepsy simulate --rates`: one simulation per rate (None: the instance's), each with its
-    prediction; `progress` gets the runs done so far (fractional)."""
+    """`scepsy simulate`: one simulation per rate of every workflow (req/s; None: the instance's),
+    each with its prediction, on `allocation` (a file or an Allocation; None: plan the instance
+    first). `arrivals`: timestamps per workflow, or a file of them (JSONL or an Azure-format CSV);
+    `calls_out` writes every LLM call as JSONL (the request source of `synthesize_profile`);
+    `progress` gets the runs done so far (fractional)."""
+    for rate in rates:
+        check_finite(rate, "rates")
+    if calls_out is not None:
+        check_output(calls_out, [p for p in (instance, allocation, arrivals) if isinstance(p, (str, Path))], "calls_out")
+    loaded = load(instance)
+    chosen = allocation_of(loaded, allocation)
+    timestamps = load_arrivals(arrivals, [w.name for w in loaded.workflows]) if isinstance(arrivals, (str, Path)) else arrivals
     runs = []
     for index, rate in enumerate(rates):
-        at = instance if rate is None else instance.with_arrival_rates({w.name: rate for w in instance.workflows})
+        at = loaded if rate is None else loaded.with_arrival_rates({w.name: rate for w in loaded.workflows})
 
         def step(fraction: float, done: int = index) -> None:
             if progress is not None:
                 progress(done + fraction)
 
-        result = simulate(at, allocation, settings=settings, arrivals=arrivals, record_calls=record_calls, progress=step)
+        result = simulate(at, chosen, settings=settings, arrivals=timestamps, record_calls=calls_out is not None, progress=step)
         try:
-            prediction: Prediction | None = predict(at, allocation)
+            prediction: Prediction | None = predict(at, chosen)
         except InputError:  # a configuration without a profile curve: no prediction beside it
             prediction = None
         runs.append(SimulatedRun(rate, result, prediction))
+    if calls_out is not None:
+        write_calls((run.result for run in runs), calls_out)
     return runs
 
 
@@ -241,9 +378,77 @@ def simulation_document(instance: str, runs: Sequence[SimulatedRun]) -> dict:
     return {"instance": instance, "runs": [run.to_json() for run in runs]}
 
 
-def sweep_document(csv: Path | str, png: Path | str, comparisons: Sequence[Comparison]) -> dict:
-    """What `scepsy sweep --json` prints: the files written and scepsy against each baseline."""
-    return {"csv": str(csv), "png": str(png), "comparisons": [c.to_json() for c in comparisons]}
+@dataclass(frozen=True)
+class SweepRun:
+    """Throughput-latency curves of scepsy and baselines (`scepsy sweep`): the tidy table of every
+    (system, load, workflow) point, the files written, and scepsy against each baseline."""
+
+    frame: pd.DataFrame
+    comparisons: tuple[Comparison, ...]
+    csv: Path
+    png: Path
+
+    def document(self) -> dict:
+        """What `scepsy sweep --json` prints."""
+        return {"csv": str(self.csv), "png": str(self.png), "comparisons": [c.to_json() for c in self.comparisons]}
+
+    def view(self) -> RenderableType:
+        return comparison_table(self.comparisons)
+
+
+def sweep(
+    instance: InstanceLike,
+    *,
+    rates: Sequence[float] | None = None,
+    load_factors: Sequence[float] | None = None,
+    baselines: Sequence[str] = ("k8s-hpa", "per-llm"),
+    allocation: PathLike | None = None,
+    settings: SimulationSettings = SimulationSettings(),
+    out_csv: PathLike = "sweep.csv",
+    out_png: PathLike = "sweep.png",
+    progress: Callable[[int, int, str], None] | None = None,
+) -> SweepRun:
+    """Simulate scepsy and the `baselines` (planner/studies/baselines.py SYSTEMS; `static` runs the
+    `allocation` file) at each of the `rates` (req/s, every workflow) or `load_factors` (multiples of
+    the instance's rates), exactly one of them; write the table to `out_csv` and the plot to
+    `out_png`; `progress(done, total, text)` after each (system, load) point."""
+    from scepsy.planner.studies.baselines import check_system
+    from scepsy.planner.studies.sweep import SweepSettings, compare, load_points, plot_sweep, write_sweep
+    from scepsy.planner.studies.sweep import sweep as run_sweep
+
+    inputs = [p for p in (instance, allocation) if isinstance(p, (str, Path))]
+    for path, field in ((out_csv, "out_csv"), (out_png, "out_png")):
+        check_output(path, inputs, field)
+    loaded = load(instance)
+    points = load_points(loaded, rates=rates, load_factors=load_factors)
+    systems = ["scepsy"] + [s for s in baselines if s != "scepsy"]
+    for system in systems:
+        check_system(system, allocation)
+    total, done = len(systems) * len(points), 0
+
+    def step(text: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, text)
+
+    static = None if allocation is None else Path(allocation)
+    frame = run_sweep(loaded, points, systems, SweepSettings(settings, static_path=static), progress=step)
+    with writing(out_csv, "out_csv"):
+        write_sweep(frame, Path(out_csv))
+    with writing(out_png, "out_png"):
+        plot_sweep(frame, Path(out_png), title=Path(loaded.source or "instance").stem)
+    return SweepRun(frame, tuple(compare(frame)), Path(out_csv), Path(out_png))
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiles
+
+
+def _inversion_notes(out: PathLike) -> tuple[str, ...]:
+    """A line per measured fraction of the profile at `out` with less capacity than a smaller share
+    of the same (gpu_type, tp) (models/instance/profile.py `capacity_inversions`)."""
+    return tuple(i.message() for i in capacity_inversions(load_profile(out)))
 
 
 @dataclass(frozen=True)
@@ -306,26 +511,34 @@ def synthesize_profile(
     backend: str = "vllm",
     database_version: str = "current",
     merge_into: Path | str | None = None,
+    out: Path | str | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> SynthesizedProfile:
     """Synthesize a profile: one replica of a catalog `model` (or a config.json) on a catalog `gpu`
     under Poisson load, light to saturation, per TP degree and GPU fraction. `gpu_type` labels the
     rows (default: `gpu`); with `merge_into`, the rows of other (gpu_type, tp) pairs of that profile
-    CSV are kept. Writes nothing: write `result.frame` with models/instance/profile.write_profile."""
+    CSV are kept; `out` writes the rows there (models/instance/profile.py `write_profile`)."""
     import pandas as pd
 
+    for fraction in fractions:
+        check_fraction(fraction, "fractions")
+    if out is not None:
+        check_output(out, [requests] if kind_of(requests) != "missing" else [])
     card, gpu_card = resolve_model(model, weights), catalog.gpu(gpu)
     source = load_request_source(requests, llm)
     label = gpu_type or gpu
     timers = {t: make_timer(engine_model, card, gpu_card, t, backend, database_version) for t in tps}
     frame, skipped = synthesize_rows(card, gpu_card, tps, fractions, source, settings, label, min_kv_gib,
-                                 progress=progress, timer_for=timers.get)
+                                     progress=progress, timer_for=timers.get)
     if frame.empty:
-        raise InputError(None, "--fractions", "no (tp, fraction) fits the model", "use larger fractions or TP degrees")
+        raise InputError(None, "fractions", "no (tp, fraction) fits the model", "use larger fractions or TP degrees")
     if merge_into is not None and kind_of(merge_into) != "missing":
         old = read_profile_frame(merge_into)
         keep = ~old.set_index(["gpu_type", "tp"]).index.isin(frame.set_index(["gpu_type", "tp"]).index)
         frame = pd.concat([old[keep], frame], ignore_index=True)
+    if out is not None:
+        with writing(out):
+            write_profile(frame, out)
     return SynthesizedProfile(frame, card, gpu_card, label, source, timers, tuple(skipped), settings.replications)
 
 
@@ -340,12 +553,41 @@ def write_profile_rows(rows: pd.DataFrame, out: Path | str) -> None:
 
 
 @dataclass(frozen=True)
+class ImportedProfile:
+    """Benchmark results imported as profile rows (`scepsy profiles import`)."""
+
+    rows: pd.DataFrame
+    notes: tuple[str, ...]  # what the import read around (missing percentiles, ...)
+    skipped: tuple[str, ...]  # runs without an arrival rate
+    inversions: tuple[str, ...] = ()  # of the profile written (_inversion_notes)
+
+
+def import_profile(files: Iterable[PathLike], gpu_type: str, out: PathLike, tp: int = 1,
+                   fraction: float = 1.0) -> ImportedProfile:
+    """Import `vllm bench serve` result JSON, `vllm bench sweep` result directories and
+    `sglang.bench_serving` JSONL files as profile rows of one (gpu_type, tp, fraction), merged into
+    the profile CSV `out` (its rows of other configurations are kept)."""
+    from scepsy.tracing.profiling.benchimport import import_bench_results
+
+    check_fraction(fraction)
+    paths = list(files)
+    check_output(out, paths)
+    result = import_bench_results(paths, gpu_type, tp, fraction)
+    write_profile_rows(result.rows, out)
+    return ImportedProfile(result.rows, tuple(result.notes), tuple(result.skipped), _inversion_notes(out))
+
+
+@dataclass(frozen=True)
 class ReplayProfile:
     """An LLM's traced calls replayed against an engine at a sweep of rates (`scepsy profile`)."""
 
     llm: str
     points: tuple[PointResult, ...]
-    rows: pd.DataFrame  # the points as profile rows
+    rows: pd.DataFrame  # the points as profile rows, of one (gpu_type, tp, fraction)
+    gpu_type: str
+    tp: int
+    fraction: float
+    inversions: tuple[str, ...] = ()  # of the profile written (_inversion_notes)
 
     def point_records(self) -> list[dict]:
         """One record per rate point (seconds and req/s in the names)."""
@@ -356,6 +598,29 @@ class ReplayProfile:
     def summary(self, out: Path | str) -> dict:
         """What `scepsy profile --json` prints."""
         return {"llm": self.llm, "out": str(out), "points": self.point_records()}
+
+    def view(self, out: Path | str) -> RenderableType:
+        """The rate points as a readable table (rich)."""
+        from rich.table import Table
+
+        table = Table(title=f"Replay profile of {self.llm} ({self.gpu_type}, tp={self.tp}, fraction={self.fraction:g}) -> {out}")
+        for column in ("arrival_rate_rps", "throughput_rps", "calls", "failed", "latency_mean_s", "latency_p99_s", "saturated"):
+            table.add_column(column, justify="right")
+        for p in sorted(self.point_records(), key=lambda p: p["arrival_rate_rps"]):
+            table.add_row(f"{p['arrival_rate_rps']:.3f}", f"{p['throughput_rps']:.3f}", str(p["calls"]), str(p["failed"]),
+                          f"{p['latency_mean_s']:.3f}", f"{p['latency_p99_s']:.3f}", "yes" if p["saturated"] else "no")
+        return table
+
+
+def replay_settings(rates_rps: Sequence[float] | None = None, duration_s: float = 60.0, min_requests: int = 5,
+                    seed: int = 0, timeout_s: float = 600.0, model: str | None = None,
+                    arrivals: str = "poisson") -> SweepSettings:
+    """Settings of `replay_profile`, checked: `rates_rps` calls/s (None: auto), `duration_s` per rate
+    point, `arrivals` poisson or uniform (tracing/profiling/replay.py SweepSettings)."""
+    from scepsy.tracing.profiling.replay import SweepSettings
+
+    return SweepSettings(rates_rps=None if rates_rps is None else tuple(rates_rps), duration_s=duration_s,
+                         min_requests=min_requests, seed=seed, timeout_s=timeout_s, model=model, arrivals=arrivals)
 
 
 def replay_profile(
@@ -368,33 +633,314 @@ def replay_profile(
     settings: SweepSettings | None = None,
     on_point: Callable[[float, int], None] | None = None,
     on_call: Callable[[], None] | None = None,
+    out: PathLike | None = None,
 ) -> ReplayProfile:
     """Replay `llm`'s traced calls against the engine at `endpoint` at a sweep of arrival rates
     (`settings.rates_rps`, or auto: light load found by a probe, doubling to saturation, then
-    bisecting); `on_point(rate, expected calls)` and `on_call()` report progress."""
+    bisecting); `on_point(rate, expected calls)` and `on_call()` report progress; `out` merges the
+    rows into that profile CSV (its rows of other configurations are kept)."""
     import asyncio
 
     from scepsy.tracing.capture.traces import load_traces
     from scepsy.tracing.profiling.replay import Sweep, SweepSettings, auto_start_rate, probe_service_time, profile_rows, replay_requests
 
+    check_fraction(fraction)
+    paths = list(traces)
+    if out is not None:
+        check_output(out, paths)
     settings = settings or SweepSettings()
-    requests = replay_requests(load_traces(traces), llm, settings.model)
+    requests = replay_requests(load_traces(paths), llm, settings.model)
     start_rate = 1.0
     if settings.rates_rps is None:
         start_rate = auto_start_rate(asyncio.run(probe_service_time(requests, endpoint, timeout_s=settings.timeout_s)))
     points = asyncio.run(Sweep(requests, endpoint, settings, start_rate).run(on_point, on_call))
-    return ReplayProfile(llm, tuple(points), profile_rows(points, gpu_type, tp, fraction))
+    rows = profile_rows(points, gpu_type, tp, fraction)
+    if out is None:
+        return ReplayProfile(llm, tuple(points), rows, gpu_type, tp, fraction)
+    write_profile_rows(rows, out)
+    return ReplayProfile(llm, tuple(points), rows, gpu_type, tp, fraction, _inversion_notes(out))
 
 
-def aggregate_traces(traces: Sequence[Path | str], llm_names: Mapping[str, str] | None = None,
-                     workflow: str = "workflow") -> TraceStats:
+# ---------------------------------------------------------------------------------------------
+# Traces
+
+
+def aggregate_traces(traces: Sequence[Path | str], llm_names: Mapping[str, str] | Sequence[str] | None = None,
+                     workflow: str = "workflow", out: PathLike | None = None,
+                     workflow_attribute: str | None = None) -> TraceStats:
     """Per workflow and LLM: n, p, their spread and time shares (`scepsy aggregate`); `workflow`
-    names the calls sent without a workflow name, `llm_names` maps OTLP models to LLM names."""
-    from scepsy.tracing.capture.traces import load_traces
-    from scepsy.tracing.statistics.stats import aggregate
+    names the calls sent without a workflow name, `llm_names` maps span models to LLM names (or
+    MODEL=LLM items), `workflow_attribute` is the span attribute that names a request's workflow
+    (docs/tracing.md); `out` writes the statistics as YAML (each workflow's `stages` drops into an
+    instance). What the spans held is `result.spans`, their warnings `result.warnings`."""
+    from scepsy.tracing.capture.traces import parse_llm_names, read_traces
+    from scepsy.tracing.statistics.stats import aggregate, write_stats
 
-    stats = aggregate(load_traces(traces, llm_names), default_workflow=workflow)
+    names = dict(llm_names) if isinstance(llm_names, Mapping) else parse_llm_names(llm_names or ())
+    if out is not None:
+        check_output(out, traces)
+    found = read_traces(traces, names, workflow_attribute)
+    stats = replace(aggregate(found.calls, default_workflow=workflow), spans=found.spans)
     if not stats.workflows:
-        raise InputError(", ".join(map(str, traces)), None, "no completed call carries a workflow request id",
+        source = ", ".join(map(str, traces))
+        if found.spans is not None and found.spans.llm_calls == len(found.calls):  # every call came from spans
+            raise InputError(source, None, *found.spans.no_requests())
+        raise InputError(source, None, "no completed call carries a workflow request id",
                          "send X-Workflow-Id (or a W3C traceparent) with every LLM call of a workflow request")
+    if out is not None:
+        write_stats(stats, out, traces)
     return stats
+
+
+def stats_document(stats: TraceStats) -> dict:
+    """What `scepsy aggregate --json` prints (and `out` holds as YAML)."""
+    from scepsy.tracing.statistics.stats import stats_to_dict
+
+    return stats_to_dict(stats)
+
+
+def stats_view(stats: TraceStats) -> RenderableType:
+    from scepsy.tracing.statistics.stats import stats_view as view
+
+    return view(stats)
+
+
+TRACE_FORMATS = ("jsonl", "parquet")  # what export_traces writes
+
+
+def trace_files() -> str:
+    """The trace files aggregate_traces reads (what `scepsy aggregate --help` lists)."""
+    from scepsy.tracing.capture.traces import TRACE_FILES
+
+    return TRACE_FILES
+
+
+def export_traces(traces: Sequence[PathLike], out: PathLike, format: str = "jsonl", bodies: bool = True) -> int:
+    """Write the recorded calls of `traces` to `out` as JSONL (one call a line) or Parquet; the
+    number of calls written."""
+    from scepsy.tracing.capture.traces import export_traces as export, load_traces
+
+    check_choice(format, TRACE_FORMATS, "format", "format")
+    check_output(out, traces)
+    calls = load_traces(traces)
+    with writing(out):
+        return export(calls, out, format, bodies=bodies)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a proxy run recorded (`scepsy proxy`, after Ctrl-C)."""
+
+    store: Path
+    written: int
+    write_errors: int
+
+    def line(self) -> str:
+        failed = f" ({self.write_errors} failed to write)" if self.write_errors else ""
+        return f"recorded {self.written} calls to {self.store}{failed}"
+
+
+def proxy(
+    upstreams: Mapping[str, str] | Sequence[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 9000,
+    store: PathLike = "traces.db",
+    record_bodies: bool = True,
+    timeout_s: float = 600.0,
+    max_body_mib: float = 16.0,
+    on_start: Callable[[str], None] | None = None,
+    on_stop: Callable[[Recorded], None] | None = None,
+) -> Recorded:
+    """Run the tracing proxy in front of OpenAI-compatible engines until interrupted, recording
+    every call to the SQLite `store`. `upstreams`: LLM name -> engine base URL (or NAME=URL items);
+    `on_start(text)` says where it listens, `on_stop` what it recorded (also when serving fails)."""
+    from scepsy.tracing.capture.proxy import ProxyConfig, parse_upstreams, serve
+    from scepsy.tracing.capture.store import TraceStore
+
+    check_finite(timeout_s, "timeout_s")
+    check_finite(max_body_mib, "max_body_mib")
+    routes_of = dict(upstreams) if isinstance(upstreams, Mapping) else parse_upstreams(upstreams)
+    try:
+        trace_store = TraceStore(store)
+    except Exception as exc:  # noqa: BLE001 - sqlite errors become one line
+        raise InputError(str(store), "store", f"cannot open the trace store ({exc})", "choose a writable `store` path",
+                         argument=True) from None
+    routes = ", ".join(f"{name}={url} (/{name}/v1/...)" for name, url in sorted(routes_of.items()))
+    if on_start is not None:
+        on_start(f"scepsy proxy on http://{host}:{port}: {routes}; recording to {store}")
+    try:
+        config = ProxyConfig(routes_of, store=trace_store, record_bodies=record_bodies, timeout_s=timeout_s,
+                             max_body_bytes=int(max_body_mib * 2**20))
+        serve(config, host=host, port=port)
+    finally:
+        trace_store.close()
+        recorded = Recorded(Path(store), trace_store.written, trace_store.write_errors)
+        if on_stop is not None:
+            on_stop(recorded)
+    return recorded
+
+
+def emulator_config(model: str, gpu: str, tp: int = 1, fraction: float = 1.0, **options: Any) -> EmulatorConfig:
+    """An emulated replica of a catalog `model` (or a config.json) on a catalog `gpu`, checked to run
+    (tracing/emulation/emulator.py `emulator_config`: served_model_names, max_model_len, speedup,
+    mean_output_tokens, prefix_caching, weights, engine_model, backend, database_version,
+    personality)."""
+    from scepsy.tracing.emulation.emulator import emulator_config as configure
+
+    return configure(model, gpu, tp, fraction, **options)
+
+
+def emulate(config: EmulatorConfig, *, host: str = "127.0.0.1", port: int = 8000,
+            on_start: Callable[[str], None] | None = None) -> None:
+    """Serve an OpenAI-compatible engine emulator whose timing follows the engine model, until
+    interrupted (`scepsy emulate`); `on_start(text)` describes it."""
+    from scepsy.tracing.emulation.emulator import serve
+
+    if on_start is not None:
+        on_start(f"scepsy emulate on http://{host}:{port}: {config.describe()}")
+    serve(config, host=host, port=port)
+
+
+def topology(node_name: str | None = None, gpu_type: str | None = None, *, replay: PathLike | None = None,
+             record: PathLike | None = None, out: PathLike | None = None) -> NodeTopology:
+    """This GPU node's GPUs, memory, UUIDs and NVLink domains from NVML (`scepsy topology`), or
+    from NVML answers saved with `record` (`replay`); `out` writes the node's cluster-file entry."""
+    import json
+
+    from scepsy.models.output import write_text
+    from scepsy.tracing.discovery.topology import RecordedNvml, discover, real_nvml
+    from scepsy.tracing.discovery.topology import record as record_answers
+
+    for path, field in ((out, "out"), (record, "record")):
+        if path is not None:
+            check_output(path, [replay], field)
+    nvml = RecordedNvml.from_file(replay) if replay is not None else real_nvml()
+    found = discover(nvml, node_name, gpu_type)
+    if record is not None:
+        write_text(record, json.dumps(record_answers(nvml), indent=2) + "\n", "record")
+    if out is not None:
+        write_text(out, found.to_yaml())
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Kubernetes
+
+
+@dataclass(frozen=True)
+class Manifests:
+    """The manifests written for a placed plan (`scepsy manifests`)."""
+
+    out: Path
+    files: tuple[Path, ...]
+    replicas: int  # engine replicas
+    engine: str
+    gpu_sharing: str
+    warnings: tuple[str, ...]  # engines pinned to GPUs the plan does not name (k8s/manifests.py)
+
+    def document(self) -> dict:
+        """What `scepsy manifests --json` prints."""
+        return {"out": str(self.out), "files": [p.name for p in self.files]}
+
+    def line(self) -> str:
+        return (f"wrote {len(self.files)} files to {self.out} ({self.replicas} engine replicas, {self.engine}, "
+                f"{self.gpu_sharing}); apply with: scepsy deploy {self.out}")
+
+
+def manifests(
+    plan: PathLike,
+    out: PathLike,
+    *,
+    instance: PathLike | None = None,
+    engine: str = "vllm",
+    gpu_sharing: str = "hami",
+    namespace: str = "scepsy",
+    image: str | None = None,
+    gateway_image: str | None = None,
+    prometheus: bool = False,
+    shm_gib: int = 16,
+    gpu_memory_utilization: float = 0.9,
+    kubernetes_version: str = "1.34",
+    hf_token_secret: str = "hf-token",
+    hf_cache_pvc: str | None = None,
+    device_plugin_namespace: str = "nvidia-device-plugin",
+    router: str = "sglang",
+    gateway_name: str = "inference-gateway",
+    gateway_namespace: str | None = None,
+) -> Manifests:
+    """Write the Kubernetes manifests that realise a placed plan (a plan JSON of `plan`) into the
+    folder `out`: engines, GPU shares, gateways (docs/deploy.md); `instance` overrides the
+    instance file the plan names. `router` "sglang" gives every LLM an SGLang model gateway;
+    "inference-gateway" gives it an InferencePool, its endpoint picker and an HTTPRoute attached to
+    the platform's Gateway `gateway_name` (in `gateway_namespace`, default `namespace`)."""
+    from scepsy.k8s.manifests import ManifestSettings, emit, pinning_warnings, write
+    from scepsy.k8s.plan_input import load_placed_plan
+
+    settings = ManifestSettings(
+        engine=engine, gpu_sharing=gpu_sharing, namespace=namespace, image=image,
+        **({"gateway_image": gateway_image} if gateway_image else {}),
+        gpu_memory_utilization=gpu_memory_utilization, shm_gib=shm_gib, prometheus=prometheus,
+        hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, kubernetes_version=kubernetes_version,
+        device_plugin_namespace=device_plugin_namespace, router=router, gateway_name=gateway_name,
+        gateway_namespace=gateway_namespace,
+    )
+    folder = check_output_dir(out, [plan, instance])
+    placed = load_placed_plan(plan, None if instance is None else Path(instance))
+    objects = emit(placed, settings)
+    with writing(folder / "kustomization.yaml"):
+        paths = write(objects, folder)
+    return Manifests(folder, tuple(paths), len(placed.replicas), engine, gpu_sharing, tuple(pinning_warnings(placed, settings)))
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """What server-side apply did to each object (`scepsy deploy`)."""
+
+    dry_run: str  # none | server
+    results: tuple[ApplyResult, ...]
+
+    def document(self) -> dict:
+        rows = [{"kind": r.kind, "namespace": r.namespace, "name": r.name, "action": r.action} for r in self.results]
+        return {"dry_run": self.dry_run, "objects": rows}
+
+    def lines(self) -> list[str]:
+        suffix = " (server dry run)" if self.dry_run == "server" else ""
+        return [f"{r.ref} {r.action}{suffix}" for r in self.results]
+
+
+def deploy(directory: PathLike, *, kubeconfig: PathLike | None = None, context: str | None = None,
+           dry_run: str = "none") -> Deployed:
+    """Apply a manifests folder (`manifests`) with server-side apply (field manager `scepsy`), in
+    dependency order; `dry_run` "server" validates on the API server without persisting."""
+    from scepsy.k8s.apply import DRY_RUN_MODES, KubeApplier, connect, load_manifests
+    from scepsy.k8s.apply import deploy as apply_objects
+
+    check_choice(dry_run, DRY_RUN_MODES, "dry_run", "mode")
+    objects = load_manifests(Path(directory))
+    client = connect(None if kubeconfig is None else Path(kubeconfig), context)
+    return Deployed(dry_run, tuple(apply_objects(objects, KubeApplier(client), dry_run=dry_run == "server")))
+
+
+@dataclass(frozen=True)
+class Status:
+    """Each scepsy replica's pod phase and readiness (`scepsy status`)."""
+
+    namespace: str
+    replicas: tuple[ReplicaStatus, ...]
+
+    def document(self) -> dict:
+        return {"namespace": self.namespace, "replicas": [r.__dict__ for r in self.replicas]}
+
+    def view(self) -> RenderableType:
+        from scepsy.k8s.apply import status_table
+
+        return status_table(list(self.replicas), self.namespace)
+
+
+def status(namespace: str = "scepsy", *, kubeconfig: PathLike | None = None, context: str | None = None) -> Status:
+    """The pod phase and readiness of every replica scepsy deployed in `namespace`."""
+    from scepsy.k8s.apply import connect, pod_statuses
+
+    client = connect(None if kubeconfig is None else Path(kubeconfig), context)
+    return Status(namespace, tuple(pod_statuses(client, namespace)))

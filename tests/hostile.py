@@ -2,7 +2,7 @@
 tests/test_fuzz.py, bench/fuzz.py): the CLI run in-process, the README's promise as an assertion,
 a workspace holding copies of the shipped inputs, and the mutations applied to them.
 
-The promise (README, "The command line"): exit 0 with valid output, 2 with one plain line naming the
+The promise (docs/cli.md, "Exit codes, output and inputs"): exit 0 with valid output, 2 with one plain line naming the
 file, the field and the fix, or 3 with the binding reason; never 1, never a traceback.
 """
 

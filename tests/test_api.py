@@ -45,7 +45,7 @@ def test_the_api_answers_what_the_commands_answer(tmp_path):
 def test_a_milp_plan_leaves_stdout_where_it_was(capfd):
     """The MILP backend silences HiGHS's banner on file descriptor 1 while the reference problems
     are solved side by side on two threads (combined-8xh100 is egalitarian): afterwards, what the
-    caller prints still arrives (it went to /dev/null before the fix)."""
+    caller prints still arrives (not /dev/null)."""
     before = os.fstat(1)
     planned = plan(INSTANCES / "combined-8xh100.yaml", backend="milp")
     after = os.fstat(1)

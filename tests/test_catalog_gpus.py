@@ -1,4 +1,4 @@
-"""GPUs added for issue 15: datasheet numbers and the memory NVML reports (models/catalog/catalog.py)."""
+"""GPUs beyond the paper's: datasheet numbers and the memory NVML reports (models/catalog/catalog.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Curves of unprofiled GPU fractions (models/profile.py `derive_curve`, docs/model.md "Profiles"):
+"""Curves of unprofiled GPU fractions (models/instance/profile.py `derive_curve`, docs/model.md "Profiles"):
 property tests on profiles with the engine model's shape. Latency at equal utilisation is
 work / share + fixed, capacity grows with the share and the KV cache; the derived curves must be
 exact on profiled points, never faster for a smaller share, and never give a smaller share more

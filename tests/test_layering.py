@@ -1,8 +1,8 @@
-"""The layering of the packages (README, "Layout"): data flows one way, nothing imports the CLI, and no
+"""The layering of the packages (docs/layout.md): data flows one way, nothing imports the CLI, and no
 module imports itself back, inside a package or across packages.
 
-The allowed imports are read from the README's "Imports" list, so the documented layering and the
-enforced one cannot drift apart.
+The allowed imports are read from the "Imports" list of docs/layout.md, so the documented layering
+and the enforced one cannot drift apart.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ TOP = "scepsy"  # the public API, the pipeline and the CLI: may import every pac
 
 
 def documented_layers() -> dict[str, set[str]]:
-    """README: the lines '- `planner` imports `models`, `placement`' under 'Imports'."""
-    text = (REPO / "README.md").read_text()
+    """docs/layout.md: the lines '- `planner` imports `models`, `placement`' under 'Imports'."""
+    text = (REPO / "docs" / "layout.md").read_text()
     section = text.split("Imports (enforced by tests/test_layering.py", 1)[1].split("\n\n", 1)[0]
     layers = {}
     for line in section.splitlines():

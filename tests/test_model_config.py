@@ -135,7 +135,7 @@ def test_bad_configs_are_one_line_input_errors(tmp_path):
     bad.write_text(json.dumps(config))
     with pytest.raises(InputError, match="linear_attention"):
         card_from_config(bad)
-    with pytest.raises(InputError, match="--weights"):
+    with pytest.raises(InputError, match="^weights: unknown precision"):
         card_from_config(CONFIGS / "Qwen--Qwen3-8B", weights="fp4")
 
 

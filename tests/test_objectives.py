@@ -1,4 +1,4 @@
-"""Issue 7's objectives against exhaustive search, and the MILP backend against CP-SAT, on seeded
+"""The objectives against exhaustive search, and the MILP backend against CP-SAT, on seeded
 random instances (1 node of 2-4 GPUs, F = 4, with SLOs, two GPU types for min_cost)."""
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def test_shipped_instances_milp_equals_cpsat():
 
 
 # ---------------------------------------------------------------------------------------------
-# Optima exactly on an SLO, and ties closer than CP-SAT's integer grid (issue 13)
+# Optima exactly on an SLO, and ties closer than CP-SAT's integer grid
 
 
 def exact_slo_instance(seed: int, objective: str):

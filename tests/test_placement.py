@@ -427,7 +427,7 @@ def test_plan_and_place_returns_a_placed_plan_with_report():
     assert plan.allocation == make_plan(instance).allocation  # placement does not change the allocation
 
 
-# seeds whose first allocation cannot be placed (with issue 13's curves for the unprofiled shares)
+# seeds whose first allocation cannot be placed (with derived curves for the unprofiled shares)
 @pytest.mark.parametrize("seed, domains", [(5, [[0, 1, 2, 3]]), (0, [[0, 1, 2, 3]])])
 def test_unplaceable_allocations_are_cut_and_the_model_solved_again(seed, domains):
     """With the exact counts left out of the allocation model (as for large clusters), some

@@ -118,7 +118,7 @@ def test_arrival_processes():
     poisson = arrival_times(2000, 2.0, "poisson", random.Random(0))
     assert poisson == arrival_times(2000, 2.0, "poisson", random.Random(0))  # seeded
     assert poisson[-1] / 1999 == pytest.approx(0.5, rel=0.1)
-    with pytest.raises(InputError, match="poisson or uniform"):
+    with pytest.raises(InputError, match="poisson, uniform"):
         arrival_times(2, 1.0, "bursty", random.Random(0))
 
 

@@ -255,7 +255,7 @@ def test_streamed_statistics_equal_the_exact_ones_from_every_call():
 
 def test_memory_does_not_grow_with_the_duration():
     """At the end of the arrivals, a run of 10T holds no more request or call objects than one of T:
-    those of the requests in flight (before, every request's calls were kept to the end), and its
+    those of the requests in flight (a request's calls are not kept to the end), and its
     latency sketch stays within the bucket bound of its latencies' range."""
     from scepsy.models.performance.replica import Request
     from scepsy.models.simulation.simulator import _WorkflowRequest

@@ -1,4 +1,4 @@
-"""Time limits bound the whole `scepsy plan` (issue 14): the deadline starts with the command and is
+"""Time limits bound the whole `scepsy plan`: the deadline starts with the command and is
 checked while reading the instance, expanding its nodes, loading its profiles (each file once),
 building the options and placing; loading scales with the node layouts, not the GPUs.
 
@@ -63,7 +63,7 @@ def _past() -> float:
 
 def test_an_expired_deadline_stops_before_anything_is_built(tmp_path, reads):
     path = _beam(tmp_path)
-    with pytest.raises(TimeLimitError, match=r"while reading .*beam\.yaml.*too large for the limit.*raise --time-limit-s"):
+    with pytest.raises(TimeLimitError, match=r"while reading .*beam\.yaml.*too large for the limit.*raise `time_limit_s`"):
         api.plan(path, time_limit_s=0.5, started_s=_past())
     assert reads == [str(path.resolve())]  # the instance file only: no profile loaded, nothing built
 

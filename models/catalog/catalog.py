@@ -357,7 +357,7 @@ GPUS: dict[str, GpuCard] = {
 }
 
 
-# GPUs added for issue 15, with the memory NVML reports (`nvidia-smi --query-gpu=name,memory.total`)
+# GPUs beyond the paper's, with the memory NVML reports (`nvidia-smi --query-gpu=name,memory.total`)
 # beside the nominal capacity. NVML values: nvidia-smi output recorded in public repositories, e.g.
 # "NVIDIA B200, 183359 MiB", "NVIDIA H100 PCIe, 81559 MiB", "NVIDIA RTX PRO 6000 Blackwell Server
 # Edition, 97887 MiB" (also AIConfigurator's systems/rtx_pro_6000_server.yaml), "NVIDIA A10G,
@@ -501,7 +501,7 @@ def find_model(name: str) -> ModelCard | None:
     return None
 
 
-def gpu(name: str, field: str = "--gpu", source: str | None = None) -> GpuCard:
+def gpu(name: str, field: str = "gpu", source: str | None = None) -> GpuCard:
     """The catalog GPU called `name` (or an alias); an InputError naming `field` if unknown."""
     card = find_gpu(name)
     if card is None:
@@ -509,7 +509,7 @@ def gpu(name: str, field: str = "--gpu", source: str | None = None) -> GpuCard:
     return card
 
 
-def model(name: str, field: str = "--model", source: str | None = None) -> ModelCard:
+def model(name: str, field: str = "model", source: str | None = None) -> ModelCard:
     """The catalog model called `name` (short name, Hugging Face id or alias); InputError if unknown."""
     card = find_model(name)
     if card is None:

@@ -164,7 +164,7 @@ def _precision(f: _Fields) -> tuple[str, str | None]:
         weights = "int4"
     else:
         raise InputError(f.source, "quantization_config.quant_method", f"unknown quantization {method!r}",
-                         "pass --weights bf16|fp8|int4 to state the weight precision")
+                         "pass `weights` bf16, fp8 or int4 to state the weight precision")
     kept = " ".join(str(m) for m in quant.get("modules_to_not_convert") or [])
     return weights, ("bf16" if "self_attn" in kept else None)
 
@@ -179,7 +179,7 @@ def card_from_config(path: Path | str, weights: str | None = None, name: str | N
     if whole.get("is_encoder_decoder"):
         raise InputError(source, "is_encoder_decoder", "encoder-decoder models are not modelled", "give a decoder-only or encoder-only model")
     if weights is not None and weights not in WEIGHT_BYTES:
-        raise InputError(None, "--weights", f"unknown precision {weights!r}", f"use one of: {', '.join(WEIGHT_BYTES)}")
+        raise InputError(None, "weights", f"unknown precision {weights!r}", f"use one of: {', '.join(WEIGHT_BYTES)}")
     f = _Fields(config, source)
     model_type = str(config.get("model_type") or whole.get("model_type") or "").lower()
     encoder = _is_encoder(config)
@@ -243,7 +243,7 @@ def describe(card: ModelCard) -> dict:
     return data
 
 
-def resolve_model(name_or_path: str, weights: str | None = None, field: str = "--model") -> ModelCard:
+def resolve_model(name_or_path: str, weights: str | None = None, field: str = "model") -> ModelCard:
     """A catalog model by name, or the card of a local config.json / model directory; `weights`
     overrides the weight precision."""
     from dataclasses import replace
@@ -260,5 +260,5 @@ def resolve_model(name_or_path: str, weights: str | None = None, field: str = "-
     if weights is None or weights == card.weights:
         return card
     if weights not in WEIGHT_BYTES:
-        raise InputError(None, "--weights", f"unknown precision {weights!r}", f"use one of: {', '.join(WEIGHT_BYTES)}")
+        raise InputError(None, "weights", f"unknown precision {weights!r}", f"use one of: {', '.join(WEIGHT_BYTES)}")
     return replace(card, weights=weights, attention_weights=None)

@@ -339,8 +339,8 @@ class Instance:
             turn += 1
         if total != gpus:
             sizes = ", ".join(str(k.gpus) for k in kinds)
-            raise InputError(self.source, "--clusters", f"{gpus} GPUs is not a whole number of nodes (node sizes: {sizes})",
-                             "use cluster sizes made of whole nodes")
+            raise InputError(self.source, "clusters", f"{gpus} GPUs is not a whole number of nodes (node sizes: {sizes})",
+                             "use cluster sizes made of whole nodes", argument=True)
         return replace(self, cluster=replace(self.cluster, nodes=tuple(nodes), reserved_units={}))
 
     def only_workflow(self, name: str) -> "Instance":

@@ -135,7 +135,7 @@ class LlmProfile:
 
 def _weight_on_larger(fraction: float, smaller: float, larger: float) -> float:
     """Where 1/fraction lies between 1/smaller (0) and 1/larger (1); outside [0, 1] extrapolates.
-    The engine model's iteration time is work / share + fixed costs (models/engine.py), so at an
+    The engine model's iteration time is work / share + fixed costs (models/performance/engine.py), so at an
     equal utilisation a curve's latency is linear in 1/share."""
     return (1 / smaller - 1 / fraction) / (1 / smaller - 1 / larger)
 
@@ -190,7 +190,7 @@ def _latency_at_load(measured, fraction: float, utilisation: np.ndarray, metric:
     two measured curves around `fraction` (or the two nearest on one side), kept within what
     latency = work / share + fixed allows, and the only curve scaled when just one exists. At an
     equal utilisation the engine's queue is alike and the speed of an iteration changes with the
-    share (models/engine.py). (An equal rate per unit of share instead fits the interior slightly
+    share (models/performance/engine.py). (An equal rate per unit of share instead fits the interior slightly
     better but misleads where capacity is far from proportional to the share, e.g. tp 8: see
     docs/evidence.md.)"""
     def at(curve: ProfileCurve) -> np.ndarray:

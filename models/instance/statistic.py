@@ -8,7 +8,7 @@ For one request r with the calls of m at intervals [s_i, e_i]:
 Over the R requests of the workflow (requests that never call m count in R):
     n = sum_r N_rm / R,      p = sum_r D_rm / sum_r U_rm   (pooled)
 
-The critical-path share f (issue 13), from the intervals of all the LLMs of a request:
+The critical-path share f, from the intervals of all the LLMs of a request:
 
 For one workflow request, each LLM m is busy on the union of its call intervals (U_rm long). The
 request's LLM time, the union over all its LLMs, is split among the LLMs running at each moment:

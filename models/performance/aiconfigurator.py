@@ -84,7 +84,7 @@ def package_version() -> str | None:
 def _require_package() -> str:
     found = package_version()
     if found is None:
-        raise EngineModelUnavailable("--engine-model", "AIConfigurator is not installed",
+        raise EngineModelUnavailable("engine_model", "AIConfigurator is not installed",
                                      "pip install 'scepsy[aiconfigurator]' (the aiconfigurator-core package)")
     logging.getLogger("aiconfigurator_core").setLevel(logging.ERROR)
     return found
@@ -96,7 +96,7 @@ def system_for(gpu: GpuCard) -> str:
     system = SYSTEMS.get(catalog_card.name if catalog_card else gpu.name)
     if system is None:
         raise EngineModelUnavailable(
-            "--gpu", f"AIConfigurator has no measured database for {gpu.name}",
+            "gpu", f"AIConfigurator has no measured database for {gpu.name}",
             f"use the built-in engine model for it, or one of: {', '.join(sorted(SYSTEMS))}")
     return system
 
@@ -112,8 +112,8 @@ def _database(system: str, backend: str, version: str):
         reason = ""
     if database is None:
         raise EngineModelUnavailable(
-            "--backend", f"AIConfigurator has no {backend} database {version!r} for {system}{reason}",
-            "choose another --backend or --database-version (current, previous, next or a version it lists)")
+            "backend", f"AIConfigurator has no {backend} database {version!r} for {system}{reason}",
+            "choose another `backend` or `database_version` (current, previous, next or a version it lists)")
     return database
 
 
@@ -138,7 +138,7 @@ def model_path_for(card: ModelCard, scratch: Path) -> str:
     if card.name in SHIPPED_CONFIGS:
         return SHIPPED_CONFIGS[card.name]
     if card.encoder or card.moe is not None or card.mla is not None or not card.gated_mlp:
-        raise EngineModelUnavailable("--model", f"AIConfigurator does not model {card.name} (an encoder or a "
+        raise EngineModelUnavailable("model", f"AIConfigurator does not model {card.name} (an encoder or a "
                                      "catalog card without a config.json)", "use the built-in engine model for it")
     folder = scratch / card.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -164,7 +164,7 @@ class AiconfiguratorTimer:
     def __post_init__(self) -> None:
         self.package = _require_package()
         if self.backend not in BACKENDS:
-            raise EngineModelUnavailable("--backend", f"unknown backend {self.backend!r}", f"use one of: {', '.join(BACKENDS)}")
+            raise EngineModelUnavailable("backend", f"unknown backend {self.backend!r}", f"use one of: {', '.join(BACKENDS)}")
         system = self.system = system_for(self.gpu)
         database = _database(system, self.backend, self.database_version)
         self.resolved_version = str(getattr(database, "version", self.database_version))
@@ -181,7 +181,7 @@ class AiconfiguratorTimer:
                 )
             except Exception as exc:  # noqa: BLE001 - its errors become one line
                 raise EngineModelUnavailable(
-                    "--model", f"AIConfigurator cannot model {self.card.name} with {self.backend} on {system}: "
+                    "model", f"AIConfigurator cannot model {self.card.name} with {self.backend} on {system}: "
                     f"{str(exc).splitlines()[0][:300]}", "use the built-in engine model for it") from None
         self.measured_share = self._measured_share()
         self._decode = lru_cache(maxsize=65536)(self._decode_ms)
@@ -237,7 +237,7 @@ def measured_allreduce_ms(system: str, backend: str = "vllm", version: str = "0.
 
     path = Path(aiconfigurator_core.__file__).parent / "systems" / "data" / system / "comm" / backend / version / "custom_allreduce_perf.parquet"
     if not path.is_file():
-        raise EngineModelUnavailable("--backend", f"AIConfigurator has no {backend} {version} all-reduce table for {system}",
+        raise EngineModelUnavailable("backend", f"AIConfigurator has no {backend} {version} all-reduce table for {system}",
                                      "choose another backend or version")
     table = pd.read_parquet(path, columns=["backend", "num_gpus", "message_size", "latency"])
     graph = table[table["backend"].str.endswith("_graph")]
@@ -255,5 +255,5 @@ def make_timer(engine_model: str, card: ModelCard, gpu: GpuCard, tp: int, backen
     if engine_model == "builtin":
         return None
     if engine_model != "aiconfigurator":
-        raise InputError(None, "--engine-model", f"unknown engine model {engine_model!r}", "use builtin or aiconfigurator")
+        raise InputError(None, "engine_model", f"unknown engine model {engine_model!r}", "use builtin or aiconfigurator")
     return AiconfiguratorTimer(card, gpu, tp, backend, database_version)

@@ -42,7 +42,7 @@ class LlmPrediction:
     latency_s: float  # inf when overloaded
     utilization: float  # offered load / (replicas * capacity)
     overloaded: bool
-    # an unprofiled fraction: the measured fractions its curve was derived from (models/profile.py)
+    # an unprofiled fraction: the measured fractions its curve was derived from (models/instance/profile.py)
     profile_derived_from: tuple[float, ...] = ()
 
     @property

@@ -100,7 +100,7 @@ def compare(points: Sequence[tuple[ModelCard, Point]], backend: str = "vllm") ->
         timer = timers[key]
         if timer is None:
             continue
-        builtin = builtin_time_s(card, point, {}, 1.0)  # the model before the recalibration
+        builtin = builtin_time_s(card, point, {}, 1.0)  # the model uncalibrated
         results.append(Comparison(point, builtin, timer.iteration_time_s(point.work)))
     return results, skipped
 

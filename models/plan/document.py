@@ -143,7 +143,7 @@ def load_placement(path: Path | str, fractions_per_gpu: int, cluster: Cluster | 
     raw = read_json(path, "pass a plan JSON written by `scepsy plan --out`, or its placement list")
     records = raw.get("placement") if isinstance(raw, dict) else raw
     if not isinstance(records, list):
-        raise InputError(source, "placement", "no placement list", "pass a plan JSON (with `placement`) or the list itself")
+        raise InputError(source, "placement", "no placement list", "pass a plan JSON (with a placement list) or the list itself")
     placement = parse_placement(records, fractions_per_gpu, source)
     if cluster is not None:
         _check_on_cluster(source, placement, cluster)

@@ -146,7 +146,7 @@ def find_azure_trace(kind: str, start: Path | None = None) -> Path | None:
 
 
 def _azure_source(path: Path, name: str) -> RequestSource:
-    text = read_text(path, "check the --requests path")
+    text = read_text(path, "check the path of the request source")
     try:
         frame = pd.read_csv(io.StringIO(text), usecols=["ContextTokens", "GeneratedTokens"])
     except (ValueError, pd.errors.ParserError) as exc:
@@ -212,7 +212,7 @@ SESSION_FIELDS = ("request", "call", "start_s", "end_s")
 
 def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
     records = []
-    lines = read_text(path, "check the --requests path").splitlines()
+    lines = read_text(path, "check the path of the request source").splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -233,7 +233,7 @@ def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
             ) from None
     if not records:
         which = f" of llm {llm!r}" if llm else ""
-        raise InputError(str(path), None, f"no calls{which} in the file", "check --llm and the trace")
+        raise InputError(str(path), None, f"no calls{which} in the file", "check the llm name and the trace")
     try:
         return source_from_calls(records, f"{path.name}" + (f" ({llm})" if llm else ""))
     except (TypeError, ValueError) as exc:
@@ -272,23 +272,23 @@ def source_from_calls(records: Sequence[dict], name: str) -> RequestSource:
 
 
 def load_request_source(spec: str, llm: str | None = None) -> RequestSource:
-    """Parse a --requests value (see the module doc)."""
+    """Parse a request source (`requests`; see the module doc)."""
     if spec.startswith("fixed:"):
         try:
             prompt, completion = (int(x) for x in spec[len("fixed:"):].split(","))
         except ValueError:
-            raise InputError(None, "--requests", f"bad fixed lengths {spec!r}", "write fixed:PROMPT,COMPLETION, e.g. fixed:512,128") from None
+            raise InputError(None, "requests", f"bad fixed lengths {spec!r}", "write fixed:PROMPT,COMPLETION, e.g. fixed:512,128") from None
         if prompt < 1 or completion < 0:
-            raise InputError(None, "--requests", "lengths must be prompt >= 1, completion >= 0", "fix the numbers")
+            raise InputError(None, "requests", "lengths must be prompt >= 1, completion >= 0", "fix the numbers")
         return RequestSource(spec, (RequestShape(prompt, completion),))
     if spec.startswith("azure:"):
         kind = spec[len("azure:"):]
         if kind not in AZURE_FILES:
-            raise InputError(None, "--requests", f"unknown Azure trace {kind!r}", "use azure:conv or azure:code")
+            raise InputError(None, "requests", f"unknown Azure trace {kind!r}", "use azure:conv or azure:code")
         path = find_azure_trace(kind)
         if path is None:
             raise InputError(
-                None, "--requests", f"the Azure trace is not in ../{AZURE_DIR}",
+                None, "requests", f"the Azure trace is not in ../{AZURE_DIR}",
                 "pass the CSV path instead, or use fixed:P,C",
             )
         return _azure_source(path, spec)
@@ -340,8 +340,8 @@ def check_context(source: RequestSource, model: ModelCard) -> None:
         if tokens > model.max_context:
             what = "prompt tokens per sequence" if model.encoder else "prompt + completion tokens"
             raise InputError(
-                source.name, "--requests", f"a request of {tokens} {what} exceeds {model.name}'s context of {model.max_context}",
-                "give lengths within the model's context, or pick a model with a longer one",
+                source.name, "requests", f"a request of {tokens} {what} exceeds {model.name}'s context of {model.max_context}",
+                "give lengths within the model's context, or pick a model with a longer one", argument=True,
             )
 
 
@@ -632,7 +632,7 @@ def synthesize(
             if not model.encoder and engine.kv_capacity_gib < max(min_kv_gib, 1e-9):
                 kv = engine.kv_capacity_gib
                 reason = (f"the weights do not fit (KV cache would be {kv:.2f} GiB)" if kv <= 0
-                          else f"KV cache {kv:.2f} GiB < {min_kv_gib:g} GiB (--min-kv-gib)")
+                          else f"KV cache {kv:.2f} GiB < the minimum of {min_kv_gib:g} GiB")
                 skipped.append(Skipped(tp, fraction, reason))
                 if progress:
                     progress(f"skip tp={tp} fraction={fraction:g}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import read_text
 
-FIX = "check the --arrivals path"
+FIX = "check the path of the arrivals file"
 
 
 def load_arrivals(path: Path | str, workflows: list[str]) -> dict[str, list[float]]:
@@ -26,7 +26,7 @@ def load_arrivals(path: Path | str, workflows: list[str]) -> dict[str, list[floa
     text = read_text(path, FIX)
     out = _from_csv(path, text, workflows) if path.suffix == ".csv" else _from_jsonl(path, text, workflows)
     if not any(out.values()):
-        raise InputError(str(path), None, "no arrival in the file", "give at least one arrival, or leave --arrivals out for Poisson arrivals")
+        raise InputError(str(path), None, "no arrival in the file", "give at least one arrival, or leave `arrivals` out for Poisson arrivals", argument=True)
     return out
 
 

@@ -39,7 +39,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Generator, Iterator, Mapping, Sequence, cast
+from typing import Callable, Generator, Iterable, Iterator, Mapping, Sequence, cast
 
 import simpy
 
@@ -545,16 +545,29 @@ def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mappi
     expected = expected_calls(instance, settings, arrivals)
     if not expected <= MAX_SIMULATED_CALLS:
         raise InputError(
-            None, "--duration-s", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to simulate, "
+            None, "duration_s", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to simulate, "
             f"more than the {MAX_SIMULATED_CALLS:,} a run is bounded to (hours of wall time)",
-            "shorten --duration-s or lower the rates (the statistics settle within minutes of simulated time)",
+            "shorten `duration_s` or lower the rates (the statistics settle within minutes of simulated time)",
         )
     if record_calls and not expected <= MAX_RECORDED_CALLS:
         raise InputError(
-            None, "--calls-out", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to record, "
+            None, "record_calls", f"{settings.duration_s:g} s at these rates is about {expected:.3g} LLM calls to record, "
             f"more than the {MAX_RECORDED_CALLS:,} the simulator holds in memory to write them",
-            "shorten --duration-s or lower the rates, or simulate without --calls-out (its statistics need no such bound)",
+            "shorten `duration_s` or lower the rates, or simulate without `record_calls` (its statistics need no such bound)",
         )
+
+
+def write_calls(results: Iterable[SimulationResult], path: Path | str) -> None:
+    """Every recorded call of the runs (`record_calls`), one JSON object a line in run order: the
+    request source of `profiles synthesize` (models/profiles/synthesize.py reads it back)."""
+    import json
+
+    from scepsy.models.output import writing
+
+    with writing(path, "calls_out") as target, target.open("w") as handle:
+        for result in results:
+            for call in result.calls:
+                handle.write(json.dumps(call, sort_keys=True) + "\n")
 
 
 def simulate(
@@ -623,13 +636,13 @@ def simulate(
     try:
         return _run(instance, allocation, settings, arrivals, progress, env, cluster, ledger, busy_at_warm)
     except CallBudgetExceeded:
-        option, bound = ("--calls-out", "what it holds in memory to record them") if record_calls else (
-            "--duration-s", "what a run is bounded to")
+        argument, bound = ("record_calls", "what it holds in memory to record them") if record_calls else (
+            "duration_s", "what a run is bounded to")
         raise InputError(
-            None, option, f"the simulation made more than {cluster.call_budget:,} LLM calls, {bound} "
+            None, argument, f"the simulation made more than {cluster.call_budget:,} LLM calls, {bound} "
             "(the workflows' programs call more often than their stages say)",
-            "shorten --duration-s, lower the rates or check the program's beams, passages and iterations"
-            + (", or simulate without --calls-out" if record_calls else ""),
+            "shorten `duration_s`, lower the rates or check the program's beams, passages and iterations"
+            + (", or simulate without `record_calls`" if record_calls else ""),
         ) from None
 
 

@@ -29,8 +29,8 @@ class TooLargeError(InputError):
     """More combinations than the brute force walks through (bad input for this backend: exit 2)."""
 
     def __init__(self, combinations: int):
-        super().__init__(None, "--backend", f"{combinations} combinations exceed the brute-force limit {MAX_COMBINATIONS}",
-                         "use --backend cpsat")
+        super().__init__(None, "backend", f"{combinations} combinations exceed the brute-force limit {MAX_COMBINATIONS}",
+                         "use `backend` cpsat")
 
 
 @dataclass(frozen=True)

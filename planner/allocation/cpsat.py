@@ -42,7 +42,7 @@ Objective (lexicographic stages, each solved with the previous ones fixed at the
     finally:        min sum_{m,o} t s d x[m, o]                                [units]
 Integer scaling: each stage's coefficients are rounded to a grid of 1e-5 of the sum of the per-LLM
 minima over |M|; plans the grid cannot tell apart are compared in floating point by the search
-(planner/search.py, _settle_ties), so the optimum is exact. SLO rows round latencies down (a
+(planner/allocation/search.py, _settle_ties), so the optimum is exact. SLO rows round latencies down (a
 relaxation) and the search cuts off any plan the rounding let through (add_combination_cut).
 """
 

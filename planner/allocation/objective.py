@@ -24,7 +24,7 @@ from typing import Mapping, Union, cast
 from scepsy.models.instance.instance import Instance
 
 # a plan meets an SLO when L_w <= latency_slo_s * (1 + SLO_TOLERANCE), in every backend and in
-# the prediction (models/alp.py): float sums in another order must not flip an exact fit
+# the prediction (models/performance/alp.py): float sums in another order must not flip an exact fit
 SLO_TOLERANCE = 1e-9
 OBJECTIVES = ("min_latency", "max_throughput", "min_gpus", "min_cost")
 WELFARES = ("egalitarian", "social")

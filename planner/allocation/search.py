@@ -93,11 +93,11 @@ class Outcome:
 
 def check_backend(instance: Instance, settings: PlanSettings) -> None:
     if settings.backend not in BACKENDS:
-        raise InputError(None, "--backend", f"unknown backend {settings.backend!r}", f"use one of: {', '.join(BACKENDS)}")
+        raise InputError(None, "backend", f"unknown backend {settings.backend!r}", f"use one of: {', '.join(BACKENDS)}")
     if settings.backend == "enumerate" and instance.objective in ("min_gpus", "min_cost"):
         raise InputError(
             instance.source, "objective", f"the enumerate backend does not handle {instance.objective}",
-            "use --backend cpsat (or milp, bruteforce)",
+            "use `backend` cpsat (or milp, bruteforce)",
         )
 
 
@@ -194,7 +194,7 @@ def _latency_of(options: dict[str, list[Option]], allocation: Allocation, llm: s
 @dataclass
 class _CutLoop:
     """Solves one stage, cutting off allocations that break an SLO in floating point (the integer
-    rows are a relaxation, planner/cpsat.py) or cannot be placed, until one meets both or time
+    rows are a relaxation, planner/allocation/cpsat.py) or cannot be placed, until one meets both or time
     runs out."""
 
     model: object  # cpsat.AllocationModel or milp.MilpModel: solve_stage / decode / add_placement_cut
@@ -347,7 +347,7 @@ def _solve_model(
         return Outcome(warm[0], warm[1], "feasible", values, math.nan, loop.solves, model.cuts, notes)
     if best is None:
         raise SolveTimeoutError(
-            f"no placeable plan found within the time limit of {settings.time_limit_s:g} s; raise --time-limit-s"
+            f"no placeable plan found within the time limit of {settings.time_limit_s:g} s; raise `time_limit_s`"
         )
     assert first is not None  # set together with best
     if loop.unproven:

@@ -168,19 +168,25 @@ def static_deployment(instance: Instance, path: Path | str) -> Deployment:
     return Deployment("static", allocation, note=str(path))
 
 
+def check_system(system: str, static_path: Path | str | None = None) -> None:
+    """A system `deployment` can build: one of SYSTEMS, `static` only with its allocation file."""
+    if system not in SYSTEMS:
+        raise InputError(None, "baselines", f"unknown system {system!r}", f"use some of: {', '.join(SYSTEMS)}")
+    if system == "static" and static_path is None:
+        raise InputError(None, "allocation", "the static system needs an allocation file", "pass `allocation`, a file")
+
+
 def deployment(system: str, instance: Instance, *, static_path: Path | str | None = None,
                hpa: HpaSettings = HpaSettings(), time_limit_s: float = 30.0) -> Deployment:
+    check_system(system, static_path)
     if system in ABLATIONS:
         return plan_deployment(instance, system, time_limit_s)
     if system == "per-llm":
         return Deployment("per-llm", per_llm_allocation(instance))
     if system == "k8s-hpa":
         return hpa_deployment(instance, hpa)
-    if system == "static":
-        if static_path is None:
-            raise InputError(None, "--allocation", "the static system needs an allocation file", "pass --allocation FILE")
-        return static_deployment(instance, static_path)
-    raise InputError(None, "--baselines", f"unknown system {system!r}", f"use some of: {', '.join(SYSTEMS)}")
+    assert static_path is not None  # check_system: the static system has its file
+    return static_deployment(instance, static_path)
 
 
 def fresh(dep: Deployment, instance: Instance, hpa: HpaSettings = HpaSettings()) -> Deployment:

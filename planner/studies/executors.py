@@ -39,12 +39,12 @@ class TaskFailure:
 
 def check_executor(executor: str, address: str | None) -> None:
     if executor not in EXECUTORS:
-        raise InputError(None, "--executor", f"unknown executor {executor!r}", f"use one of: {', '.join(EXECUTORS)}")
+        raise InputError(None, "executor", f"unknown executor {executor!r}", f"use one of: {', '.join(EXECUTORS)}")
     if executor == "ray":
-        raise InputError(None, "--executor", "the ray executor is not provided (docs/capacity.md says why)",
-                         "use --executor dask (with --address tcp://SCHEDULER:8786 for a cluster) or local")
+        raise InputError(None, "executor", "the ray executor is not provided (docs/capacity.md says why)",
+                         "use `executor` dask (with `address` tcp://SCHEDULER:8786 for a cluster) or local")
     if address is not None and executor != "dask":
-        raise InputError(None, "--address", "an address needs --executor dask", "add --executor dask")
+        raise InputError(None, "address", "an address needs `executor` dask", "set `executor` to dask")
 
 
 def run_tasks(

@@ -29,7 +29,7 @@ MAX_GRID_POINTS = 10_000  # values on one axis: beyond it a typo (a step of 1e-9
 MAX_SCENARIOS = 1_000_000  # scenarios of one study, counted before any is built
 
 
-def parse_values(text: str, option: str, positive: bool = True, upper: float = MAX_RATE) -> list[float]:
+def parse_values(text: str, field: str, positive: bool = True, upper: float = MAX_RATE) -> list[float]:
     """`a:b:s` (inclusive) or `a,b,c`; every value finite, > 0 (>= 0 if not `positive`) and <= `upper`;
     at most MAX_GRID_POINTS of them."""
     try:
@@ -39,32 +39,32 @@ def parse_values(text: str, option: str, positive: bool = True, upper: float = M
                 raise ValueError
             count = int(math.floor((stop - start) / step + 1e-9)) + 1
             if count > MAX_GRID_POINTS:
-                raise InputError(None, option, f"{text!r} is {count:,} values, more than {MAX_GRID_POINTS:,}",
+                raise InputError(None, field, f"{text!r} is {count:,} values, more than {MAX_GRID_POINTS:,}",
                                  "use a larger step or a shorter range")
             values = [round(start + k * step, 9) for k in range(count)]
         else:
             values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise InputError(None, option, f"cannot read {text!r}", "write start:stop:step (e.g. 1:20:1) or a list 1,2,5") from None
+        raise InputError(None, field, f"cannot read {text!r}", "write start:stop:step (e.g. 1:20:1) or a list 1,2,5") from None
     if len(values) > MAX_GRID_POINTS:
-        raise InputError(None, option, f"{len(values):,} values, more than {MAX_GRID_POINTS:,}", "list fewer values")
+        raise InputError(None, field, f"{len(values):,} values, more than {MAX_GRID_POINTS:,}", "list fewer values")
     if not values or not all(math.isfinite(v) and 0 <= v <= upper for v in values) or (positive and min(values) == 0):
-        raise InputError(None, option, f"{text!r} has a value out of range",
+        raise InputError(None, field, f"{text!r} has a value out of range",
                          f"use finite values {'above' if positive else 'from'} 0 up to {upper:g}")
     return values
 
 
-def parse_named(values: list[str], option: str, names: list[str], positive: bool = True) -> dict[str, list[float]]:
-    """NAME=SPEC items (repeatable option) with NAME among `names`."""
+def parse_named(values: list[str], field: str, names: list[str], positive: bool = True) -> dict[str, list[float]]:
+    """NAME=SPEC items with NAME among `names`."""
     out: dict[str, list[float]] = {}
     for item in values:
         name, sep, spec = item.partition("=")
         if not sep or name not in names:
-            raise InputError(None, option, f"{item!r} is not NAME=VALUES with NAME one of {', '.join(names)}",
-                             f"write e.g. {option} {names[0]}=2:40:2")
+            raise InputError(None, field, f"{item!r} is not NAME=VALUES with NAME one of {', '.join(names)}",
+                             f"write e.g. {names[0]}=2:40:2")
         if name in out:
-            raise InputError(None, option, f"{name!r} given twice", "name each one once")
-        out[name] = parse_values(spec, option, positive)
+            raise InputError(None, field, f"{name!r} given twice", "name each one once")
+        out[name] = parse_values(spec, field, positive)
     return out
 
 
@@ -72,9 +72,9 @@ def parse_clusters(text: str) -> list[int]:
     try:
         sizes = sorted({int(v) for v in text.split(",") if v.strip()})
     except ValueError:
-        raise InputError(None, "--clusters", f"cannot read {text!r}", "list GPU counts, e.g. 4,8,16") from None
+        raise InputError(None, "clusters", f"cannot read {text!r}", "list GPU counts, e.g. 4,8,16") from None
     if not sizes or sizes[0] <= 0 or sizes[-1] > MAX_CLUSTER_GPUS or len(sizes) > MAX_GRID_POINTS:
-        raise InputError(None, "--clusters", f"cluster sizes must be in 1..{MAX_CLUSTER_GPUS:,} GPUs, at most {MAX_GRID_POINTS:,} of them",
+        raise InputError(None, "clusters", f"cluster sizes must be in 1..{MAX_CLUSTER_GPUS:,} GPUs, at most {MAX_GRID_POINTS:,} of them",
                          "list GPU counts, e.g. 4,8,16")
     return sizes
 
@@ -127,25 +127,26 @@ class Axes:
 
 
 def check_axes(base: Instance, axes: Axes) -> None:
-    """Each mistake as one line naming the option and the fix."""
+    """Each mistake as one line naming the argument and the fix."""
     if axes.total_rates and axes.workflow_rates:
-        raise InputError(None, "--rates", "both --rates and --rate given", "use --rates for the total or --rate per workflow")
+        raise InputError(None, "rates", "both `rates` and `rate` given", "use `rates` for the total or `rate` per workflow")
     forecast = axes.growth_per_month is not None or axes.months is not None
     if forecast:
         if axes.growth_per_month is None or axes.months is None:
-            raise InputError(None, "--months", "a forecast needs both --growth-per-month and --months",
-                             "give both, e.g. --growth-per-month 0.05 --months 24")
+            raise InputError(None, "months", "a forecast needs both `growth_per_month` and `months`",
+                             "give both, e.g. `growth_per_month` 0.05 and `months` 24")
         if axes.total_rates or any(len(v) > 1 for v in (axes.workflow_rates or {}).values()):
-            raise InputError(None, "--months", "a forecast grows the rates itself", "drop --rates, or give single --rate values as the base")
+            raise InputError(None, "months", "a forecast grows the rates itself", "drop `rates`, or give single `rate` values as the base")
     types = {n.gpu_type for n in base.cluster.nodes}
     for mix in axes.mixes or []:
         unknown = [t for t in mix.split("+") if t not in types]
         if unknown or not mix:
-            raise InputError(base.source, "--mix", f"{mix!r} names GPU types without nodes: {', '.join(unknown) or '(none)'}",
-                             f"use GPU types of the instance's nodes: {', '.join(sorted(types))}")
+            raise InputError(base.source, "mix", f"{mix!r} names GPU types without nodes: {', '.join(unknown) or '(none)'}",
+                             f"use GPU types of the instance's nodes: {', '.join(sorted(types))}", argument=True)
     for name in axes.prices or {}:
         if name not in base.cluster.gpu_types:
-            raise InputError(base.source, "--price", f"unknown GPU type {name!r}", f"use one of {', '.join(sorted(base.cluster.gpu_types))}")
+            raise InputError(base.source, "price", f"unknown GPU type {name!r}", f"use one of {', '.join(sorted(base.cluster.gpu_types))}",
+                             argument=True)
 
 
 def rate_vectors(base: Instance, axes: Axes) -> list[tuple[Rates, int | None]]:

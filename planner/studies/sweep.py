@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from scepsy.models.simulation.autoscaler import HpaSettings
-from scepsy.models.errors import InfeasibleError
+from scepsy.models.errors import InfeasibleError, InputError
 from scepsy.models.instance.instance import Instance
 from scepsy.models.simulation.simulator import SimulationSettings, simulate
 
@@ -45,11 +45,14 @@ class SweepSettings:
 def load_points(instance: Instance, rates: Sequence[float] | None = None,
                 load_factors: Sequence[float] | None = None) -> list[tuple[float, Instance]]:
     """(load factor, instance at that load): `rates` give every workflow that rate (requests/s);
-    `load_factors` multiply the instance's own rates."""
+    `load_factors` multiply the instance's own rates; exactly one of them is given."""
+    if (rates is None) == (load_factors is None):
+        raise InputError(None, "rates", "give exactly one of `rates` and `load_factors`", "e.g. `rates` 1,2,4")
     if rates is not None:
         base = instance.workflows[0].arrival_rate
         return [(r / base, instance.with_arrival_rates({w.name: r for w in instance.workflows})) for r in rates]
-    return [(k, instance.scaled(k)) for k in (load_factors or [1.0])]
+    assert load_factors is not None
+    return [(k, instance.scaled(k)) for k in load_factors]
 
 
 def sweep(instance: Instance, points: Sequence[tuple[float, Instance]], systems: Sequence[str],

@@ -35,7 +35,7 @@ from scepsy.planner.studies.scenarios import Axes, Scenario, parse_clusters, par
 
 __all__ = [
     "Axes", "Point", "parse_rates", "parse_clusters", "point_instance", "run_grid", "run_study", "write_table",
-    "cheapest_clusters", "forecast_table", "plot_grid",
+    "cheapest_clusters", "forecast_table", "plot_grid", "study_view",
 ]
 
 CHUNK_POINTS = 64  # rate points per task: fixed, so that results never depend on the executor
@@ -50,7 +50,7 @@ LLM_COLUMNS = ["llm", "gpu_type", "tp", "fraction", "replicas", "llm_gpus", "llm
 
 def parse_rates(text: str) -> list[float]:
     """`a:b:s` (inclusive) or `a,b,c`; every rate > 0."""
-    return parse_values(text, "--rates")
+    return parse_values(text, "rates")
 
 
 @dataclass(frozen=True)
@@ -244,22 +244,23 @@ def write_table(frame: pd.DataFrame, path: Path) -> None:
     elif path.suffix == ".csv":
         frame.to_csv(path, index=False, float_format="%.9g", lineterminator="\n")
     else:
-        raise InputError(str(path), "--out", "unknown table format", "end the file name in .csv or .parquet")
+        raise InputError(str(path), "out", "unknown table format", "end the file name in .csv or .parquet", argument=True)
 
 
 def study_axes(
     instance: Instance, rates: str | None, rate_items: list[str], clusters: str | None, mixes: list[str],
     price_items: list[str], growth_per_month: float | None, months: int | None,
 ) -> Axes:
-    """The command line's axes, each checked (one line naming the option and the fix)."""
+    """The axes of a study given as text (the command line's), each checked (one line naming the
+    argument and the fix)."""
     from scepsy.planner.studies.scenarios import check_axes, parse_named
 
     axes = Axes(
         total_rates=parse_rates(rates) if rates is not None else None,
-        workflow_rates=parse_named(rate_items, "--rate", [w.name for w in instance.workflows]) or None,
+        workflow_rates=parse_named(rate_items, "rate", [w.name for w in instance.workflows]) or None,
         clusters=parse_clusters(clusters) if clusters is not None else None,
         mixes=list(mixes) or None,
-        prices=parse_named(price_items, "--price", sorted(instance.cluster.gpu_types), positive=False) or None,
+        prices=parse_named(price_items, "price", sorted(instance.cluster.gpu_types), positive=False) or None,
         growth_per_month=growth_per_month,
         months=months,
     )
@@ -292,6 +293,39 @@ def forecast_table(frame: pd.DataFrame) -> pd.DataFrame:
             "runs_out_month": out, "rate_at_run_out_rps": float(failed["rate_rps"].iloc[0]) if len(failed) else None,
         })
     return pd.DataFrame(rows, columns=["mix", "cluster_gpus", "last_month_served", "runs_out_month", "rate_at_run_out_rps"])
+
+
+def study_view(frame: pd.DataFrame, forecast: bool = False):
+    """The study as readable tables (rich): one line per scenario, the cheapest cluster of each rate
+    starred; with a forecast, the month each cluster runs out."""
+    from rich.console import Group
+    from rich.table import Table
+
+    grid = Table(title="What-if grid (one line per scenario)")
+    for column in ("rate_rps", "cluster_gpus", "feasible", "latency_s", "max_throughput_rps", "gpus_used", "cost_per_1k_requests", "cheapest"):
+        grid.add_column(column, justify="right")
+    best = cheapest_clusters(frame)
+    cheapest = set(zip(best["rate_rps"], best["cluster_gpus"]))
+    for _, row in frame.drop_duplicates(["scenario"]).iterrows():
+        ok = bool(row["feasible"])
+        cost = row["cost_per_1k_requests"]
+        grid.add_row(
+            f"{row['rate_rps']:g}", str(row["cluster_gpus"]), "yes" if ok else "no",
+            f"{row['workflow_latency_s']:.3f}" if ok else "-",
+            f"{row['workflow_max_throughput_rps']:.3f}" if ok else "-",
+            f"{int(row['gpus_used'])}" if ok else "-",
+            f"{cost:.4f}" if ok and cost == cost else "-",
+            "*" if (row["rate_rps"], row["cluster_gpus"]) in cheapest else "",
+        )
+    if not forecast:
+        return grid
+    months = forecast_table(frame)
+    runs_out = Table(title="Forecast: the month each cluster runs out")
+    for column in months.columns:
+        runs_out.add_column(str(column), justify="right")
+    for _, row in months.iterrows():
+        runs_out.add_row(*("-" if v is None or v != v else str(v) for v in row.tolist()))
+    return Group(grid, runs_out)
 
 
 def frontier(frame: pd.DataFrame) -> pd.DataFrame:

@@ -1,5 +1,6 @@
-"""The `scepsy` command: one module per group of commands, each a thin adapter over the public API
-(scepsy/api.py) and the packages; nothing imports it.
+"""The `scepsy` command: one module per group of commands, each command a thin adapter over one
+function of the public API (scepsy/api.py; tests/test_cli_api.py); nothing imports it. The command
+reference docs/cli.md is generated from it (scepsy/cli/reference.py).
 
 Exit codes: 0 success; 2 bad input (one line naming file, field and fix); 3 infeasible (the binding
 reason) or no plan within the time limit; 1 an internal error (set SCEPSY_DEBUG=1 for a traceback).

@@ -1,10 +1,10 @@
 """What every command shares: option types, the error boundary (one line and an exit code, never a
-traceback), the spinner and progress bar, list parsing and JSON output through the one writer."""
+traceback, the arguments an error names shown as this command's options), the spinner and progress
+bar, list parsing and JSON output through the one writer."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 from contextlib import contextmanager
@@ -14,14 +14,99 @@ from typing import Annotated, Callable, Iterator, Optional
 import typer
 from rich.console import Console
 
-from scepsy.models.errors import InputError, ScepsyError
-from scepsy.models.output import write_text
+from scepsy.models.errors import InputError, ScepsyError, renamed
+from scepsy.models.output import check_output, write_text
 
 # Wide enough for the tables when piped; a terminal keeps its own width. User-given text (names,
 # paths) is printed as it is: no markup, emoji codes or highlighting; stderr lines never wrap.
 stdout = Console(width=None if sys.stdout.isatty() else 160, markup=False, emoji=False, highlight=False)
 stderr = Console(stderr=True, soft_wrap=True, markup=False, emoji=False, highlight=False)
 MAX_OPTION_VALUE = 1e9  # rates, load factors, seconds: beyond it lies no real workload, only overflow
+
+# The option of each argument name an error may carry (scepsy.api's keyword arguments, the library's
+# settings fields): `field` for every command, or `command field` where one command spells it
+# differently. An error's argument names are shown through this table and no other
+# (tests/test_cli_api.py checks that every option here exists).
+FLAGS: dict[str, str] = {
+    "address": "--address",
+    "allocation": "--allocation",
+    "simulate allocation": "--plan",
+    "arrivals": "--arrivals",
+    "backend": "--backend",
+    "baselines": "--baselines",
+    "calls_out": "--calls-out",
+    "clusters": "--clusters",
+    "context": "--context",
+    "database_version": "--database-version",
+    "device_plugin_namespace": "--device-plugin-namespace",
+    "dry_run": "--dry-run",
+    "duration_s": "--duration-s",
+    "endpoint": "--endpoint",
+    "engine": "--engine",
+    "engine_model": "--engine-model",
+    "executor": "--executor",
+    "files": "FILES",
+    "format": "--format",
+    "fraction": "--fraction",
+    "fractions": "--fractions",
+    "gateway_image": "--gateway-image",
+    "gateway_name": "--gateway-name",
+    "gateway_namespace": "--gateway-namespace",
+    "gpu": "--gpu",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "gpu_sharing": "--gpu-sharing",
+    "gpu_type": "--gpu-type",
+    "profiles synthesize gpu_type": "--gpu-type-name",
+    "growth_per_month": "--growth-per-month",
+    "hf_cache_pvc": "--hf-cache-pvc",
+    "hf_token_secret": "--hf-token-secret",
+    "image": "--image",
+    "instance": "INSTANCE",
+    "manifests instance": "--instance",
+    "kubeconfig": "--kubeconfig",
+    "kubernetes_version": "--kubernetes-version",
+    "llm": "--llm",
+    "llm_names": "--llm-name",
+    "load_factors": "--load-factors",
+    "max_body_mib": "--max-body-mib",
+    "max_model_len": "--max-model-len",
+    "mean_output_tokens": "--mean-output-tokens",
+    "mix": "--mix",
+    "model": "--model",
+    "months": "--months",
+    "namespace": "--namespace",
+    "objective": "--objective",
+    "out": "--out",
+    "out_csv": "--out-csv",
+    "out_png": "--out-png",
+    "personality": "--personality",
+    "placement": "--placement",
+    "placement_time_limit_s": "--placement-time-limit-s",
+    "plots": "--plots",
+    "price": "--price",
+    "rate": "--rate",
+    "rate_rps": "--rate",
+    "rates": "--rates",
+    "record": "--record",
+    "record_calls": "--calls-out",
+    "replay": "--replay",
+    "requests": "--requests",
+    "router": "--router",
+    "routing": "--routing",
+    "shm_gib": "--shm-gib",
+    "speedup": "--speedup",
+    "store": "--store",
+    "time_limit_s": "--time-limit-s",
+    "timeout_s": "--timeout-s",
+    "tp": "--tp",
+    "traces": "TRACES",
+    "profile traces": "--traces",
+    "upstreams": "--upstream",
+    "warmup_s": "--warmup-s",
+    "weights": "--weights",
+    "welfare": "--welfare",
+    "workflow_attribute": "--workflow-attribute",
+}
 
 # Shared options, defined once
 InstanceArg = Annotated[Path, typer.Argument(help="Instance YAML (cluster, llms, workflows).", show_default=False)]
@@ -42,7 +127,7 @@ NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the
 PlacementOpt = Annotated[str, typer.Option("--placement", help="Placement: cpsat (exact, least fragmented, the heuristic as hint) or heuristic (the paper's).")]
 PlacementTimeLimitOpt = Annotated[float, typer.Option("--placement-time-limit-s", min=0.01, help="Stop the placement search after this many seconds and keep the best placement with its gap.")]
 CurrentOpt = Annotated[Optional[Path], typer.Option("--current", help="Re-plan: the running placement (a previous plan JSON or its placement list); replicas that can stay where they are, stay.")]
-TracesArg = Annotated[list[Path], typer.Argument(help="Trace files: proxy stores (.db), .jsonl/.parquet exports, OTLP JSON (.json).", show_default=False)]
+TracesArg = Annotated[list[Path], typer.Argument(help="Trace files: proxy stores (.db), .jsonl/.parquet exports, OpenTelemetry OTLP files (JSON or protobuf, any name, plain, zstd or gzip).", show_default=False)]
 GpuTypeOpt = Annotated[str, typer.Option("--gpu-type", help="GPU type the profile rows are for (a name of the instance's cluster.gpu_types).")]
 TpOpt = Annotated[int, typer.Option("--tp", min=1, help="Tensor-parallel degree of the replica (profiled or emulated).")]
 FractionOpt = Annotated[float, typer.Option("--fraction", min=0.0, max=1.0, help="GPU fraction per shard of the replica (profiled or emulated), in (0, 1].")]
@@ -71,8 +156,36 @@ def say(line: str) -> None:
     sys.stderr.write(" ".join(line.splitlines()) + "\n")
 
 
+def command_name() -> str:
+    """The running command without the program's name (`plan`, `profiles synthesize`); empty
+    outside a command."""
+    import importlib
+
+    try:  # typer vendors click in recent releases; in older ones the context is click's own
+        globals_module = importlib.import_module("typer._click.globals")
+    except ImportError:
+        globals_module = importlib.import_module("click.globals")
+    context = globals_module.get_current_context(silent=True)
+    return " ".join(context.command_path.split()[1:]) if context is not None else ""
+
+
+def flag(field: str, command: str | None = None) -> str:
+    """The option of an argument name in `command` (default: the running one), through FLAGS; a
+    name without an option stays as it is."""
+    command = command_name() if command is None else command
+    return FLAGS.get(f"{command} {field}") or FLAGS.get(field) or field
+
+
+def warn(line: str) -> None:
+    """A warning of the library on stderr, the argument names it mentions shown as this command's
+    options (as `fail` shows an error's)."""
+    command = command_name()
+    say(f"warning: {renamed(line, lambda field: flag(field, command))}")
+
+
 def fail(error: ScepsyError) -> None:
-    say(f"error: {error}")
+    command = command_name()
+    say(f"error: {error.render(lambda field: flag(field, command))}")
     raise typer.Exit(error.exit_code)
 
 
@@ -112,7 +225,8 @@ Advance = Callable[..., None]
 @contextmanager
 def progress(description: str, total: float) -> Iterator[Advance]:
     """The progress bar on stderr (only on a terminal); yields advance(completed=None, text=None,
-    total=None): one step, or to `completed`; `text` after the description; `total` restarts it."""
+    total=None, of=None): one step, or to `completed`; `text` after the description; `total`
+    restarts it, `of` sets it without restarting."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -121,9 +235,12 @@ def progress(description: str, total: float) -> Iterator[Advance]:
     ) as bar:
         task = bar.add_task(description, total=total)
 
-        def advance(completed: float | None = None, text: str | None = None, total: float | None = None) -> None:
+        def advance(completed: float | None = None, text: str | None = None, total: float | None = None,
+                    of: float | None = None) -> None:
             if total is not None:
                 bar.reset(task, total=total)
+            if of is not None:
+                bar.update(task, total=of)
             if completed is None and total is None:
                 bar.advance(task)
             elif completed is not None:
@@ -139,40 +256,36 @@ def split_list(value: str) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
-def number_list(value: str, option: str, example: str = "1,2,4") -> list[float]:
-    """A comma-separated list of positive numbers."""
+def number_list(value: str, field: str, example: str = "1,2,4") -> list[float]:
+    """A comma-separated list of positive numbers (`field`: the argument it gives)."""
     try:
         values = [float(x) for x in split_list(value)]
     except ValueError:
-        raise InputError(None, option, f"{value!r} is not a comma-separated list of numbers", f"write e.g. {example}") from None
+        raise InputError(None, field, f"{value!r} is not a comma-separated list of numbers", f"write e.g. {example}") from None
     if not values or not all(0 < v <= MAX_OPTION_VALUE for v in values):
-        raise InputError(None, option, f"values must be positive finite numbers up to {MAX_OPTION_VALUE:g}", f"write e.g. {example}")
+        raise InputError(None, field, f"values must be positive finite numbers up to {MAX_OPTION_VALUE:g}", f"write e.g. {example}")
     return values
-
-
-def finite(value: float | None, option: str) -> None:
-    """Refuse nan, inf and numbers too large to compute with for a numeric option."""
-    if value is not None and not -MAX_OPTION_VALUE <= value <= MAX_OPTION_VALUE:
-        raise InputError(None, option, f"{value!r} is not a finite number up to {MAX_OPTION_VALUE:g}", "give a finite value")
 
 
 def tp_list(value: str) -> list[int]:
     """Tensor-parallel degrees: whole numbers up to 64."""
-    degrees = number_list(value, "--tp")
+    degrees = number_list(value, "tp")
     for degree in degrees:
         if degree != int(degree) or degree > 64:
-            raise InputError(None, "--tp", f"{degree:g} is not a tensor-parallel degree", "write whole numbers up to 64, e.g. 1,2,4")
+            raise InputError(None, "tp", f"{degree:g} is not a tensor-parallel degree", "write whole numbers up to 64, e.g. 1,2,4")
     return [int(d) for d in degrees]
 
 
-def emit_json(data: object, out: Optional[Path], to_stdout: bool, option: str = "--out") -> None:
+def check_out(out: Optional[Path], inputs: list[Optional[Path]]) -> None:
+    """Refuse a --out that is one of the command's inputs, before the command works."""
+    if out is not None:
+        check_output(out, inputs)
+
+
+def emit_json(data: object, out: Optional[Path], to_stdout: bool) -> None:
+    """The JSON a command prints: to stdout (--json) and/or to the file --out."""
     text = json.dumps(data, indent=2) + "\n"
     if out is not None:
-        write_text(out, text, option)
+        write_text(out, text)
     if to_stdout:
         sys.stdout.write(text)
-
-
-def num(value: float | None) -> float | None:
-    """A number for JSON: 6 significant digits, None for missing or infinite values."""
-    return None if value is None or not math.isfinite(value) else float(f"{value:.6g}")

@@ -18,8 +18,6 @@ from scepsy.cli.common import (
     stderr,
     stdout,
 )
-from scepsy.models.errors import InputError
-from scepsy.models.output import check_output_dir, writing
 
 
 @app.command()
@@ -45,38 +43,22 @@ def manifests(
     json_output: JsonOpt = False,
 ) -> None:
     """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, gateways)."""
-    from scepsy.k8s.manifests import ManifestSettings, emit, pinning_warnings, write
-    from scepsy.k8s.plan_input import load_placed_plan
+    from scepsy import api
 
     with errors():
-        settings = ManifestSettings(
-            engine=engine,
-            gpu_sharing=gpu_sharing,
-            namespace=namespace,
-            image=image,
-            **({"gateway_image": gateway_image} if gateway_image else {}),
-            gpu_memory_utilization=gpu_memory_utilization,
-            shm_gib=shm_gib,
-            prometheus=prometheus,
-            hf_token_secret=hf_token_secret,
-            hf_cache_pvc=hf_cache_pvc,
-            kubernetes_version=kubernetes_version,
-            device_plugin_namespace=device_plugin_namespace,
-            router=router,
-            gateway_name=gateway_name,
-            gateway_namespace=gateway_namespace,
+        written = api.manifests(
+            plan_file, out, instance=instance, engine=engine, gpu_sharing=gpu_sharing, namespace=namespace, image=image,
+            gateway_image=gateway_image, prometheus=prometheus, shm_gib=shm_gib,
+            gpu_memory_utilization=gpu_memory_utilization, kubernetes_version=kubernetes_version,
+            hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, device_plugin_namespace=device_plugin_namespace,
+            router=router, gateway_name=gateway_name, gateway_namespace=gateway_namespace,
         )
-        check_output_dir(out, [plan_file, instance])
-        placed = load_placed_plan(plan_file, instance)
-        objects = emit(placed, settings)
-        with writing(out / "kustomization.yaml"):
-            paths = write(objects, out)
-        for line in pinning_warnings(placed, settings):
+        for line in written.warnings:
             stderr.print(line, markup=False, highlight=False, soft_wrap=True)
         if json_output:
-            emit_json({"out": str(out), "files": [p.name for p in paths]}, None, True)
+            emit_json(written.document(), None, True)
         else:
-            stdout.print(f"wrote {len(paths)} files to {out} ({len(placed.replicas)} engine replicas, {engine}, {gpu_sharing}); apply with: scepsy deploy {out}", highlight=False)
+            stdout.print(written.line(), highlight=False)
 
 
 @app.command()
@@ -88,22 +70,15 @@ def deploy(
     json_output: JsonOpt = False,
 ) -> None:
     """Apply a manifests directory with server-side apply (field manager `scepsy`), in dependency order."""
-    from scepsy.k8s.apply import DRY_RUN_MODES, KubeApplier, connect, load_manifests
-    from scepsy.k8s.apply import deploy as run_deploy
+    from scepsy import api
 
     with errors():
-        if dry_run not in DRY_RUN_MODES:
-            raise InputError(None, "--dry-run", f"unknown mode {dry_run!r}", f"use one of: {', '.join(DRY_RUN_MODES)}")
-        objects = load_manifests(directory)
-        api_client = connect(kubeconfig, context)
-        results = run_deploy(objects, KubeApplier(api_client), dry_run=dry_run == "server")
-        suffix = " (server dry run)" if dry_run == "server" else ""
+        applied = api.deploy(directory, kubeconfig=kubeconfig, context=context, dry_run=dry_run)
         if json_output:
-            rows = [{"kind": r.kind, "namespace": r.namespace, "name": r.name, "action": r.action} for r in results]
-            emit_json({"dry_run": dry_run, "objects": rows}, None, True)
+            emit_json(applied.document(), None, True)
         else:
-            for r in results:
-                stdout.print(f"{r.ref} {r.action}{suffix}", highlight=False, markup=False)
+            for line in applied.lines():
+                stdout.print(line, highlight=False, markup=False)
 
 
 @app.command()
@@ -114,18 +89,11 @@ def status(
     json_output: JsonOpt = False,
 ) -> None:
     """Show each replica's pod phase and readiness."""
-    from rich.table import Table
-
-    from scepsy.k8s.apply import connect, pod_statuses
+    from scepsy import api
 
     with errors():
-        rows = pod_statuses(connect(kubeconfig, context), namespace)
+        found = api.status(namespace, kubeconfig=kubeconfig, context=context)
         if json_output:
-            emit_json({"namespace": namespace, "replicas": [r.__dict__ for r in rows]}, None, True)
-            return
-        table = Table(title=f"scepsy deployments in {namespace}")
-        for column in ("deployment", "llm", "replica", "workflow", "node", "phase", "ready", "restarts"):
-            table.add_column(column)
-        for r in rows:
-            table.add_row(r.deployment, r.llm or "-", r.replica or "-", r.workflow or "-", r.node or "-", r.phase, "yes" if r.ready else "no", str(r.restarts))
-        stdout.print(table)
+            emit_json(found.document(), None, True)
+        else:
+            stdout.print(found.view())

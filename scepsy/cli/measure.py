@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from scepsy.cli.app import app, traces_app
 from scepsy.cli.common import (
@@ -25,36 +25,14 @@ from scepsy.cli.common import (
     WeightsOpt,
     emit_json,
     errors,
-    finite,
     stderr,
     stdout,
+    warn,
 )
-from scepsy.models.errors import InputError
-from scepsy.models.output import check_output, write_text, writing
 
 
-def _parse_upstreams(values: list[str]) -> dict[str, str]:
-    upstreams: dict[str, str] = {}
-    for value in values:
-        name, sep, url = value.partition("=")
-        if not sep or not name or not url.startswith(("http://", "https://")):
-            raise InputError(None, "--upstream", f"{value!r} is not NAME=URL", "write e.g. --upstream gen=http://127.0.0.1:8001")
-        if name in upstreams:
-            raise InputError(None, "--upstream", f"llm {name!r} given twice", "name each upstream once")
-        upstreams[name] = url
-    if not upstreams:
-        raise InputError(None, "--upstream", "no upstream given", "add --upstream NAME=URL for each LLM")
-    return upstreams
-
-
-def _parse_llm_names(values: list[str]) -> dict[str, str]:
-    names = {}
-    for value in values:
-        model, sep, llm = value.partition("=")
-        if not sep or not model or not llm:
-            raise InputError(None, "--llm-name", f"{value!r} is not MODEL=LLM", "write e.g. --llm-name meta-llama/Llama-3.2-1B=gen")
-        names[model] = llm
-    return names
+def _tell(line: str) -> None:
+    stderr.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -68,26 +46,11 @@ def proxy(
     max_body_mib: Annotated[float, typer.Option("--max-body-mib", min=0.0, help="Store request/response bodies up to this size, MiB (larger ones: only their sizes).")] = 16.0,
 ) -> None:
     """Run the tracing proxy in front of OpenAI-compatible engines (until Ctrl-C)."""
-    from scepsy.tracing.capture.proxy import ProxyConfig, serve
-    from scepsy.tracing.capture.store import TraceStore
+    from scepsy import api
 
     with errors():
-        finite(timeout_s, "--timeout-s")
-        finite(max_body_mib, "--max-body-mib")
-        upstreams = _parse_upstreams(upstream)
-        try:
-            trace_store = TraceStore(store)
-        except Exception as exc:  # noqa: BLE001 - sqlite errors become one line
-            raise InputError(str(store), None, f"cannot open the trace store ({exc})", "choose a writable --store path") from None
-        routes = ", ".join(f"{name}={url} (/{name}/v1/...)" for name, url in sorted(upstreams.items()))
-        stderr.print(f"scepsy proxy on http://{host}:{port}: {routes}; recording to {store}", markup=False, highlight=False)
-        try:
-            config = ProxyConfig(upstreams, store=trace_store, record_bodies=not no_bodies, timeout_s=timeout_s,
-                                 max_body_bytes=int(max_body_mib * 2**20))
-            serve(config, host=host, port=port)
-        finally:
-            trace_store.close()
-            stderr.print(f"recorded {trace_store.written} calls to {store}" + (f" ({trace_store.write_errors} failed to write)" if trace_store.write_errors else ""), markup=False)
+        api.proxy(upstream, host=host, port=port, store=store, record_bodies=not no_bodies, timeout_s=timeout_s,
+                  max_body_mib=max_body_mib, on_start=_tell, on_stop=lambda recorded: _tell(recorded.line()))
 
 
 @app.command()
@@ -110,14 +73,14 @@ def emulate(
     personality: Annotated[str, typer.Option("--personality", help="vllm (no /server_info) or sglang (adds /server_info and /model_info, as the SGLang gateway reads them).")] = "vllm",
 ) -> None:
     """Serve an OpenAI-compatible engine emulator whose timing follows the engine model (until Ctrl-C)."""
-    from scepsy.tracing.emulation.emulator import emulator_config, serve
+    from scepsy import api
 
     with errors():
-        config = emulator_config(model, gpu, tp, fraction, served_model_name, max_model_len, speedup,
-                                 mean_output_tokens, prefix_caching, weights=weights, engine_model=engine_model,
-                                 backend=backend, database_version=database_version, personality=personality)
-        stderr.print(f"scepsy emulate on http://{host}:{port}: {config.describe()}", markup=False, highlight=False, soft_wrap=True)
-        serve(config, host=host, port=port)
+        config = api.emulator_config(model, gpu, tp, fraction, served_model_names=served_model_name,
+                                     max_model_len=max_model_len, speedup=speedup, mean_output_tokens=mean_output_tokens,
+                                     prefix_caching=prefix_caching, weights=weights, engine_model=engine_model,
+                                     backend=backend, database_version=database_version, personality=personality)
+        api.emulate(config, host=host, port=port, on_start=_tell)
 
 
 @traces_app.command("export")
@@ -128,43 +91,49 @@ def traces_export(
     no_bodies: Annotated[bool, typer.Option("--no-bodies", help="Leave request/response bodies out.")] = False,
 ) -> None:
     """Export traces as JSONL (one call per line) or Parquet."""
-    from scepsy.tracing.capture.traces import export_traces, load_traces
+    from scepsy import api
 
     with errors():
-        if fmt not in ("jsonl", "parquet"):
-            raise InputError(None, "--format", f"unknown format {fmt!r}", "use jsonl or parquet")
-        check_output(out, traces)
-        calls = load_traces(traces)
-        with writing(out):
-            count = export_traces(calls, out, fmt, bodies=not no_bodies)
+        count = api.export_traces(traces, out, fmt, bodies=not no_bodies)
         stderr.print(f"wrote {count} calls to {out}", markup=False)
 
 
-@app.command()
+class _TraceFilesHelp(TyperCommand):
+    """`scepsy aggregate`, whose help ends with the trace files scepsy.api reads; the text is fetched
+    when the help is shown (importing the API takes seconds, too long for every command line)."""
+
+    @property
+    def epilog(self) -> str:
+        from scepsy import api
+
+        return (f"Accepted trace files: {api.trace_files()}. Spans of the OpenTelemetry GenAI conventions, "
+                "OpenLLMetry and OpenInference are read; see docs/tracing.md.")
+
+    @epilog.setter
+    def epilog(self, value: str | None) -> None:
+        pass  # click sets the epilog it was given (none)
+
+
+@app.command(cls=_TraceFilesHelp)
 def aggregate(
     traces: TracesArg,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write the statistics as YAML (each workflow's `stages` drops into an instance).")] = None,
-    workflow: Annotated[str, typer.Option("--workflow", help="Workflow name for calls sent without an X-Workflow-Name header.")] = "workflow",
-    llm_name: Annotated[list[str], typer.Option("--llm-name", help="OTLP spans: map a gen_ai.request.model to an LLM name, MODEL=LLM.")] = [],
+    workflow: Annotated[str, typer.Option("--workflow", help="Workflow name for calls that carry none (no X-Workflow-Name header; spans without a workflow name).")] = "workflow",
+    llm_name: Annotated[list[str], typer.Option("--llm-name", help="Spans: map a model name (gen_ai.request.model, llm.model_name) to an LLM name, MODEL=LLM.")] = [],
+    workflow_attribute: Annotated[Optional[str], typer.Option("--workflow-attribute", metavar="KEY", help="Spans: the attribute that names each request's workflow (on the span the application starts per request); tried before gen_ai.workflow.name, traceloop.workflow.name, scepsy.workflow.name, the root span's name and service.name.")] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Per workflow and LLM: invocations n, parallelism p, their spread and time shares."""
-    import yaml
-
     from scepsy import api
-    from scepsy.tracing.statistics.stats import stats_to_dict, stats_view
 
     with errors():
-        if out is not None:
-            check_output(out, traces)
-        stats = api.aggregate_traces(traces, _parse_llm_names(llm_name), workflow)
-        data = stats_to_dict(stats)
-        if out is not None:
-            write_text(out, f"# scepsy aggregate {' '.join(map(str, traces))}\n" + yaml.safe_dump(data, sort_keys=False))
+        stats = api.aggregate_traces(traces, llm_name, workflow, out, workflow_attribute=workflow_attribute)
+        for warning in stats.warnings:
+            warn(warning)
         if json_output:
-            sys.stdout.write(json.dumps(data, indent=2) + "\n")
+            emit_json(api.stats_document(stats), None, True)
         else:
-            stdout.print(stats_view(stats))
+            stdout.print(api.stats_view(stats))
 
 
 @app.command()
@@ -177,23 +146,13 @@ def topology(
     json_output: JsonOpt = False,
 ) -> None:
     """Read this GPU node's topology from NVML and write its cluster-file entry (GPUs, NVLink domains, UUIDs)."""
-    from scepsy.tracing.discovery.topology import RecordedNvml, discover, real_nvml
-    from scepsy.tracing.discovery.topology import record as record_answers
+    from scepsy import api
 
     with errors():
-        for path, option in ((out, "--out"), (record, "--record")):
-            if path is not None:
-                check_output(path, [replay], option)
-        nvml = RecordedNvml.from_file(replay) if replay is not None else real_nvml()
-        found = discover(nvml, node_name, gpu_type)
-        if record is not None:
-            emit_json(record_answers(nvml), record, False, option="--record")
-        text = found.to_yaml()
-        if out is not None:
-            write_text(out, text)
+        found = api.topology(node_name, gpu_type, replay=replay, record=record, out=out)
         if json_output:
             emit_json(found.to_json(), None, True)
         else:
-            sys.stdout.write(text)
+            sys.stdout.write(found.to_yaml())
         for warning in found.warnings:
-            stderr.print(f"warning: {warning}", markup=False, highlight=False, soft_wrap=True)
+            _tell(f"warning: {warning}")

@@ -22,15 +22,14 @@ from scepsy.cli.common import (
     TimeLimitOpt,
     WelfareOpt,
     WorkersOpt,
+    check_out,
     emit_json,
     errors,
-    finite,
     progress,
     stderr,
     stdout,
     working,
 )
-from scepsy.models.output import check_output, check_output_dir, writing
 
 
 @app.command()
@@ -49,20 +48,16 @@ def plan(
 ) -> None:
     """Choose GPU type, fraction, TP degree and replicas for every LLM, placed on the cluster."""
     from scepsy import api
-    from scepsy.models.plan.report import plan_view
 
     with errors():
-        finite(time_limit_s, "--time-limit-s")
-        finite(placement_time_limit_s, "--placement-time-limit-s")
-        if out is not None:
-            check_output(out, [instance, current])
+        check_out(out, [instance, current])
         with working(f"planning {instance} with {backend}, placing with {placement}"):
             result = api.plan(instance, backend=backend, objective=objective, welfare=welfare, time_limit_s=time_limit_s,
                               placement=placement, placement_time_limit_s=placement_time_limit_s, current=current,
                               workers=workers)
         emit_json(api.plan_document(result), out, json_output)
         if not json_output:
-            stdout.print(plan_view(result))
+            stdout.print(api.plan_view(result))
 
 
 @app.command()
@@ -78,20 +73,15 @@ def place(
 ) -> None:
     """Place a given allocation on the cluster (what-if); exit code 3 with the reason if it cannot be placed."""
     from scepsy import api
-    from scepsy.models.plan.report import placement_view
 
     with errors():
-        finite(placement_time_limit_s, "--placement-time-limit-s")
-        if out is not None:
-            check_output(out, [instance, allocation, current])
-        loaded = api.load(instance)
-        chosen = api.allocation_of(loaded, allocation)
+        check_out(out, [instance, allocation, current])
         with working(f"placing {allocation} with {placement}"):
-            result = api.place(loaded, chosen, placement=placement, placement_time_limit_s=placement_time_limit_s,
+            result = api.place(instance, allocation, placement=placement, placement_time_limit_s=placement_time_limit_s,
                                current=current, workers=workers)
-        emit_json(api.placement_document(str(instance), chosen, result), out, json_output)
+        emit_json(api.placement_document(instance, allocation, result), out, json_output)
         if not json_output:
-            stdout.print(placement_view(result.placement, result.info, result.fragmentation))
+            stdout.print(api.placement_view(result.placement, result.info, result.fragmentation))
 
 
 @app.command()
@@ -103,15 +93,13 @@ def predict(
 ) -> None:
     """Predict workflow latency and throughput of a given allocation (what-if)."""
     from scepsy import api
-    from scepsy.models.plan.report import prediction_view
 
     with errors():
-        if out is not None:
-            check_output(out, [instance, allocation])
+        check_out(out, [instance, allocation])
         prediction = api.predict(instance, allocation)
         emit_json(api.prediction_document(prediction), out, json_output)
         if not json_output:
-            stdout.print(prediction_view(prediction))
+            stdout.print(api.prediction_view(prediction))
             if not prediction.feasible:
                 overloaded = ", ".join(p.llm for p in prediction.llms if p.overloaded)
                 stderr.print(f"warning: overloaded llms (rate above max_utilization x capacity): {overloaded}")
@@ -140,74 +128,18 @@ def whatif(
 ) -> None:
     """Plan a capacity study: rates (total or per workflow), cluster sizes, GPU mixes, prices, a growth forecast."""
     from scepsy import api
-    from scepsy.planner.allocation.search import PlanSettings
-    from scepsy.planner.studies.scenarios import scenarios
-    from scepsy.planner.studies.whatif import (
-        cheapest_clusters,
-        forecast_table,
-        plot_grid,
-        run_study,
-        study_axes,
-        write_table,
-    )
 
     with errors():
-        finite(time_limit_s, "--time-limit-s")
-        if out is not None:
-            check_output(out, [instance])
-        if plots is not None:
-            check_output_dir(plots, [instance], "--plots")
-        loaded = api.load(instance, objective)
-        axes = study_axes(loaded, rates, rate or [], clusters, mix or [], price or [], growth_per_month, months)
-        settings = PlanSettings(backend=backend, time_limit_s=time_limit_s)
-        with progress("planning the grid", len(scenarios(loaded, axes))) as advance:
-            frame = run_study(
-                loaded, axes, settings, workers, lambda done, total: advance(done),
-                reuse=reuse, executor=executor, address=address,
+        with progress("planning the grid", 1) as advance:
+            study = api.whatif(
+                instance, rates=rates, rate=rate or [], clusters=clusters, mix=mix or [], price=price or [],
+                growth_per_month=growth_per_month, months=months, objective=objective, backend=backend,
+                time_limit_s=time_limit_s, workers=workers, executor=executor, address=address, reuse=reuse,
+                out=out, plots=plots, progress=lambda done, total: advance(done, of=total),
             )
-        if out is not None:
-            with writing(out):
-                write_table(frame, out)
-        if plots is not None:
-            with writing(plots / "grid.png", "--plots"):
-                paths = plot_grid(frame, plots)
-            for path in paths:
-                stderr.print(f"wrote {path}")
+        for path in study.plots:
+            stderr.print(f"wrote {path}")
         if json_output:
-            sys.stdout.write(frame.to_json(orient="records", indent=2) + "\n")
+            sys.stdout.write(study.to_json_text())
         else:
-            stdout.print(_grid_table(frame, cheapest_clusters(frame)))
-            if axes.months is not None:
-                stdout.print(_forecast_table(forecast_table(frame)))
-
-
-def _grid_table(frame, best):
-    from rich.table import Table
-
-    table = Table(title="What-if grid (one line per scenario)")
-    for column in ("rate_rps", "cluster_gpus", "feasible", "latency_s", "max_throughput_rps", "gpus_used", "cost_per_1k_requests", "cheapest"):
-        table.add_column(column, justify="right")
-    cheapest = set(zip(best["rate_rps"], best["cluster_gpus"]))
-    for _, row in frame.drop_duplicates(["scenario"]).iterrows():
-        ok = bool(row["feasible"])
-        cost = row["cost_per_1k_requests"]
-        table.add_row(
-            f"{row['rate_rps']:g}", str(row["cluster_gpus"]), "yes" if ok else "no",
-            f"{row['workflow_latency_s']:.3f}" if ok else "-",
-            f"{row['workflow_max_throughput_rps']:.3f}" if ok else "-",
-            f"{int(row['gpus_used'])}" if ok else "-",
-            f"{cost:.4f}" if ok and cost == cost else "-",
-            "*" if (row["rate_rps"], row["cluster_gpus"]) in cheapest else "",
-        )
-    return table
-
-
-def _forecast_table(forecast):
-    from rich.table import Table
-
-    table = Table(title="Forecast: the month each cluster runs out")
-    for column in forecast.columns:
-        table.add_column(column, justify="right")
-    for _, row in forecast.iterrows():
-        table.add_row(*("-" if v is None or v != v else str(v) for v in row.tolist()))
-    return table
+            stdout.print(study.view())

@@ -20,16 +20,12 @@ from scepsy.cli.common import (
     WeightsOpt,
     emit_json,
     errors,
-    finite,
     number_list,
     progress,
     stderr,
     stdout,
     tp_list,
 )
-from scepsy.models.errors import InputError
-from scepsy.models.inputs import kind_of
-from scepsy.models.output import check_output, writing
 
 
 @profiles_app.command("synthesize")
@@ -55,24 +51,17 @@ def profiles_synthesize(
 ) -> None:
     """Synthesize a profile: simulate one replica under Poisson load from light load to saturation."""
     from scepsy import api
-    from scepsy.models.instance.profile import write_profile
-    from scepsy.models.profiles.synthesize import SynthesisSettings
 
     with errors():
-        check_output(out, [requests] if kind_of(requests) != "missing" else [])
         tps = tp_list(tp)
-        fracs = number_list(fractions, "--fractions", "0.2,0.5,1.0")
-        if any(f > 1 for f in fracs):
-            raise InputError(None, "--fractions", "fractions must lie in (0, 1]", "write e.g. 0.2,0.5,1.0")
-        settings = SynthesisSettings(requests_per_point=requests_per_point, seed=seed, replications=replications)
+        fracs = number_list(fractions, "fractions", "0.2,0.5,1.0")
+        settings = api.SynthesisSettings(requests_per_point=requests_per_point, seed=seed, replications=replications)
         with progress(f"synthesizing {model} on {gpu_type_name or gpu}", len(tps) * len(fracs)) as advance:
             result = api.synthesize_profile(
                 model, gpu, tps, fracs, requests, llm=llm, gpu_type=gpu_type_name, min_kv_gib=min_kv_gib, settings=settings,
                 weights=weights, engine_model=engine_model, backend=backend, database_version=database_version,
-                merge_into=out if merge else None, progress=lambda text: advance(None, text),
+                merge_into=out if merge else None, out=out, progress=lambda text: advance(None, text),
             )
-        with writing(out):
-            write_profile(result.frame, out)
         summary = result.summary(out)
         for message in [] if json_output else summary["capacity_inversions"]:
             stderr.print(f"note: {out}: {message}", markup=False, highlight=False)
@@ -87,28 +76,10 @@ def profiles_synthesize(
                 stdout.print(f"  skipped tp{s.tp}/f{s.fraction:g}: {s.reason}")
 
 
-def _parse_rates(value: str) -> tuple[float, ...] | None:
-    """`auto` (None) or a list of positive rates."""
-    if value.strip() == "auto":
-        return None
-    return tuple(number_list(value, "--rates", "auto or 0.5,1,2,4"))
-
-
-def _write_profile_rows(rows, out: Path) -> None:
-    from scepsy import api
-
-    check_output(out)
-    api.write_profile_rows(rows, out)
-    note_capacity_inversions(out)
-
-
-def note_capacity_inversions(out: Path) -> None:
-    """One stderr note per measured fraction of the written profile that has less capacity than a
-    smaller share of the same (gpu_type, tp) (models/instance/profile.py `capacity_inversions`)."""
-    from scepsy.models.instance.profile import capacity_inversions, load_profile
-
-    for inversion in capacity_inversions(load_profile(out)):
-        stderr.print(f"note: {out}: {inversion.message()}", markup=False, highlight=False)
+def _notes(out: Path, inversions: tuple[str, ...]) -> None:
+    """One stderr note per capacity inversion of the profile written to `out`."""
+    for message in inversions:
+        stderr.print(f"note: {out}: {message}", markup=False, highlight=False)
 
 
 @app.command()
@@ -131,37 +102,22 @@ def profile(
 ) -> None:
     """Replay an LLM's traced calls at a sweep of arrival rates and write its profile rows."""
     from scepsy import api
-    from scepsy.tracing.profiling.replay import SweepSettings
 
     with errors():
-        if not 0 < fraction <= 1:
-            raise InputError(None, "--fraction", f"{fraction} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
-        if arrivals not in ("poisson", "uniform"):
-            raise InputError(None, "--arrivals", f"unknown arrival process {arrivals!r}", "use poisson or uniform")
-        finite(duration_s, "--duration-s")
-        finite(timeout_s, "--timeout-s")
-        check_output(out, traces)
-        settings = SweepSettings(rates_rps=_parse_rates(rates), duration_s=duration_s, min_requests=min_requests,
-                                 seed=seed, timeout_s=timeout_s, model=model, arrivals=arrivals)
+        fixed = None if rates.strip() == "auto" else tuple(number_list(rates, "rates", "auto or 0.5,1,2,4"))
+        settings = api.replay_settings(rates_rps=fixed, duration_s=duration_s, min_requests=min_requests,
+                                       seed=seed, timeout_s=timeout_s, model=model, arrivals=arrivals)
         with progress(f"replaying {llm}", 1) as advance:
 
             def on_point(rate: float, expected: int) -> None:
                 advance(0, f"{rate:.3g} calls/s", total=expected)
 
-            result = api.replay_profile(traces, llm, endpoint, gpu_type, tp, fraction, settings, on_point, advance)
-        _write_profile_rows(result.rows, out)
+            result = api.replay_profile(traces, llm, endpoint, gpu_type, tp, fraction, settings, on_point, advance, out=out)
+        _notes(out, result.inversions)
         if json_output:
             emit_json(result.summary(out), None, True)
         else:
-            from rich.table import Table
-
-            table = Table(title=f"Replay profile of {llm} ({gpu_type}, tp={tp}, fraction={fraction:g}) -> {out}")
-            for column in ("arrival_rate_rps", "throughput_rps", "calls", "failed", "latency_mean_s", "latency_p99_s", "saturated"):
-                table.add_column(column, justify="right")
-            for p in sorted(result.point_records(), key=lambda p: p["arrival_rate_rps"]):
-                table.add_row(f"{p['arrival_rate_rps']:.3f}", f"{p['throughput_rps']:.3f}", str(p["calls"]), str(p["failed"]),
-                              f"{p['latency_mean_s']:.3f}", f"{p['latency_p99_s']:.3f}", "yes" if p["saturated"] else "no")
-            stdout.print(table)
+            stdout.print(result.view(out))
 
 
 @profiles_app.command("import")
@@ -173,14 +129,11 @@ def profiles_import(
     fraction: FractionOpt = 1.0,
 ) -> None:
     """Import benchmark results (one row per run; --max-concurrency runs as closed-loop points) into the profile CSV format."""
-    from scepsy.tracing.profiling.benchimport import import_bench_results
+    from scepsy import api
 
     with errors():
-        if not 0 < fraction <= 1:
-            raise InputError(None, "--fraction", f"{fraction} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
-        check_output(out, files)
-        result = import_bench_results(files, gpu_type, tp, fraction)
-        _write_profile_rows(result.rows, out)
-        for line in result.notes + [f"skipped {s}" for s in result.skipped]:
+        result = api.import_profile(files, gpu_type, out, tp, fraction)
+        _notes(out, result.inversions)
+        for line in result.notes + tuple(f"skipped {s}" for s in result.skipped):
             stderr.print(f"note: {line}", markup=False, highlight=False)
         stderr.print(f"wrote {len(result.rows)} rows for {gpu_type} tp={tp} fraction={fraction:g} to {out}", markup=False)

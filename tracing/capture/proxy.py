@@ -39,12 +39,13 @@ import time
 import unicodedata
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import Any, Mapping, Protocol, Self
+from typing import Any, Iterable, Mapping, Protocol, Self
 
 import aiohttp
 import uvicorn
 from starlette.datastructures import Headers
 
+from scepsy.models.errors import InputError
 from scepsy.tracing.capture.records import CallRecord
 from scepsy.tracing.capture.sse import summarize_json, summarize_stream, time_of_offset
 
@@ -149,6 +150,21 @@ class ProxyConfig:
 
     def __post_init__(self) -> None:
         self.upstreams = {name: url.rstrip("/") for name, url in self.upstreams.items()}
+
+
+def parse_upstreams(items: Iterable[str]) -> dict[str, str]:
+    """LLM name -> engine base URL from NAME=URL items (the command line's `--upstream`)."""
+    upstreams: dict[str, str] = {}
+    for item in items:
+        name, sep, url = item.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise InputError(None, "upstreams", f"{item!r} is not NAME=URL", "write e.g. gen=http://127.0.0.1:8001")
+        if name in upstreams:
+            raise InputError(None, "upstreams", f"llm {name!r} given twice", "name each upstream once")
+        upstreams[name] = url
+    if not upstreams:
+        raise InputError(None, "upstreams", "no upstream given", "give NAME=URL for each LLM")
+    return upstreams
 
 
 class _Call:

@@ -67,6 +67,7 @@ from scepsy.models.catalog.model_config import resolve_model
 from scepsy.models.performance.aiconfigurator import make_timer
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings, IterationTimer
 from scepsy.models.errors import InputError
+from scepsy.models.arguments import check_fraction
 
 from scepsy.tracing.emulation.livereplica import BLOCK_TOKENS, LiveReplica, LiveSequence
 from scepsy.tracing.emulation.tokenizer import (
@@ -149,41 +150,40 @@ def emulator_config(
     personality: str = "vllm",
 ) -> EmulatorConfig:
     """Resolve catalog names (or a config.json) and check that the replica can run (InputError
-    naming the option); `engine_model` aiconfigurator times iterations from its database."""
+    naming the argument); `engine_model` aiconfigurator times iterations from its database."""
     card, gpu_card = resolve_model(model, weights), catalog.gpu(gpu)
     if tp < 1 or card.heads % tp:
-        raise InputError(None, "--tp", f"{tp} does not divide the {card.heads} attention heads of {card.name}",
+        raise InputError(None, "tp", f"{tp} does not divide the {card.heads} attention heads of {card.name}",
                          f"use one of: {', '.join(str(d) for d in range(1, card.heads + 1) if card.heads % d == 0 and d <= 8)}")
-    if not 0 < fraction <= 1:
-        raise InputError(None, "--fraction", f"{fraction:g} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
+    check_fraction(fraction)
     if not (speedup > 0 and math.isfinite(speedup)):
-        raise InputError(None, "--speedup", f"{speedup:g} is not a positive number", "give e.g. 1 (real time) or 10")
+        raise InputError(None, "speedup", f"{speedup:g} is not a positive number", "give e.g. 1 (real time) or 10")
     if personality not in PERSONALITIES:
-        raise InputError(None, "--personality", f"unknown personality {personality!r}", f"use one of: {', '.join(PERSONALITIES)}")
+        raise InputError(None, "personality", f"unknown personality {personality!r}", f"use one of: {', '.join(PERSONALITIES)}")
     if not mean_output_tokens >= 0:
-        raise InputError(None, "--mean-output-tokens", f"{mean_output_tokens:g} is negative", "give 0 (off) or a mean length")
+        raise InputError(None, "mean_output_tokens", f"{mean_output_tokens:g} is negative", "give 0 (off) or a mean length")
     engine = Engine(card, gpu_card, tp, fraction, settings)
     if not engine.fits:
         usable = tp * fraction * gpu_card.memory_gib * settings.memory_utilization
         needed = card.weights_gib / (tp * gpu_card.memory_gib * settings.memory_utilization)
         raise InputError(
-            None, "--fraction",
+            None, "fraction",
             f"{card.name} needs {card.weights_gib:.2f} GiB of weights, but tp x fraction x {gpu_card.memory_gib:g} GiB x "
             f"{settings.memory_utilization:g} leaves {usable:.2f} GiB on {gpu_card.name}",
-            f"use --fraction above {needed:.3f} at --tp {tp}, or a larger --tp",
+            f"use a `fraction` above {needed:.3f} at `tp` {tp}, or a larger `tp`",
         )
     limit = card.max_context if card.encoder else min(card.max_context, engine.kv_capacity_tokens)
     if not card.encoder and engine.kv_capacity_tokens < BLOCK_TOKENS:
-        raise InputError(None, "--fraction", f"the KV cache holds only {engine.kv_capacity_tokens} tokens",
-                         "use a larger --fraction or --tp")
+        raise InputError(None, "fraction", f"the KV cache holds only {engine.kv_capacity_tokens} tokens",
+                         "use a larger `fraction` or `tp`")
     if max_model_len is None:
         max_model_len = limit
     elif not 2 <= max_model_len <= limit:
         if limit == card.max_context:
             why, fix = "the model's context", f"give at most {limit}"
         else:
-            why, fix = "the tokens the KV cache holds", f"give at most {limit}, or a larger --fraction or --tp"
-        raise InputError(None, "--max-model-len", f"{max_model_len} is outside 2..{limit} ({why})", fix)
+            why, fix = "the tokens the KV cache holds", f"give at most {limit}, or a larger `fraction` or `tp`"
+        raise InputError(None, "max_model_len", f"{max_model_len} is outside 2..{limit} ({why})", fix)
     names = tuple(dict.fromkeys(n for n in served_model_names if n))
     timer = make_timer(engine_model, card, gpu_card, tp, backend, database_version)
     return EmulatorConfig(card, gpu_card, tp, fraction, names, max_model_len, speedup, mean_output_tokens,

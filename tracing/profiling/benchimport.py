@@ -246,7 +246,7 @@ def import_bench_results(paths: Iterable[Path | str], gpu_type: str, tp: int, fr
         raise InputError(second[1], "dataset_name", f"a different workload {second[0]} than {first[1]} {first[0]}",
                          "import the runs of one request mix per profile")
     if not rows:
-        raise InputError(None, "FILES", "no importable result (every run had request_rate inf without --max-concurrency, or no file had results)",
+        raise InputError(None, "files", "no importable result (every run had request_rate inf without --max-concurrency, or no file had results)",
                          "import runs made with finite --request-rate values or with --max-concurrency")
     frame = pd.DataFrame(rows, columns=[*PROFILE_COLUMNS, "concurrency"])
     return ImportResult(frame, notes, skipped)

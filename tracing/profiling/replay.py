@@ -50,6 +50,7 @@ import httpx
 import numpy as np
 import pandas as pd
 
+from scepsy.models.arguments import check_choice, check_finite
 from scepsy.models.errors import InputError
 from scepsy.models.instance.profile import PROFILE_COLUMNS, STABLE_THROUGHPUT_RATIO
 
@@ -122,9 +123,9 @@ def replay_requests(calls: Iterable[CallRecord], llm: str, model: str | None = N
     if not requests:
         known = sorted({c.llm for c in calls})
         if missing_bodies:
-            raise InputError(None, "--traces", f"the {missing_bodies} traced calls of llm {llm!r} have no request bodies",
-                             "trace without --no-bodies so that calls can be replayed")
-        raise InputError(None, "--llm", f"no completed calls of llm {llm!r} in the traces", f"use one of: {', '.join(known) or '(none)'}")
+            raise InputError(None, "traces", f"the {missing_bodies} traced calls of llm {llm!r} have no request bodies",
+                             "record the calls with their bodies (`scepsy proxy --no-bodies` leaves them out) so that they can be replayed")
+        raise InputError(None, "llm", f"no completed calls of llm {llm!r} in the traces", f"use one of: {', '.join(known) or '(none)'}")
     return requests
 
 
@@ -291,8 +292,7 @@ ARRIVAL_PROCESSES = ("poisson", "uniform")
 
 def arrival_times(count: int, rate: float, process: str, rng: random.Random) -> list[float]:
     """`count` arrival times from 0 at `rate`/s: Poisson (exponential gaps) or uniform (1 / rate apart)."""
-    if process not in ARRIVAL_PROCESSES:
-        raise InputError(None, "--arrivals", f"unknown arrival process {process!r}", "use poisson or uniform")
+    check_choice(process, ARRIVAL_PROCESSES, "arrivals", "arrival process")
     times = [0.0]
     for _ in range(count - 1):
         times.append(times[-1] + (rng.expovariate(rate) if process == "poisson" else 1.0 / rate))
@@ -315,6 +315,11 @@ class SweepSettings:
     model: str | None = None
     arrivals: str = "poisson"  # or "uniform": workflow requests exactly 1 / rate apart
 
+    def __post_init__(self) -> None:
+        check_choice(self.arrivals, ARRIVAL_PROCESSES, "arrivals", "arrival process")
+        for value, field_name in ((self.duration_s, "duration_s"), (self.timeout_s, "timeout_s")):
+            check_finite(value, field_name)
+
 
 async def probe_service_time(requests: Sequence[ReplayRequest], endpoint: str, calls: int = 12, timeout_s: float = 600.0) -> float:
     """Mean latency of `calls` replayed calls sent one at a time, s: one call's service time on an
@@ -332,7 +337,7 @@ async def probe_service_time(requests: Sequence[ReplayRequest], endpoint: str, c
         for call in order:
             started = loop.time()
             if not await replayer._send(call):
-                raise InputError(None, "--endpoint", f"the endpoint rejected a replayed call ({replayer.first_error})",
+                raise InputError(None, "endpoint", f"the endpoint rejected a replayed call ({replayer.first_error})",
                                  "check the endpoint URL and that it serves this LLM's requests")
             replayer.latencies.append(loop.time() - started)
     return float(np.mean(replayer.latencies))
@@ -366,7 +371,7 @@ class Sweep:
             self.settings.arrivals,
         )
         if point.completed == 0:
-            raise InputError(None, "--endpoint", f"the endpoint completed no call at {rate:g} calls/s ({point.first_error})",
+            raise InputError(None, "endpoint", f"the endpoint completed no call at {rate:g} calls/s ({point.first_error})",
                              "check the endpoint URL and that it serves this LLM's requests")
         light_latency = light.latency_s["mean"] if light else None
         point = PointResult(**{**point.__dict__, "saturated": _saturated(point, light_latency)})

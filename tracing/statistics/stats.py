@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterable
 
 import numpy as np
@@ -53,6 +54,7 @@ from scepsy.models.instance.instance import Stage
 from scepsy.models.instance.statistic import InvocationStatistic, critical_time_s, request_use, union_length
 
 from scepsy.tracing.capture.records import CallRecord
+from scepsy.tracing.capture.span_calls import SpanSummary
 
 DEFAULT_WORKFLOW = "workflow"
 
@@ -110,7 +112,7 @@ class LlmStats:
 
     @property
     def stage_parallelism(self) -> float:
-        """p for an instance's stage: at least 1, and at most max(n, 1) (what models/instance.py
+        """p for an instance's stage: at least 1, and at most max(n, 1) (what models/instance/instance.py
         accepts). The pooled p exceeds n only when requests that skip the LLM sit beside requests
         that fan out to it; capping it there keeps n/p >= 1 call's latency, a slight overestimate."""
         return min(max(self.parallelism, 1.0), max(self.invocations, 1.0))
@@ -136,6 +138,12 @@ class TraceStats:
     calls_total: int
     calls_untagged: int  # no workflow request id
     calls_failed: int  # not outcome ok / HTTP 2xx
+    spans: SpanSummary | None = None  # what OpenTelemetry spans held besides the calls (None: no spans read)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """One line each, naming its fix (tracing/capture/span_calls.py)."""
+        return self.spans.warnings if self.spans is not None else ()
 
     def workflow(self, name: str) -> WorkflowStats:
         return next(w for w in self.workflows if w.name == name)
@@ -290,8 +298,19 @@ def stats_to_dict(stats: TraceStats) -> dict:
         "calls_total": stats.calls_total,
         "calls_skipped_untagged": stats.calls_untagged,
         "calls_skipped_failed": stats.calls_failed,
+        **({"spans": stats.spans.to_json()} if stats.spans is not None else {}),
         "workflows": workflows,
     }
+
+
+def write_stats(stats: TraceStats, out: Path | str, traces: Iterable[Path | str]) -> None:
+    """The statistics as YAML (`stats_to_dict`), headed by the traces they come from."""
+    import yaml
+
+    from scepsy.models.output import write_text
+
+    header = f"# scepsy aggregate {' '.join(map(str, traces))}\n"
+    write_text(out, header + yaml.safe_dump(stats_to_dict(stats), sort_keys=False))
 
 
 def stats_view(stats: TraceStats):
@@ -323,4 +342,13 @@ def stats_view(stats: TraceStats):
         for w in stats.workflows
     ]
     skipped = f"calls: {stats.calls_total} total, {stats.calls_untagged} without workflow id and {stats.calls_failed} failed (skipped)"
+    if stats.spans is not None:
+        lines.append(span_line(stats.spans))
     return Group(table, *lines, skipped)
+
+
+def span_line(summary: SpanSummary) -> str:
+    """What the spans held, in one line: calls counted, spans skipped by kind, duplicates."""
+    skipped = ", ".join(f"{kind} {count}" for kind, count in sorted(summary.skipped.items())) or "none"
+    return (f"spans: {summary.spans} read, {summary.llm_calls} LLM calls in {summary.requests} requests; skipped: {skipped}; "
+            f"{summary.duplicate_calls} calls recorded twice and {summary.repeated_spans} spans read twice counted once")

@@ -183,7 +183,7 @@ def _refusal_fix(obj: dict, dry_run: bool) -> str:
     if dry_run and namespace:
         # a server-side dry run stores nothing, so the Namespace it "created" does not exist for the next object
         return f"a server dry run cannot create namespaces: create {namespace} first (kubectl create namespace {namespace}) and run again"
-    return "check the object against the cluster's admission policies and API versions (scepsy deploy --dry-run server shows each refusal)"
+    return "check the object against the cluster's admission policies and API versions (`scepsy deploy --dry-run server` shows each refusal)"
 
 
 def _load_config(kubeconfig: Path | None, context: str | None):

@@ -364,7 +364,9 @@ def test_late_restarted_and_added_replicas_get_traffic_without_a_gateway_restart
 
 def _stream(gateway_url: str, llm: str, tag: str, max_tokens: int, outcome: dict) -> None:
     try:
-        body = {"model": llm, "messages": [{"role": "user", "content": f"long answer {tag}"}], "max_tokens": max_tokens, "stream": True,
+        # the tag first: prompts that share no prefix go to the replica with the fewest requests in
+        # flight (cache_aware); a shared prefix would send every stream after the first where it went
+        body = {"model": llm, "messages": [{"role": "user", "content": f"{tag}: a long answer"}], "max_tokens": max_tokens, "stream": True,
                 "ignore_eos": True}
         with httpx.stream("POST", gateway_url + "/v1/chat/completions", json=body, timeout=600.0) as response:
             chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
@@ -397,7 +399,8 @@ def test_removed_replica_gets_no_new_requests_and_finishes_its_own(tmp_path, eng
         outcome: dict = {}
         streams = []
         for i in range(16):  # bounded: until B runs at least one stream
-            thread = threading.Thread(target=_stream, args=(gateway.url, "gen", f"s{i}", max_tokens, outcome))
+            tag = hashlib.sha256(f"stream {i}".encode()).hexdigest()
+            thread = threading.Thread(target=_stream, args=(gateway.url, "gen", tag, max_tokens, outcome))
             thread.start()
             streams.append(thread)
             _poll(lambda: _accepted(a.url) + _accepted(b.url) >= i + 1, READY_LIMIT_S, "stream accepted")

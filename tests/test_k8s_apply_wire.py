@@ -22,6 +22,7 @@ import yaml
 from typer.testing import CliRunner
 
 from k8s_support import CASES, GOLDEN
+from support.kube_pods import send_json
 
 from scepsy.cli import app
 
@@ -57,12 +58,7 @@ class _Server(BaseHTTPRequestHandler):
         pass
 
     def _send(self, code: int, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, code, body)
 
     def do_GET(self):
         path = urlparse(self.path).path.rstrip("/")

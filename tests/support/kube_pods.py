@@ -27,6 +27,16 @@ from urllib.parse import parse_qs, urlparse
 import yaml
 
 
+def send_json(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
+    """One JSON answer of a loopback Kubernetes API double (with its length: HTTP/1.1 keep-alive)."""
+    data = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class PodApi:
     def __init__(self, namespace: str):
         self.namespace = namespace
@@ -162,12 +172,7 @@ class PodApi:
                 pass
 
             def _json(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, body)
 
             def do_GET(self):
                 url = urlparse(self.path)

@@ -38,6 +38,8 @@ APPLY_ORDER = (
     "Deployment",
     "PodDisruptionBudget",
     "PodMonitor",
+    "InferencePool",
+    "HTTPRoute",
 )
 DRY_RUN_MODES = ("none", "server")
 # metadata the API server writes; never part of "did the object change"
@@ -157,8 +159,31 @@ class KubeApplier:
         kwargs = {"field_manager": FIELD_MANAGER, "force_conflicts": True}
         if dry_run:
             kwargs["dry_run"] = "All"
-        result = self.client.server_side_apply(self._resource(obj), body=obj, name=meta["name"], namespace=meta.get("namespace"), **kwargs)
+        from kubernetes.dynamic.exceptions import DynamicApiError
+
+        try:
+            result = self.client.server_side_apply(self._resource(obj), body=obj, name=meta["name"], namespace=meta.get("namespace"), **kwargs)
+        except DynamicApiError as exc:
+            raise InputError(None, None, f"the API server refused {obj['kind']}/{meta['name']}: {_status_message(exc)}", _refusal_fix(obj, dry_run)) from None
         return result.to_dict()
+
+
+def _status_message(exc) -> str:
+    """The message of the API server's Status answer, else the HTTP reason."""
+    import json
+
+    try:
+        return str(json.loads(exc.body)["message"])
+    except (TypeError, ValueError, KeyError):
+        return f"{exc.status} {exc.reason}"
+
+
+def _refusal_fix(obj: dict, dry_run: bool) -> str:
+    namespace = obj["metadata"].get("namespace")
+    if dry_run and namespace:
+        # a server-side dry run stores nothing, so the Namespace it "created" does not exist for the next object
+        return f"a server dry run cannot create namespaces: create {namespace} first (kubectl create namespace {namespace}) and run again"
+    return "check the object against the cluster's admission policies and API versions (`scepsy deploy --dry-run server` shows each refusal)"
 
 
 def _load_config(kubeconfig: Path | None, context: str | None):

@@ -48,11 +48,6 @@ def llm_service(llm: str) -> str:
     return dns_label(llm)
 
 
-def replica_service(llm: str, replica: int) -> str:
-    """The Service in front of one replica's pod: a stable worker URL for the LLM's gateway."""
-    return engine_deployment(llm, replica)
-
-
 def gateway(llm: str) -> str:
     return f"{dns_label(llm)}-gateway"
 

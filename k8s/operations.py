@@ -82,3 +82,13 @@ def pod_monitors(plan: PlacedPlan, namespace: str, engine: str, gateways: set[st
                              {names.LLM_LABEL: llm_value, "app.kubernetes.io/component": "gateway"}, "metrics")
             )
     return monitors
+
+
+def endpoint_picker_monitors(plan: PlacedPlan, namespace: str) -> list[dict]:
+    """One PodMonitor per LLM's endpoint picker (`--router inference-gateway`): its port `metrics` (9090)."""
+    monitors = []
+    for llm in sorted(m.name for m in plan.llms):
+        name = f"{names.dns_label(llm)}-epp"
+        selector = {names.LLM_LABEL: names.label_value(llm), "app.kubernetes.io/component": "endpoint-picker"}
+        monitors.append(_pod_monitor(name, namespace, names.labels("gateway-api-inference-extension", name, "monitoring", llm=llm), selector, "metrics"))
+    return monitors

@@ -21,10 +21,16 @@ R MiB through NVML (`catalog.reported_memory_mib`; what the sharing stacks regis
   `defaultActiveThreadPercentage` and `defaultPinnedDeviceMemoryLimit` at the largest share in the
   group (a ceiling, from the reported memory R); each replica then narrows itself to its own share
   with the MPS client variables CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
-  and to its own GPUs with CUDA_VISIBLE_DEVICES (ordinals of the claim's GPUs in PCI bus order,
-  never UUIDs: vLLM parses every entry with int()). A replica on whole GPUs gets a plain claim (no
-  MPS, no variables: the pod sees exactly its GPUs). Under MPS the engine still sees the whole
-  device's memory.
+  and to its own GPUs with CUDA_VISIBLE_DEVICES, never UUIDs (vLLM parses every entry with int()):
+  ordinals of the claim's GPUs as the MPS server numbers them. The driver starts the claim's MPS
+  control daemon with CUDA_VISIBLE_DEVICES = the claim's GPU UUIDs sorted as strings
+  (`PreparedDeviceGroup.UUIDs()` sorts them, cmd/gpu-kubelet-plugin/prepared.go; sharing.go
+  `MpsControlDaemon.Start`), and the MPS server renumbers its visible devices 0..n-1 in that order
+  (NVIDIA MPS documentation, CUDA_VISIBLE_DEVICES): ordinal i is the GPU with the i-th smallest
+  UUID. With the node's gpu_uuids the ordinals are exact; without them the driver picks the GPUs
+  and the plan's GPUs are numbered in plan order, which keeps who shares what but not which
+  physical GPU each is. A replica on whole GPUs gets a plain claim (no MPS, no variables: the pod
+  sees exactly its GPUs). Under MPS the engine still sees the whole device's memory.
 - `device-plugin-mps` (NVIDIA k8s-device-plugin, MPS): every GPU of a node is split into N equal
   replicas (1/N of memory and compute each); accepted only if every shard on a node has the same
   share s and N = 1/s is an integer; a TP > 1 replica needs whole GPUs (the plugin hands out one
@@ -32,8 +38,16 @@ R MiB through NVML (`catalog.reported_memory_mib`; what the sharing stacks regis
   holds one key per distinct config (`whole`, `mps-N`) plus `default`, the config most nodes use
   (the plugin's config manager falls back to `default` for nodes without a
   `nvidia.com/device-plugin.config` label); the nodes that need another key are listed in the
-  ConfigMap's annotation and in `node_labels`.
+  ConfigMap's annotation and in `node_labels`. The ConfigMap's namespace is emitted as a
+  Namespace object too, so that the ConfigMap applies on a fresh cluster before the plugin's chart.
 - `none`: the plain device plugin, whole GPUs only (`nvidia.com/gpu: tp`).
+
+MPS clients (dra-mps groups that share GPUs, device-plugin-mps nodes with N > 1) get no `/dev/shm`
+volume of their own: both stacks bind the MPS daemon's shared memory (a tmpfs the daemon's node
+mounts, half the node's memory) at `/dev/shm` of every client container (device plugin
+internal/plugin/mps.go `updateReponse`, `daemon.ShmDir()` = "/dev/shm"; DRA driver sharing.go
+`GetCDIContainerEdits`), and a pod that mounts its own volume there cannot reach the daemon
+(NVIDIA/k8s-device-plugin#805). `GpuAccess.mps_client` says which pods these are.
 
 Pinning: only `hami` and `dra-mps` can place shards on chosen GPUs, and only by UUID (HAMi's
 annotation; the DRA driver publishes no GPU index attribute). Every engine pod carries the
@@ -80,6 +94,7 @@ class GpuAccess:
     claim: str | None = None  # the ResourceClaim (dra-mps)
     engine_sees_slice: bool = False  # the engine's view of "total GPU memory" is its slice
     slice_mib: int = 0  # GPU memory the replica really gets on each of its GPUs
+    mps_client: bool = False  # the sharing stack mounts the MPS daemon's shared memory at /dev/shm
 
 
 @dataclass
@@ -243,7 +258,7 @@ def _device_plugin_mps(plan: PlacedPlan, namespace: str) -> SharingResult:
             )
         # the plugin's MPS daemon limits each client to 1/N of the device's memory
         access[(r.llm, r.replica)] = GpuAccess({"nvidia.com/gpu": len(r.shards)}, {PINNING_ANNOTATION: _pinning(plan, r, "device-plugin-mps")},
-                                               slice_mib=plan.gpu_reported_mib(r.llm) // n)
+                                               slice_mib=plan.gpu_reported_mib(r.llm) // n, mps_client=n > 1)
     default = _default_replicas(replicas_per_gpu)
     data = {"default": _device_plugin_config(default)}
     data.update({_config_key(n): _device_plugin_config(n) for n in sorted(set(replicas_per_gpu.values())) if n != default})
@@ -265,7 +280,12 @@ def _device_plugin_mps(plan: PlacedPlan, namespace: str) -> SharingResult:
         },
         "data": data,
     }
-    return SharingResult(access, [configmap])
+    namespace_object = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": namespace, "labels": names.labels("nvidia-device-plugin", namespace, "gpu-sharing")},
+    }
+    return SharingResult(access, [namespace_object, configmap])
 
 
 def _groups(plan: PlacedPlan) -> list[tuple[str, tuple[int, ...], list[ReplicaPlacement]]]:
@@ -314,14 +334,21 @@ def _mps_config(plan: PlacedPlan, members: list[ReplicaPlacement]) -> list[dict]
     return [{"requests": [DRA_CLAIM_REQUEST], "opaque": {"driver": DRA_DRIVER, "parameters": parameters}}]
 
 
-def _mps_client_env(plan: PlacedPlan, replica: ReplicaPlacement, claim_gpus: tuple[int, ...]) -> list[dict]:
-    """A replica narrowed to its own GPUs (ordinals among the claim's GPUs, PCI bus order) and share."""
-    position = {g: i for i, g in enumerate(claim_gpus)}
+def mps_ordinals(claim_gpus: tuple[int, ...], uuids: list[str] | None) -> dict[int, int]:
+    """Plan GPU -> the ordinal an MPS client of the claim sees it as: its rank among the claim's
+    GPU UUIDs sorted as strings (the order the DRA driver gives the MPS daemon); without UUIDs the
+    plan's order (the driver picks the GPUs)."""
+    if uuids is None:
+        return {g: i for i, g in enumerate(claim_gpus)}
+    rank = {u: i for i, u in enumerate(sorted(uuids))}
+    return {g: rank[u] for g, u in zip(claim_gpus, uuids)}
+
+
+def _mps_client_env(plan: PlacedPlan, replica: ReplicaPlacement, ordinals: dict[int, int]) -> list[dict]:
+    """A replica narrowed to its own GPUs (ordinals of the claim's MPS server) and share."""
     limit = ",".join(f"{i}={_slice_mib(plan, replica)}M" for i in range(len(replica.gpus)))
     return [
-        # ordinals follow PCI bus order, as NVML's indices (and so the plan's GPU numbers) do
-        {"name": "CUDA_DEVICE_ORDER", "value": "PCI_BUS_ID"},
-        {"name": "CUDA_VISIBLE_DEVICES", "value": ",".join(str(position[g]) for g in replica.gpus)},
+        {"name": "CUDA_VISIBLE_DEVICES", "value": ",".join(str(ordinals[g]) for g in replica.gpus)},
         {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": str(_percent(_share(plan, replica)))},
         {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": limit},
     ]
@@ -358,11 +385,12 @@ def _dra_mps(plan: PlacedPlan, namespace: str, kubernetes_version: tuple[int, in
                 "spec": {"devices": devices},
             }
         )
+        ordinals = mps_ordinals(gpus, _uuids(plan, node, gpus))
         for r in members:
-            env = _mps_client_env(plan, r, gpus) if shared else []
+            env = _mps_client_env(plan, r, ordinals) if shared else []
             slice_mib = _slice_mib(plan, r) if shared else plan.gpu_reported_mib(r.llm)
             annotations = {PINNING_ANNOTATION: _pinning(plan, r, "dra-mps")}
-            access[(r.llm, r.replica)] = GpuAccess({}, annotations, env, None, claim, False, slice_mib)
+            access[(r.llm, r.replica)] = GpuAccess({}, annotations, env, None, claim, False, slice_mib, mps_client=shared)
     return SharingResult(access, objects)
 
 

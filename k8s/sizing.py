@@ -16,14 +16,30 @@ that tokenizes and detokenizes):
 Memory request = limit: a pod is never killed for using what it asked for, and the scheduler
 reserves the whole amount (no overcommit of host memory on GPU nodes).
 
-Gateway pod of an LLM with R replicas: cpu request 1 + R/4 cores (rounded up to 250m), limit twice
-that; memory 1 GiB + 256 MiB per replica (the cache-aware radix tree and per-worker state),
-request = limit.
+Gateway pod of an LLM: sized from nothing a re-plan changes, so that applying a re-plan with more
+or fewer replicas never rewrites (and restarts) a gateway. Its costs, measured on the gateway binary
+(sglang-router 0.3.2, bench/gateway_memory.py): 87 MiB resident with one worker, 91 MiB with 64 (the
+workers themselves cost next to nothing); no growth per request under round_robin; under
+cache_aware, the approximate radix tree it routes by keeps the prompt text it routed (one byte per
+ASCII character) plus 3.3 to 4.1 KiB per prompt; 0.3 to 0.5 ms of CPU per request either way. What
+grows with the replicas is the tree, which keeps up to `--max-tree-size` characters per worker
+(least recently used first out, every 60 s). So:
+    tree characters per worker = min(2^26 (the gateway's default), 2^28 / M)
+        with M the most replicas of the LLM the cluster could hold (most_replicas: every GPU that
+        fits it filled with its smallest share), a fact of the instance, not of the plan:
+        at most 2^28 characters in the whole tree, whatever the plan;
+    cpu request 1 core, limit 2;
+    memory 1 GiB (the process, request bodies in flight, eviction lag) + 2^28 x 5 bytes = 2304 MiB
+        for cache_aware (5 bytes per character holds for prompts whose new text is at least
+        1000 characters, about 250 tokens); 1 GiB for round_robin (no tree); request = limit.
 """
 
 from __future__ import annotations
 
 import math
+
+from scepsy.models.instance.instance import Instance
+from scepsy.models.instance.profile import units_for_memory
 
 SHM_SINGLE_GPU_GIB = 2
 PROCESS_MEMORY_GIB = 4
@@ -42,15 +58,43 @@ def engine_resources(weights_gib: float, tp: int, shm_multi_gpu_gib: int) -> tup
     return requests, limits
 
 
-def _millicores(cores: float) -> str:
-    milli = math.ceil(cores * 4) * 250
-    return f"{milli // 1000}" if milli % 1000 == 0 else f"{milli}m"
+# the gateway's cache-aware tree: its default characters per worker, and what scepsy lets the whole tree hold
+DEFAULT_TREE_CHARS = 2**26
+TREE_BUDGET_CHARS = 2**28
+TREE_BYTES_PER_CHAR = 5  # text + node overhead, for prompts whose new text is >= 1000 characters (bench/gateway_memory.py)
+GATEWAY_BASE_MIB = 1024
+GATEWAY_CPU = 1
 
 
-def gateway_resources(replicas: int) -> tuple[dict[str, str], dict[str, str]]:
-    """(requests, limits) of a gateway container."""
-    cpu = 1 + replicas / 4
-    memory_mib = 1024 + 256 * replicas
-    requests = {"cpu": _millicores(cpu), "memory": f"{memory_mib}Mi"}
-    limits = {"cpu": _millicores(2 * cpu), "memory": f"{memory_mib}Mi"}
+def most_replicas(instance: Instance, llm: str) -> int:
+    """The most replicas of the LLM the instance's cluster could hold if it had every GPU of a type that
+    fits it: on each node, with the TP degree that gives the most, each GPU split into the smallest
+    shares that hold its weights and minimum KV cache. An upper bound that only the instance sets."""
+    spec = instance.llm(llm)
+    cluster = instance.cluster
+    f = cluster.fractions_per_gpu
+    total = 0
+    for node in cluster.nodes:
+        memory_gib = float(cluster.gpu_types[node.gpu_type].memory_gib)
+        best = 0
+        for tp in spec.tp_degrees:
+            if tp > max(len(d) for d in node.domains):
+                continue
+            units = units_for_memory(spec.memory_need_gib, tp, memory_gib, f)
+            if units <= f:
+                best = max(best, node.gpus * (f // units) // tp)
+        total += best
+    return max(total, 1)
+
+
+def tree_chars_per_worker(most: int) -> int:
+    """`--max-tree-size` of a cache-aware gateway whose LLM could have `most` replicas."""
+    return min(DEFAULT_TREE_CHARS, TREE_BUDGET_CHARS // most)
+
+
+def gateway_resources(cache_aware: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """(requests, limits) of a gateway container: the same for every plan of an instance."""
+    memory_mib = GATEWAY_BASE_MIB + (TREE_BUDGET_CHARS * TREE_BYTES_PER_CHAR >> 20 if cache_aware else 0)
+    requests = {"cpu": str(GATEWAY_CPU), "memory": f"{memory_mib}Mi"}
+    limits = {"cpu": str(2 * GATEWAY_CPU), "memory": f"{memory_mib}Mi"}
     return requests, limits

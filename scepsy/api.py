@@ -864,10 +864,15 @@ def manifests(
     hf_token_secret: str = "hf-token",
     hf_cache_pvc: str | None = None,
     device_plugin_namespace: str = "nvidia-device-plugin",
+    router: str = "sglang",
+    gateway_name: str = "inference-gateway",
+    gateway_namespace: str | None = None,
 ) -> Manifests:
     """Write the Kubernetes manifests that realise a placed plan (a plan JSON of `plan`) into the
     folder `out`: engines, GPU shares, gateways (docs/deploy.md); `instance` overrides the
-    instance file the plan names."""
+    instance file the plan names. `router` "sglang" gives every LLM an SGLang model gateway;
+    "inference-gateway" gives it an InferencePool, its endpoint picker and an HTTPRoute attached to
+    the platform's Gateway `gateway_name` (in `gateway_namespace`, default `namespace`)."""
     from scepsy.k8s.manifests import ManifestSettings, emit, pinning_warnings, write
     from scepsy.k8s.plan_input import load_placed_plan
 
@@ -876,7 +881,8 @@ def manifests(
         **({"gateway_image": gateway_image} if gateway_image else {}),
         gpu_memory_utilization=gpu_memory_utilization, shm_gib=shm_gib, prometheus=prometheus,
         hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, kubernetes_version=kubernetes_version,
-        device_plugin_namespace=device_plugin_namespace,
+        device_plugin_namespace=device_plugin_namespace, router=router, gateway_name=gateway_name,
+        gateway_namespace=gateway_namespace,
     )
     folder = check_output_dir(out, [plan, instance])
     placed = load_placed_plan(plan, None if instance is None else Path(instance))

@@ -1,48 +1,59 @@
-"""Every LLM's requests reach only that LLM's replicas, through the real SGLang model gateway.
+"""Every LLM's requests reach only that LLM's replicas, through the real SGLang model gateway, and
+replicas that start late, restart, are added or are removed keep it that way without restarting it.
 
-For the combined instance's plan (workflows beam and rag: a decoder generator and verifier, a RAG
-generator, an embedder and a reranker) and a plan with several replicas per LLM (beam-4xa6000 in
-equal halves: gen x3, ver x5), with both engines, each replica of the emitted manifests runs
-as a `scepsy emulate` process with the engine's personality (vLLM: no /server_info, 404 for a model
-it does not serve; SGLang: /server_info, /model_info, SGLang's rerank shape, any model name), and
-each emitted gateway Deployment runs as the real gateway binary of the PyPI package `sglang-router`
+Each emitted gateway Deployment runs as the real gateway binary of the PyPI package `sglang-router`
 (the same release as the gateway image the manifests use), started with exactly the command and
-arguments the Deployment renders except where a cluster is needed:
-  --host 0.0.0.0 -> 127.0.0.1, --port and --prometheus-port -> free loopback ports (one network
-  namespace here, one per pod there), and each --worker-urls entry http://<svc>.<ns>.svc:<port> ->
-  the emulator of the pod that the rendered Service <svc> selects.
-Then chat completions (plain and streamed, through the openai client), embeddings and rerank go to
-each LLM's gateway, and every replica's request counter (`vllm:request_success_total` of its
-/metrics) shows that each LLM's replicas, and only they, answered that LLM's requests.
+arguments the Deployment renders except where a cluster is needed: `--host 0.0.0.0` -> 127.0.0.1,
+`--port` and `--prometheus-port` -> free loopback ports (one network namespace here, one per pod
+there), `--service-discovery-port` -> the port every emulated pod listens on here (a free port
+instead of the engine's 8000/30000), and the Kubernetes API it discovers pods through is a loopback
+double of the pod LIST/WATCH API (tests/support/kube_pods.py) named by KUBECONFIG (in a cluster:
+its ServiceAccount). Each replica pod runs as a `scepsy emulate` process with the engine's
+personality on its own loopback address (its pod IP), and carries the labels of the rendered
+Deployment's pod template; the test plays the kubelet: a pod turns Ready only once its engine
+answers /health, as the rendered readiness probe does.
 
-No wall-clock bound: readiness is polled with generous limits, and requests wait for answers.
+No wall-clock bound: readiness is polled with generous limits, requests wait for answers, and the
+drain test's only time assertion is a lower bound (the drain hook must outlast its settle time
+because the draining replica is still busy, which the emulator's modelled time guarantees).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import itertools
 import json
+import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 
 import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 import pytest
 
-from k8s_support import CASES, objects_of, of_kind, regenerate
+from k8s_support import CASES, engine_deployments, objects_of, of_kind, regenerate
+from support.kube_pods import PodApi
 from support.llamacpp import free_port
 
-from scepsy.k8s.gateway import GATEWAY_COMMAND, GATEWAY_VERSION
+from scepsy.k8s.gateway import GATEWAY_COMMAND, GATEWAY_VERSION, SETTLE_S
+from scepsy.models.catalog import catalog
 from scepsy.models.catalog.catalog import serving_task
+from scepsy.models.performance.engine import engine_for
 
 pytestmark = pytest.mark.slow
 
 READY_LIMIT_S = 300.0  # generous: a loaded CI machine starts a dozen processes
 REQUESTS_PER_KIND = 3
+_ADDRESSES = itertools.count(1)
 
 
 def _poll(condition, limit_s: float, what: str) -> None:
@@ -61,22 +72,37 @@ def _get(url: str) -> httpx.Response | None:
         return None
 
 
+def _pod_ip() -> str:
+    """A loopback address of its own for each emulated pod (Linux routes all of 127.0.0.0/8 to lo)."""
+    n = next(_ADDRESSES)
+    return f"127.86.{n // 250}.{n % 250 + 1}"
+
+
+def _shared_port() -> int:
+    """A port free on every address: each emulated pod listens on it at its own pod IP."""
+    with socket.socket() as sock:
+        sock.bind(("0.0.0.0", 0))
+        return sock.getsockname()[1]
+
+
 class Processes:
     """Processes started by the test; stopped (and waited for) at the end, logs kept for failures."""
 
     def __init__(self, stack: ExitStack, tmp_path):
         self.stack, self.tmp_path, self.count = stack, tmp_path, 0
 
-    def start(self, argv: list[str]) -> subprocess.Popen:
+    def start(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         self.count += 1
         log = open(self.tmp_path / f"process-{self.count}.log", "wb")
         self.stack.callback(log.close)
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         self.stack.callback(_stop, process)
         return process
 
 
 def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is not None:
+        return
     process.terminate()
     try:
         process.wait(timeout=30)
@@ -85,67 +111,100 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-def _start_emulator(processes: Processes, llm: dict, engine: str) -> str:
-    port = free_port()
-    argv = [sys.executable, "-m", "scepsy", "emulate", "--model", llm["model"], "--gpu", llm["gpu_type"],
-            "--tp", str(llm["tp"]), "--fraction", str(llm["fraction"]), "--served-model-name", llm["name"],
-            "--personality", engine, "--speedup", "1000", "--port", str(port)]
-    processes.start(argv)
-    url = f"http://127.0.0.1:{port}"
-    _poll(lambda: (r := _get(url + "/health")) is not None and r.status_code == 200, READY_LIMIT_S, f"emulator of {llm['name']}")
-    return url
+@dataclass
+class Pod:
+    name: str
+    llm: str
+    ip: str
+    url: str
+    process: subprocess.Popen
 
 
-def _replica_urls(objects: list[dict], emulators: dict[tuple[str, int], str], namespace: str) -> dict[str, str]:
-    """Cluster worker URL (through a rendered replica Service) -> the emulator its selector picks."""
-    out = {}
-    for service in of_kind(objects, "Service"):
-        selector = service["spec"]["selector"]
-        if "scepsy.io/replica" not in selector:
-            continue
-        key = (selector["scepsy.io/llm"], int(selector["scepsy.io/replica"]))
-        port = service["spec"]["ports"][0]["port"]
-        out[f"http://{service['metadata']['name']}.{namespace}.svc:{port}"] = emulators[key]
-    return out
+class Cluster:
+    """The rendered objects of one case run on loopback: the pod API, engine pods, gateways."""
+
+    def __init__(self, stack: ExitStack, tmp_path, case, speedup: dict[str, float] | None = None):
+        self.objects = objects_of(regenerate.emit(case))
+        self.plan = json.loads(regenerate.plan_path(case).read_text())
+        self.llms = {m["name"]: m for m in self.plan["llms"]}
+        self.engine = case.engine
+        self.namespace = next(o for o in self.objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "scepsy-plan")["metadata"]["namespace"]
+        self.templates = {d["metadata"]["name"]: d["spec"]["template"] for d in engine_deployments(self.objects)}
+        self.gateways = {d["metadata"]["labels"]["scepsy.io/llm"]: d for d in of_kind(self.objects, "Deployment")
+                         if d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"}
+        self.api = stack.enter_context(PodApi(self.namespace))
+        self.kubeconfig = self.api.kubeconfig(tmp_path)
+        self.processes = Processes(stack, tmp_path)
+        self.port = _shared_port()
+        self.speedup = speedup or {}
+        self.pods: dict[str, Pod] = {}
+        self.created = itertools.count()
+
+    def _engine(self, llm: str, ip: str) -> tuple[subprocess.Popen, str]:
+        m = self.llms[llm]
+        argv = [sys.executable, "-m", "scepsy", "emulate", "--model", m["model"], "--gpu", m["gpu_type"], "--tp", str(m["tp"]),
+                "--fraction", str(m["fraction"]), "--served-model-name", llm, "--personality", self.engine,
+                "--speedup", str(self.speedup.get(llm, 1000.0)), "--host", ip, "--port", str(self.port)]
+        process = self.processes.start(argv)
+        url = f"http://{ip}:{self.port}"
+        _poll(lambda: (r := _get(url + "/health")) is not None and r.status_code == 200, READY_LIMIT_S, f"engine of {llm} at {ip}")
+        return process, url
+
+    def start_replica(self, deployment: str) -> Pod:
+        """A pod of the rendered Deployment: scheduled, its engine started, Ready once /health answers."""
+        labels = self.templates[deployment]["metadata"]["labels"]
+        name = f"{deployment}-{next(self.created)}"
+        self.api.create(name, labels)
+        ip = _pod_ip()
+        process, url = self._engine(labels["scepsy.io/llm"], ip)
+        self.api.run(name, ip, ready=True)
+        pod = self.pods[name] = Pod(name, labels["scepsy.io/llm"], ip, url, process)
+        return pod
+
+    def restart_container(self, pod: Pod) -> None:
+        """The engine container restarts in the same pod (same IP): not ready, down, up, ready."""
+        self.api.run(pod.name, pod.ip, ready=False)
+        _stop(pod.process)
+        pod.process, pod.url = self._engine(pod.llm, pod.ip)
+        self.api.run(pod.name, pod.ip, ready=True)
+
+    def start_gateway(self, llm: str, extra: list[str] | None = None) -> Gateway:
+        container = self.gateways[llm]["spec"]["template"]["spec"]["containers"][0]
+        assert tuple(container["command"]) == GATEWAY_COMMAND
+        args, url, metrics_url = _local_args(container["args"], self.port)
+        process = self.processes.start([sys.executable, *container["command"][1:], *args, *(extra or [])],
+                                       env=dict(os.environ, KUBECONFIG=str(self.kubeconfig)))
+        _poll(lambda: (r := _get(url + "/liveness")) is not None and r.status_code == 200, READY_LIMIT_S, f"gateway of {llm}")
+        return Gateway(process, url, metrics_url)
 
 
-def _local_args(args: list[str], worker_urls: dict[str, str]) -> tuple[list[str], str]:
+@dataclass
+class Gateway:
+    process: subprocess.Popen
+    url: str
+    metrics_url: str  # the --prometheus-port listener
+
+
+def _local_args(args: list[str], engine_port: int) -> tuple[list[str], str, str]:
     """The rendered arguments with the cluster-only values replaced (module docstring)."""
     port, metrics_port = free_port(), free_port()
-    replace = {"--host": "127.0.0.1", "--port": str(port), "--prometheus-port": str(metrics_port)}
-    out, i = [], 0
-    while i < len(args):
-        flag = args[i]
-        out.append(flag)
-        if flag == "--worker-urls":
-            i += 1
-            while i < len(args) and not args[i].startswith("--"):
-                out.append(worker_urls[args[i]])
-                i += 1
-            continue
-        if flag in replace:
-            out.append(replace[flag])
-            i += 2
-            continue
-        i += 1
-    return out, f"http://127.0.0.1:{port}"
+    replace = {"--host": "127.0.0.1", "--port": str(port), "--prometheus-port": str(metrics_port), "--service-discovery-port": str(engine_port)}
+    out = list(args)
+    for flag, value in replace.items():
+        out[out.index(flag) + 1] = value
+    return out, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
 
 
-def _start_gateway(processes: Processes, deployment: dict, worker_urls: dict[str, str]) -> str:
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert tuple(container["command"]) == GATEWAY_COMMAND
-    args, url = _local_args(container["args"], worker_urls)
-    processes.start([sys.executable, *container["command"][1:], *args])
+def _workers(gateway_url: str) -> set[str]:
+    response = _get(gateway_url + "/workers")
+    return {w["url"] for w in response.json()["workers"]} if response is not None and response.status_code == 200 else set()
 
-    def all_workers_healthy() -> bool:
-        response = _get(url + "/readiness")
-        if response is None or response.status_code != 200:
-            return False
-        body = response.json()
-        return body.get("healthy_workers") == body.get("total_workers") and body.get("total_workers", 0) > 0
 
-    _poll(all_workers_healthy, READY_LIMIT_S, f"gateway {deployment['metadata']['name']}")
-    return url
+def _healthy_workers(gateway_url: str) -> set[str]:
+    response = _get(gateway_url + "/workers")
+    if response is None or response.status_code != 200:
+        return set()
+    return {w["url"] for w in response.json()["workers"] if w["is_healthy"]}
 
 
 def _served(url: str) -> int:
@@ -182,71 +241,198 @@ def _send(gateway_url: str, llm: str, task: str, engine: str) -> int:
     return sent
 
 
+
+def _gauge(url: str, name: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=10.0).text
+    return sum(float(row.rsplit(" ", 1)[1]) for row in text.splitlines() if row.partition("{")[0] == name)
+
+
+def _accepted(url: str) -> int:
+    """Requests an engine ever took: finished + running + waiting."""
+    return _served(url) + int(_gauge(url, "vllm:num_requests_running") + _gauge(url, "vllm:num_requests_waiting"))
+
+
+def _chat(gateway_url: str, llm: str, tag: str, max_tokens: int = 2) -> None:
+    response = httpx.post(gateway_url + "/v1/chat/completions", timeout=120.0,
+                          json={"model": llm, "messages": [{"role": "user", "content": f"{tag} for {llm}"}], "max_tokens": max_tokens})
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == llm
+
+
 # every kind of LLM (both workflows of the combined instance), and several replicas per LLM (the
 # equal-halves plan of beam-4xa6000: gen x3, ver x5), for both engines' personalities
-ROUTING_CASES = [c for c in CASES if (c.instance, c.plan_kind, c.sharing) in
+ROUTING_CASES = [c for c in CASES if c.router == "sglang" and (c.instance, c.plan_kind, c.sharing) in
                  {("combined-8xh100", "optimal", "hami"), ("beam-4xa6000", "halves", "device-plugin-mps")}]
+HALVES = {c.engine: c for c in CASES if c.plan_kind == "halves"}
 
 
 @pytest.mark.parametrize("case", ROUTING_CASES, ids=lambda c: c.name)
 def test_gateways_route_each_llm_to_its_own_replicas(tmp_path, case):
+    """All replica pods of all LLMs in one namespace, one gateway per LLM discovering its own: every
+    LLM's requests (chat, streamed chat, embeddings, rerank) are answered by its replicas only, and
+    every gateway exposes its Prometheus metrics."""
     assert importlib.metadata.version("sglang-router") == GATEWAY_VERSION, "pin sglang-router to the gateway image's release"
-    engine = case.engine
-    objects = objects_of(regenerate.emit(case))
-    plan = json.loads(regenerate.plan_path(case).read_text())
-    llms = {m["name"]: m for m in plan["llms"]}
-    namespace = objects[0]["metadata"]["name"]
-    gateways = {d["metadata"]["labels"]["scepsy.io/llm"]: d for d in of_kind(objects, "Deployment")
-                if d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"}
     with ExitStack() as stack:
-        processes = Processes(stack, tmp_path)
-        emulators = {(p["llm"], p["replica"]): _start_emulator(processes, llms[p["llm"]], engine) for p in plan["placement"]}
-        worker_urls = _replica_urls(objects, emulators, namespace)
-        gateway_urls = {llm: _start_gateway(processes, deployment, worker_urls) for llm, deployment in sorted(gateways.items())}
+        cluster = Cluster(stack, tmp_path, case)
+        pods = [cluster.start_replica(name) for name in sorted(cluster.templates)]
+        gateways = {llm: cluster.start_gateway(llm) for llm in sorted(cluster.gateways)}
+        gateway_urls = {llm: g.url for llm, g in gateways.items()}
+        for llm, url in gateway_urls.items():
+            own = {p.url for p in pods if p.llm == llm}
+            _poll(lambda: _healthy_workers(url) == own, READY_LIMIT_S, f"gateway of {llm} with its {len(own)} replicas")
         sent: Counter = Counter()
         for llm, url in gateway_urls.items():
-            sent[llm] += _send(url, llm, serving_task(llms[llm]["model"]), engine)
+            sent[llm] += _send(url, llm, serving_task(cluster.llms[llm]["model"]), case.engine)
         served: Counter = Counter()
-        for (llm, _), url in emulators.items():
-            served[llm] += _served(url)
+        for pod in pods:
+            served[pod.llm] += _served(pod.url)
+        for llm, gateway in gateways.items():
+            # --prometheus-port: the gateway's own metrics, which its PodMonitor scrapes at /metrics
+            metrics = httpx.get(gateway.metrics_url + "/metrics", timeout=10.0)
+            assert metrics.status_code == 200 and "smg_http_requests_total" in metrics.text, llm
+            assert gateway.process.poll() is None
     # every LLM with a gateway got exactly its requests; the others (vLLM's reranker) none
     assert served == sent, (served, sent)
-    assert set(gateways) == {m for m in llms if engine == "sglang" or serving_task(llms[m]["model"]) != "score"}
-    assert all(sent[m] > 0 for m in gateways)
+    assert set(cluster.gateways) == {m for m in cluster.llms if case.engine == "sglang" or serving_task(cluster.llms[m]["model"]) != "score"}
+    assert all(sent[m] > 0 for m in cluster.gateways)
 
 
-def test_a_gateway_started_before_its_engines_serves_once_they_answer(tmp_path):
-    """In a cluster the gateway pod is ready in seconds and the engines after minutes of loading:
-    the gateway must keep retrying its workers (--worker-startup-timeout-secs) and report not ready
-    meanwhile (its readiness probe keeps the LLM's Service from sending traffic to it), then serve."""
-    case = next(c for c in CASES if (c.instance, c.plan_kind, c.engine) == ("beam-4xa6000", "whole", "vllm"))
-    objects = objects_of(regenerate.emit(case))
-    plan = json.loads(regenerate.plan_path(case).read_text())
-    llms = {m["name"]: m for m in plan["llms"]}
-    gateway = next(d for d in of_kind(objects, "Deployment") if d["metadata"]["name"] == "gen-gateway")
-    namespace = objects[0]["metadata"]["name"]
-    ports = {(p["llm"], p["replica"]): free_port() for p in plan["placement"] if p["llm"] == "gen"}
-    worker_urls = _replica_urls(objects, {k: f"http://127.0.0.1:{port}" for k, port in ports.items()} | {
-        (p["llm"], p["replica"]): "http://127.0.0.1:9" for p in plan["placement"] if p["llm"] != "gen"}, namespace)
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_late_restarted_and_added_replicas_get_traffic_without_a_gateway_restart(tmp_path, engine):
+    """The gateway of `gen` (equal-halves beam plan: gen x3, ver x5) starts before any engine, with
+    its registration window shortened to 1 s (`--worker-startup-timeout-secs`, which bounds how
+    long the gateway tries a worker it was told about) and waited out; then, each time with every
+    request answered by gen and by the replicas the pods say:
+    - a late replica (ready long after the window) gets all requests;
+    - its engine container restarts in the same pod (same IP): requests reach the new process;
+    - its pod is replaced (deleted, a new pod with a new IP): the new pod gets the requests;
+    - two replicas are added (scale up): each gets requests;
+    and a `ver` replica in the same namespace never gets one. The gateway process runs throughout."""
     with ExitStack() as stack:
-        processes = Processes(stack, tmp_path)
-        container = gateway["spec"]["template"]["spec"]["containers"][0]
-        args, url = _local_args(container["args"], worker_urls)
-        processes.start([sys.executable, *container["command"][1:], *args])
-        _poll(lambda: (r := _get(url + "/liveness")) is not None and r.status_code == 200, READY_LIMIT_S, "gateway liveness")
-        waiting = _get(url + "/readiness")
-        assert waiting is not None and waiting.status_code == 503  # no engine yet: not ready, but alive
-        for (llm, _), port in ports.items():
-            argv = [sys.executable, "-m", "scepsy", "emulate", "--model", llms[llm]["model"], "--gpu", llms[llm]["gpu_type"],
-                    "--tp", str(llms[llm]["tp"]), "--served-model-name", llm, "--speedup", "1000", "--port", str(port)]
-            processes.start(argv)
+        # gen's engines in (modelled) real time / 20, so that concurrent requests overlap
+        cluster = Cluster(stack, tmp_path, HALVES[engine], speedup={"gen": 20.0})
+        gateway = cluster.start_gateway("gen", ["--worker-startup-timeout-secs", "1"])
+        waiting = _get(gateway.url + "/readiness")
+        assert waiting is not None and waiting.status_code == 503  # no replica yet: alive, not ready
+        time.sleep(3)  # past the shortened window (a lower bound: waiting longer changes nothing)
+        ver = cluster.start_replica("ver-r0")
 
-        def ready() -> bool:
-            response = _get(url + "/readiness")
-            return response is not None and response.status_code == 200 and response.json()["healthy_workers"] == len(ports)
+        first = cluster.start_replica("gen-r0")
+        _poll(lambda: _healthy_workers(gateway.url) == {first.url}, READY_LIMIT_S, "late replica")
+        for i in range(4):
+            _chat(gateway.url, "gen", f"late {i}")
+        assert _served(first.url) == 4
 
-        _poll(ready, READY_LIMIT_S, "gateway after its engines started")
-        assert _send(url, "gen", "generate", "vllm") == 2 * REQUESTS_PER_KIND
+        cluster.restart_container(first)
+        assert _served(first.url) == 0  # a new engine process
+
+        def answered_by_restarted() -> bool:
+            try:
+                _chat(gateway.url, "gen", "after restart")
+            except AssertionError:
+                return False  # the gateway has not seen the engine back yet (health checks every 10 s)
+            return True
+
+        _poll(answered_by_restarted, READY_LIMIT_S, "restarted engine")
+        assert _served(first.url) >= 1
+
+        cluster.api.delete(first.name)
+        _poll(lambda: first.url not in _workers(gateway.url), READY_LIMIT_S, "deleted pod dropped")
+        _stop(first.process)
+        cluster.api.remove(first.name)
+        replaced = cluster.start_replica("gen-r0")
+        _poll(lambda: _healthy_workers(gateway.url) == {replaced.url}, READY_LIMIT_S, "replacement pod")
+        for i in range(3):
+            _chat(gateway.url, "gen", f"replaced {i}")
+        assert _served(replaced.url) == 3
+
+        added = [cluster.start_replica("gen-r1"), cluster.start_replica("gen-r2")]
+        every = {replaced.url, *(p.url for p in added)}
+        _poll(lambda: _healthy_workers(gateway.url) == every, READY_LIMIT_S, "scaled-up replicas")
+        # cache_aware sends a prompt without a cached prefix to the replica with the fewest requests in
+        # flight (the first one when all are idle): concurrent requests spread over the replicas
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            for round_ in range(50):  # bounded: until each added replica answered at least once
+                tags = [hashlib.sha256(f"{round_}-{i}".encode()).hexdigest() for i in range(12)]
+                list(pool.map(lambda tag: _chat(gateway.url, "gen", tag, max_tokens=48), tags))
+                if all(_served(p.url) > 0 for p in added):
+                    break
+        assert all(_served(p.url) > 0 for p in added)
+        assert _served(ver.url) == 0
+        assert gateway.process.poll() is None  # never restarted
+
+
+def _stream(gateway_url: str, llm: str, tag: str, max_tokens: int, outcome: dict) -> None:
+    try:
+        # the tag first: prompts that share no prefix go to the replica with the fewest requests in
+        # flight (cache_aware); a shared prefix would send every stream after the first where it went
+        body = {"model": llm, "messages": [{"role": "user", "content": f"{tag}: a long answer"}], "max_tokens": max_tokens, "stream": True,
+                "ignore_eos": True}
+        with httpx.stream("POST", gateway_url + "/v1/chat/completions", json=body, timeout=600.0) as response:
+            chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+        finish = [c["choices"][0]["finish_reason"] for c in chunks if c.get("choices") and c["choices"][0].get("finish_reason")]
+        outcome[tag] = (response.status_code, finish)
+    except httpx.HTTPError as exc:
+        outcome[tag] = (None, repr(exc))
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_removed_replica_gets_no_new_requests_and_finishes_its_own(tmp_path, engine):
+    """Scale down with requests in flight: `gen` has two replicas, A and B, whose modelled time makes
+    each stream last at least three times the drain hook's settle time. While B streams answers,
+    its pod is deleted and, as the kubelet does, its rendered preStop command starts at once
+    (against B's metrics address). The gateway drops B; new requests all go to A while B
+    finishes; the hook returns only when B is idle (so it outlasts its settle time), after which B's
+    engine is stopped and its pod removed; every stream B had completes in full."""
+    case = HALVES[engine]
+    llm = next(m for m in json.loads(regenerate.plan_path(case).read_text())["llms"] if m["name"] == "gen")
+    max_tokens = 64
+    modelled_s = engine_for(catalog.model(llm["model"]), catalog.gpu(llm["gpu_type"]), llm["tp"], llm["fraction"]).request_time_s(8, max_tokens)
+    slow = modelled_s / (3 * SETTLE_S)  # a stream on B lasts at least 3 x SETTLE_S of wall-clock time
+    with ExitStack() as stack:
+        cluster = Cluster(stack, tmp_path, case, speedup={"gen": slow})
+        a = cluster.start_replica("gen-r0")
+        b = cluster.start_replica("gen-r1")
+        gateway = cluster.start_gateway("gen")
+        _poll(lambda: _healthy_workers(gateway.url) == {a.url, b.url}, READY_LIMIT_S, "both replicas")
+
+        outcome: dict = {}
+        streams = []
+        for i in range(16):  # bounded: until B runs at least one stream
+            tag = hashlib.sha256(f"stream {i}".encode()).hexdigest()
+            thread = threading.Thread(target=_stream, args=(gateway.url, "gen", tag, max_tokens, outcome))
+            thread.start()
+            streams.append(thread)
+            _poll(lambda: _accepted(a.url) + _accepted(b.url) >= i + 1, READY_LIMIT_S, "stream accepted")
+            if _gauge(b.url, "vllm:num_requests_running") >= 1:
+                break
+        assert _gauge(b.url, "vllm:num_requests_running") >= 1
+
+        cluster.api.delete(b.name)  # graceful deletion: the kubelet runs preStop now
+        command = cluster.templates["gen-r1"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+        assert command[3].startswith("http://127.0.0.1:") and command[3].endswith("/metrics")
+        hook_started = time.monotonic()
+        hook = subprocess.Popen([sys.executable, *command[1:3], b.url + "/metrics", *command[4:]])
+        stack.callback(_stop, hook)
+        _poll(lambda: b.url not in _workers(gateway.url), READY_LIMIT_S, "deleted pod dropped")
+        took = _accepted(b.url)
+        served_a = _served(a.url)
+        for i in range(6):
+            _chat(gateway.url, "gen", f"after removal {i}")
+        assert _accepted(b.url) == took  # B got no new request
+        assert _served(a.url) >= served_a + 6
+
+        assert hook.wait(timeout=900) == 0
+        hook_s = time.monotonic() - hook_started
+        assert _gauge(b.url, "vllm:num_requests_running") + _gauge(b.url, "vllm:num_requests_waiting") == 0
+        assert hook_s > SETTLE_S + 1, "the hook returned before B finished its requests"
+        _stop(b.process)  # the pod ends only now
+        cluster.api.remove(b.name)
+        for thread in streams:
+            thread.join(timeout=900)
+        assert gateway.process.poll() is None
+    assert len(outcome) == len(streams)
+    assert all(status == 200 and finish == ["length"] for status, finish in outcome.values()), outcome
 
 
 def test_the_gateway_cannot_front_a_vllm_reranker(tmp_path):
@@ -255,8 +441,12 @@ def test_the_gateway_cannot_front_a_vllm_reranker(tmp_path):
     {"results": [...]}). If a gateway release fixes this, this test fails and the exception can go."""
     with ExitStack() as stack:
         processes = Processes(stack, tmp_path)
-        llm = {"name": "rerank", "model": "BAAI/bge-reranker-base", "gpu_type": "H100", "tp": 1, "fraction": 0.7}
-        worker = _start_emulator(processes, llm, "vllm")
+        port = free_port()
+        argv = [sys.executable, "-m", "scepsy", "emulate", "--model", "BAAI/bge-reranker-base", "--gpu", "H100", "--fraction", "0.7",
+                "--served-model-name", "rerank", "--personality", "vllm", "--speedup", "1000", "--port", str(port)]
+        processes.start(argv)
+        worker = f"http://127.0.0.1:{port}"
+        _poll(lambda: (r := _get(worker + "/health")) is not None and r.status_code == 200, READY_LIMIT_S, "reranker")
         port, metrics_port = free_port(), free_port()
         processes.start([sys.executable, *GATEWAY_COMMAND[1:], "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
                          "--worker-urls", worker, "--prometheus-port", str(metrics_port)])

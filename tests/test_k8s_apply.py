@@ -79,7 +79,7 @@ def test_load_manifests_reads_what_kustomization_lists():
     objects = load_manifests(DRA)
     listed = yaml.safe_load((DRA / "kustomization.yaml").read_text())["resources"]
     assert len(objects) == len(listed)
-    assert {o["kind"] for o in objects} == {"Namespace", "PriorityClass", "ConfigMap", "ResourceClaim", "Service", "Deployment"}
+    assert {o["kind"] for o in objects} == {"Namespace", "PriorityClass", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ResourceClaim", "Service", "Deployment"}
 
 
 def test_missing_listed_file_is_reported(tmp_path):

@@ -4,8 +4,10 @@ Checked independently of the generator, from the emitted YAML and the plan JSON 
 golden case and for a synthetic cluster whose nodes list GPU UUIDs (so that HAMi's UUID annotation
 and the DRA claims' UUID selectors are checked too): node pinning, TP, GPU resources and claims,
 memory flags and MPS limits from the memory the GPU reports, CPU/memory requests and limits,
-/dev/shm, priority and grace period, UUID handling (CUDA_VISIBLE_DEVICES only ever holds ordinals),
-the HF token for gated models, and the routing labels (Services, gateways' worker lists, budgets).
+/dev/shm (none for MPS clients), priority, drain hook and grace period, UUID handling
+(CUDA_VISIBLE_DEVICES only ever holds ordinals, for MPS clients as the DRA driver's MPS server numbers
+the claim's GPUs: by sorted UUID), the HF token for gated models, and the routing labels (Services,
+the gateways' discovery selectors and RBAC, budgets).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import json
 import math
 
 import pytest
+import yaml
 
 from k8s_support import CASES, engine_deployments, env_of, flag, objects_of, of_kind, regenerate, synthetic
 
-from scepsy.k8s.gateway import GATEWAY_DRAIN_S
+from scepsy.k8s.engines import ENGINE_PORTS, METRICS
+from scepsy.k8s.gateway import DRAIN_LIMIT_S, SETTLE_S, membership
 from scepsy.k8s.manifests import ManifestSettings, emit
 from scepsy.k8s.plan_input import load_placed_plan
 from scepsy.models.catalog import catalog
@@ -43,22 +47,39 @@ def _visible_ordinals(env: dict, visible_gpus: int) -> None:
     if "CUDA_VISIBLE_DEVICES" in env:
         ordinals = [int(v) for v in env["CUDA_VISIBLE_DEVICES"].split(",")]
         assert all(0 <= o < visible_gpus for o in ordinals) and len(set(ordinals)) == len(ordinals)
-        assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+        assert "CUDA_DEVICE_ORDER" not in env  # the MPS server's numbering, not the bus order
 
 
-def _check_resources(container: dict, spec: dict, llm: dict, weights_gib: float) -> None:
-    """CPU and memory requests and limits from the model (k8s/sizing.py), shm, priority, grace."""
+def _check_resources(container: dict, spec: dict, llm: dict, weights_gib: float, mps_client: bool) -> None:
+    """CPU and memory requests and limits from the model (k8s/sizing.py), shm, priority, drain."""
     tp = llm["tp"]
     requests, limits = container["resources"]["requests"], container["resources"]["limits"]
     shm = 2 if tp == 1 else 16
     memory = f"{math.ceil(weights_gib) + 4 * (tp + 1) + shm}Gi"
     assert requests == {"cpu": str(2 + 2 * tp), "memory": memory}
     assert limits["cpu"] == str(2 * (2 + 2 * tp)) and limits["memory"] == memory
-    dshm = next(v for v in spec["volumes"] if v["name"] == "dshm")
-    assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{shm}Gi"}
-    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    shm_mounts = [m for m in container["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    if mps_client:
+        # the MPS stack binds the daemon's shared memory at /dev/shm; a pod volume there breaks MPS
+        assert shm_mounts == [] and all(v["name"] != "dshm" for v in spec["volumes"])
+    else:
+        dshm = next(v for v in spec["volumes"] if v["name"] == "dshm")
+        assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": f"{shm}Gi"}
+        assert shm_mounts == [{"name": "dshm", "mountPath": "/dev/shm"}]
     assert spec["priorityClassName"] == "scepsy-serving"
-    assert spec["terminationGracePeriodSeconds"] > GATEWAY_DRAIN_S
+
+
+def _check_drain(container: dict, spec: dict, labels: dict, llm: str, engine: str, namespace: str) -> None:
+    """The replica joins its gateway by its labels and leaves it drained (gateway.membership)."""
+    member = membership(llm, engine, namespace)
+    assert member.labels.items() <= labels.items()
+    assert container["ports"][0]["containerPort"] == member.port == ENGINE_PORTS[engine]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert tuple(command) == member.pre_stop
+    assert command[3] == f"http://127.0.0.1:{ENGINE_PORTS[engine]}/metrics"
+    assert command[4].split(",") == [METRICS[engine].running, METRICS[engine].waiting]
+    # the grace period covers the settle time, the drain limit and the engine's own shutdown
+    assert spec["terminationGracePeriodSeconds"] == member.termination_grace_s > SETTLE_S + DRAIN_LIMIT_S
 
 
 def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, memory_gib: float, uuids: dict | None,
@@ -88,7 +109,12 @@ def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, 
         assert float(flag(args, mem_flag)) == pytest.approx(U * visible, abs=1e-4)
         assert (args[0] if engine == "vllm" else flag(args, "--model-path")) == llm["model"]
         assert ("--is-embedding" in args) == (engine == "sglang" and catalog.serving_task(llm["model"]) != "generate")
-        _check_resources(container, spec, llm, weights[key[0]])
+        # SGLang serves /metrics only with --enable-metrics (the drain hook and the controller read it)
+        assert ("--enable-metrics" in args) == (engine == "sglang")
+        mps_client = (sharing == "device-plugin-mps" and share < 1) or (
+            sharing == "dra-mps" and claims[spec["resourceClaims"][0]["resourceClaimName"]]["metadata"]["annotations"]["scepsy.io/mps"] == "true")
+        _check_resources(container, spec, llm, weights[key[0]], mps_client)
+        _check_drain(container, spec, pod["metadata"]["labels"], key[0], engine, deployment["metadata"]["namespace"])
         limits = container["resources"]["limits"]
         gpu_limits = {k: v for k, v in limits.items() if k.startswith("nvidia.com/")}
         env = env_of(container)
@@ -120,7 +146,10 @@ def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, 
             shared = claim["metadata"]["annotations"]["scepsy.io/mps"] == "true"
             assert shared == (share < 1 or len(claim_gpus) > len(gpus))
             if shared:
-                assert env["CUDA_VISIBLE_DEVICES"] == ",".join(str(claim_gpus.index(g)) for g in gpus)
+                # the MPS server numbers the claim's GPUs by their UUIDs sorted as strings (the DRA
+                # driver's prepared.go); without UUIDs, in plan order
+                order = sorted(claim_gpus, key=lambda g: (node_uuids or [])[g]) if node_uuids else claim_gpus
+                assert env["CUDA_VISIBLE_DEVICES"] == ",".join(str(order.index(g)) for g in gpus)
                 assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(round(100 * share))
                 mib = math.floor(share * reported + 1e-9)  # from the memory the GPU reports
                 assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == ",".join(f"{i}={mib}M" for i in range(len(gpus)))
@@ -148,14 +177,62 @@ def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, 
     return len(seen)
 
 
+def check_inference_gateway(objects: list[dict], plan_json: dict, engine: str) -> None:
+    """`--router inference-gateway`: per LLM an InferencePool over exactly its replica pods on the
+    engine port, its endpoint picker (Service, Deployment, RBAC, config) and an HTTPRoute that sends
+    requests whose BBR header names the LLM, on its API paths, to that pool."""
+    llms, _ = _plan_view(plan_json)
+    namespace = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "scepsy-plan")["metadata"]["namespace"]
+    pods = [(d["metadata"]["name"], d["spec"]["template"]["metadata"]["labels"]) for d in of_kind(objects, "Deployment")]
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in objects if "metadata" in o}
+    assert not [d for d in of_kind(objects, "Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"]
+    assert ("ServiceAccount", "scepsy-gateway") not in by_name
+
+    def selected(selector: dict) -> set[str]:
+        return {name for name, labels in pods if selector.items() <= labels.items()}
+
+    paths = {"generate": {"/v1/chat/completions", "/v1/completions"}, "embed": {"/v1/embeddings"},
+             "score": {"/v1/rerank", "/rerank", "/v2/rerank"} if engine == "vllm" else {"/v1/rerank"}}
+    for name, llm in llms.items():
+        pool = by_name[("InferencePool", name)]["spec"]
+        assert selected(pool["selector"]["matchLabels"]) == {f"{name}-r{k}" for k in range(llm["replicas"])}
+        assert pool["targetPorts"] == [{"number": ENGINE_PORTS[engine]}]
+        picker = pool["endpointPickerRef"]
+        assert picker["name"] == f"{name}-epp" and picker["port"] == {"number": 9002}
+        service = by_name[("Service", f"{name}-epp")]["spec"]
+        assert {p["port"] for p in service["ports"]} == {9002, 9090}
+        assert selected(service["selector"]) == {f"{name}-epp"}
+        epp = by_name[("Deployment", f"{name}-epp")]["spec"]["template"]["spec"]
+        args = epp["containers"][0]["args"]
+        assert flag(args, "--pool-name") == name and flag(args, "--pool-namespace") == namespace
+        assert epp["containers"][0]["image"] == "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
+        assert epp["serviceAccountName"] == f"{name}-epp"
+        rules = by_name[("Role", f"{name}-epp")]["rules"]
+        assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]} in rules
+        assert any(r["resources"] == ["inferencepools"] for r in rules)
+        config = yaml.safe_load(by_name[("ConfigMap", f"{name}-epp")]["data"]["default-plugins.yaml"])
+        task = catalog.serving_task(llm["model"])
+        assert (config.get("parser") == {"pluginRef": "passthrough-parser"}) == (task == "score")
+        extractor = next(p for p in config["plugins"] if p["type"] == "core-metrics-extractor")
+        assert extractor.get("parameters", {}).get("defaultEngine", "vllm") == engine
+        route = by_name[("HTTPRoute", name)]["spec"]
+        assert route["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"}]
+        (rule,) = route["rules"]
+        assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": name}]
+        assert {m["path"]["value"] for m in rule["matches"]} == paths[task]
+        assert all(m["headers"] == [{"type": "Exact", "name": "X-Gateway-Model-Name", "value": name}] for m in rule["matches"])
+
+
 def check_routing(objects: list[dict], plan_json: dict, engine: str) -> None:
     """Routing labels: each LLM's Service selects its gateway (or, for a vLLM reranker, its
-    engines), each replica Service selects exactly one replica's pod, each gateway lists exactly
-    its LLM's replica Services, and the policy fits the model."""
+    engines), each gateway's discovery selector picks exactly its LLM's replica pods in its
+    namespace on their engine port, the gateways run with a ServiceAccount allowed to watch pods,
+    and the policy fits the model."""
     llms, placed = _plan_view(plan_json)
-    namespace = objects[0]["metadata"]["name"]
+    namespace = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "scepsy-plan")["metadata"]["namespace"]
     pods = [(d["metadata"]["name"], d["spec"]["template"]["metadata"]["labels"]) for d in of_kind(objects, "Deployment")]
     services = {s["metadata"]["name"]: s for s in of_kind(objects, "Service")}
+    assert not [s for s in services.values() if "scepsy.io/replica" in s["spec"]["selector"]], "no per-replica Services"
 
     def selected(service: dict) -> set[str]:
         return {name for name, labels in pods if service["spec"]["selector"].items() <= labels.items()}
@@ -165,8 +242,6 @@ def check_routing(objects: list[dict], plan_json: dict, engine: str) -> None:
     for name, llm in llms.items():
         replicas = {f"{name}-r{k}" for k in range(llm["replicas"])}
         assert {(n, k) for n, k in placed if n == name} == {(name, k) for k in range(llm["replicas"])}
-        for replica in replicas:
-            assert selected(services[replica]) == {replica}
         reranker = catalog.serving_task(llm["model"]) == "score"
         if engine == "vllm" and reranker:
             assert name not in gateways and selected(services[name]) == replicas
@@ -174,15 +249,32 @@ def check_routing(objects: list[dict], plan_json: dict, engine: str) -> None:
         assert selected(services[name]) == {f"{name}-gateway"}
         assert services[name]["spec"]["ports"][0]["port"] == 30000
         args = gateways[name]["spec"]["template"]["spec"]["containers"][0]["args"]
-        urls = args[args.index("--worker-urls") + 1 : args.index("--worker-startup-timeout-secs")]
-        port = services[f"{name}-r0"]["spec"]["ports"][0]["port"]
-        assert urls == [f"http://{r}.{namespace}.svc:{port}" for r in sorted(replicas, key=lambda r: int(r.rsplit("-r", 1)[1]))]
+        selector = dict(item.split("=", 1) for item in args[args.index("--selector") + 1 : args.index("--service-discovery-namespace")])
+        assert selected({"spec": {"selector": selector}}) == replicas
+        assert flag(args, "--service-discovery-namespace") == namespace
+        assert int(flag(args, "--service-discovery-port")) == ENGINE_PORTS[engine]
         assert flag(args, "--policy") == ("cache_aware" if catalog.serving_task(llm["model"]) == "generate" else "round_robin")
-        assert "--service-discovery" not in args and "--enable-igw" not in args
+        assert "--service-discovery" in args and "--worker-urls" not in args and "--enable-igw" not in args
         gateway_spec = gateways[name]["spec"]["template"]["spec"]
+        assert gateway_spec["serviceAccountName"] == "scepsy-gateway"
         assert gateway_spec["terminationGracePeriodSeconds"] > int(flag(args, "--shutdown-grace-period-secs"))
         resources = gateway_spec["containers"][0]["resources"]
-        assert resources["requests"]["memory"] == resources["limits"]["memory"] == f"{1024 + 256 * llm['replicas']}Mi"
+        # sized from nothing a plan changes (tests/test_k8s_replan.py); the whole cache-aware tree of
+        # this plan's replicas stays within the 2^28 characters its memory is sized for
+        cache_aware = flag(args, "--policy") == "cache_aware"
+        assert resources["requests"]["memory"] == resources["limits"]["memory"] == ("2304Mi" if cache_aware else "1024Mi")
+        assert (resources["requests"]["cpu"], resources["limits"]["cpu"]) == ("1", "2")
+        if cache_aware:
+            assert int(flag(args, "--max-tree-size")) * llm["replicas"] <= 2**28
+        else:
+            assert "--max-tree-size" not in args
+    if gateways:
+        role = next(r for r in of_kind(objects, "Role") if r["metadata"]["name"] == "scepsy-gateway")
+        assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+        binding = next(b for b in of_kind(objects, "RoleBinding") if b["metadata"]["name"] == "scepsy-gateway")
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "scepsy-gateway", "namespace": namespace}]
+        assert binding["roleRef"]["name"] == "scepsy-gateway"
+        assert [a["metadata"]["name"] for a in of_kind(objects, "ServiceAccount")] == ["scepsy-gateway"]
     budgets = {b["metadata"]["name"]: b for b in of_kind(objects, "PodDisruptionBudget")}
     assert set(budgets) == {n for n, m in llms.items() if m["replicas"] > 1}
     for name, budget in budgets.items():
@@ -199,14 +291,26 @@ def test_golden_pods_realise_the_plan(case):
     objects = objects_of(regenerate.emit(case))
     plan_json = json.loads(plan_file.read_text())
     assert check_pods(objects, plan_json, case.engine, case.sharing, memory, None, weights) > 0
-    check_routing(objects, plan_json, case.engine)
+    if case.router == "inference-gateway":
+        check_inference_gateway(objects, plan_json, case.engine)
+    else:
+        check_routing(objects, plan_json, case.engine)
 
 
+@pytest.mark.parametrize("uuid_order", ["bus", "reversed"])
 @pytest.mark.parametrize("sharing", ["hami", "dra-mps"])
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
-def test_synthetic_cluster_with_uuids_realises_the_plan(tmp_path, engine, sharing):
+def test_synthetic_cluster_with_uuids_realises_the_plan(tmp_path, engine, sharing, uuid_order):
+    """`reversed`: UUIDs that sort against the bus order (real UUIDs are random), so that MPS
+    ordinals by sorted UUID and by bus position differ."""
     plan_file = synthetic.write_synthetic(tmp_path, nodes=3)
-    uuids = {f"h100-{n:04d}": [synthetic.gpu_uuid(n, g) for g in range(8)] for n in range(3)}
+    uuids = {f"h100-{n:04d}": [synthetic.gpu_uuid(n, g if uuid_order == "bus" else 7 - g) for g in range(8)] for n in range(3)}
+    if uuid_order == "reversed":
+        instance_file = tmp_path / "instance.yaml"
+        data = yaml.safe_load(instance_file.read_text())
+        for node in data["cluster"]["nodes"]:
+            node["gpu_uuids"] = uuids[node["name"]]
+        instance_file.write_text(yaml.safe_dump(data))
     plan = load_placed_plan(plan_file)
     objects = objects_of(emit(plan, ManifestSettings(engine=engine, gpu_sharing=sharing)))
     weights = {m.name: m.weights_gib for m in plan.llms}

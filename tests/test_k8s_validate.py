@@ -16,7 +16,7 @@ from k8s_support import CASES, objects_of, of_kind, regenerate
 
 from scepsy.k8s.manifests import ManifestSettings, emit
 from scepsy.k8s.plan_input import load_placed_plan
-from scepsy.k8s.validate import newest_version, validate_objects
+from scepsy.k8s.validate import crd_schemas, newest_version, validate_objects
 
 VERSIONS = ("1.30.0", "1.33.0", newest_version())
 
@@ -78,3 +78,44 @@ def test_kustomization_is_not_validated_as_a_built_in():
     objects = objects_of(regenerate.emit(CASES[0]))
     assert any(o["kind"] == "Kustomization" for o in objects)
     assert validate_objects(objects, newest_version()) == []
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_inference_gateway_objects_validate_against_the_vendored_crds(engine):
+    """InferencePools (inference extension v1.5.0) and HTTPRoutes (Gateway API v1.3.0 and v1.5.1,
+    standard channel) validate strictly against their CRDs' schemas (k8s/crds/SOURCES), the
+    built-in objects against Kubernetes' as before, and with --prometheus the endpoint pickers'
+    PodMonitors select the pickers' pods on a port they declare."""
+    case = next(c for c in CASES if c.router == "inference-gateway" and c.engine == engine)
+    plan = load_placed_plan(regenerate.plan_path(case))
+    objects = objects_of(emit(plan, ManifestSettings(engine=engine, router="inference-gateway", prometheus=True)))
+    kinds = {o["kind"] for o in objects}
+    assert {"InferencePool", "HTTPRoute"} <= kinds
+    assert {source for key, schemas in crd_schemas().items() for source, _ in schemas if key[1] == "HTTPRoute"} == {
+        "gateway.networking.k8s.io_httproutes.v1.3.0.yaml", "gateway.networking.k8s.io_httproutes.v1.5.1.yaml"}
+    for version in VERSIONS:
+        assert validate_objects(objects, version) == [], version
+    pickers = [d["spec"]["template"] for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-epp")]
+    for monitor in [m for m in of_kind(objects, "PodMonitor") if m["metadata"]["name"].endswith("-epp")]:
+        selected = [p for p in pickers if monitor["spec"]["selector"]["matchLabels"].items() <= p["metadata"]["labels"].items()]
+        assert len(selected) == 1
+        assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in {p["name"] for p in selected[0]["spec"]["containers"][0]["ports"]}
+    assert len([m for m in of_kind(objects, "PodMonitor") if m["metadata"]["name"].endswith("-epp")]) == len(plan.llms)
+
+
+def test_custom_resource_validation_is_strict():
+    """An unknown field, a missing required field and a value out of range are each reported."""
+    case = next(c for c in CASES if c.router == "inference-gateway")
+    objects = objects_of(regenerate.emit(case))
+    pool = copy.deepcopy(of_kind(objects, "InferencePool")[0])
+    pool["spec"]["endpointPickerRef"]["portNumber"] = 9002
+    route = copy.deepcopy(of_kind(objects, "HTTPRoute")[0])
+    del route["spec"]["rules"][0]["matches"][0]["path"]["value"]
+    route["spec"]["rules"][0]["matches"][0]["headers"][0]["type"] = "Prefix"
+    bad_name = copy.deepcopy(of_kind(objects, "InferencePool")[1])
+    bad_name["metadata"]["name"] = "Not_A_Name"
+    problems = [str(p) for p in validate_objects([pool, route, bad_name], newest_version())]
+    assert any("portNumber" in p for p in problems)
+    assert any("'Prefix' is not one of" in p for p in problems)
+    assert any("Not_A_Name" in p and "metadata/name" in p for p in problems)
+    assert all("inferencepools.v1.5.0" in p or "httproutes" in p for p in problems)

@@ -37,6 +37,9 @@ def manifests(
     hf_token_secret: Annotated[str, typer.Option("--hf-token-secret", help="Secret (key `token`) with a Hugging Face token; required by pods of gated models, optional otherwise.")] = "hf-token",
     hf_cache_pvc: Annotated[Optional[str], typer.Option("--hf-cache-pvc", help="PersistentVolumeClaim for the HF cache (default: an emptyDir per pod).")] = None,
     device_plugin_namespace: Annotated[str, typer.Option("--device-plugin-namespace", help="Namespace of the NVIDIA device plugin (device-plugin-mps config).")] = "nvidia-device-plugin",
+    router: Annotated[str, typer.Option("--router", help="Routing: sglang (an SGLang model gateway per LLM) or inference-gateway (InferencePools, endpoint pickers and HTTPRoutes of the Gateway API Inference Extension).")] = "sglang",
+    gateway_name: Annotated[str, typer.Option("--gateway-name", help="The platform's Gateway the HTTPRoutes attach to (--router inference-gateway).")] = "inference-gateway",
+    gateway_namespace: Annotated[Optional[str], typer.Option("--gateway-namespace", help="Namespace of that Gateway (default: --namespace).")] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, gateways)."""
@@ -48,6 +51,7 @@ def manifests(
             gateway_image=gateway_image, prometheus=prometheus, shm_gib=shm_gib,
             gpu_memory_utilization=gpu_memory_utilization, kubernetes_version=kubernetes_version,
             hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, device_plugin_namespace=device_plugin_namespace,
+            router=router, gateway_name=gateway_name, gateway_namespace=gateway_namespace,
         )
         for line in written.warnings:
             stderr.print(line, markup=False, highlight=False, soft_wrap=True)

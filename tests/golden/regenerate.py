@@ -9,7 +9,9 @@ tests/test_k8s_golden.py re-emits every manifest, both byte for byte against the
 The matrix: every shipped instance with the defaults (vllm, hami); the combined instance with both
 engines on hami and dra-mps; a whole-GPU plan of beam-4xa6000 with both engines on `none`; and an
 equal-halves plan of beam-4xa6000 (every GPU split into two 0.5 shares, a fixed allocation) with both
-engines on device-plugin-mps, the only backend that needs equal shares.
+engines on device-plugin-mps, the only backend that needs equal shares; and the combined instance
+with both engines on hami routed through the Gateway API Inference Extension
+(`--router inference-gateway`).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Case:
     plan_kind: str  # optimal | whole | halves
     engine: str
     sharing: str
+    router: str = "sglang"
 
     @property
     def plan_name(self) -> str:
@@ -42,7 +45,8 @@ class Case:
     @property
     def name(self) -> str:
         kind = "" if self.plan_kind == "optimal" else f"-{self.plan_kind}"
-        return f"{self.instance}{kind}-{self.engine}-{self.sharing}"
+        router = "" if self.router == "sglang" else f"-{self.router}"
+        return f"{self.instance}{kind}-{self.engine}-{self.sharing}{router}"
 
 
 CASES = (
@@ -54,6 +58,8 @@ CASES = (
     Case("beam-4xa6000", "whole", "sglang", "none"),
     Case("beam-4xa6000", "halves", "vllm", "device-plugin-mps"),
     Case("beam-4xa6000", "halves", "sglang", "device-plugin-mps"),
+    Case("combined-8xh100", "optimal", "vllm", "hami", "inference-gateway"),
+    Case("combined-8xh100", "optimal", "sglang", "hami", "inference-gateway"),
 )
 
 
@@ -115,7 +121,7 @@ def emit(case: Case) -> dict[str, str]:
     from scepsy.k8s.manifests import ManifestSettings, emit as emit_files
     from scepsy.k8s.plan_input import load_placed_plan
 
-    return emit_files(load_placed_plan(plan_path(case)), ManifestSettings(engine=case.engine, gpu_sharing=case.sharing))
+    return emit_files(load_placed_plan(plan_path(case)), ManifestSettings(engine=case.engine, gpu_sharing=case.sharing, router=case.router))
 
 
 def main() -> int:

@@ -9,7 +9,8 @@ approximation of a BPE tokenizer; the `usage` of every response is exact for wha
 
 Endpoints (the request and response shapes of vLLM's OpenAI-compatible server):
 
-    GET  /health, /v1/models, /metrics (Prometheus text, vLLM metric names)
+    GET  /health, /v1/models, /metrics (Prometheus text, vLLM metric names; with the sglang
+                                 personality SGLang's too)
     POST /v1/chat/completions, /v1/completions   decoders; streamed (SSE, one token per event,
                                                  a final usage chunk with stream_options.
                                                  include_usage) or not; n choices; list prompts
@@ -749,6 +750,15 @@ def prometheus_text(emulator: Emulator) -> str:
         ("scepsy_emulator_lag_seconds_mean", "gauge", "Mean wall-clock lateness of iteration ends.", stats.lag_s_mean),
         ("scepsy_emulator_speedup", "gauge", "Modelled seconds per wall-clock second.", config.speedup),
     ]
+    if config.personality == "sglang":
+        # SGLang's names for the same quantities (sglang/srt/metrics/collector.py; SGLang serves them
+        # with --enable-metrics), which the drain hook and the controller read from SGLang engines
+        rows += [
+            ("sglang:num_running_reqs", "gauge", "The number of running requests.", live.running),
+            ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", live.waiting),
+            ("sglang:token_usage", "gauge", "The token usage.", live.kv_usage),
+            ("sglang:num_requests_total", "counter", "Number of requests processed.", emulator.requests_ok),
+        ]
     lines = []
     for name, kind, text, value in rows:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name}{{{label}}} {float(value):.9g}"]

@@ -2,7 +2,7 @@
 
 `write_synthetic(directory, nodes)` writes `instance.yaml` (nodes of 8 NVLink-connected H100 with
 GPU UUIDs; the five LLMs and two workflows of instances/combined-8xh100.yaml, whose profiles it
-references) and `plan.json`, a placed plan that repeats combined-8xh100's node layout on every node:
+references) and `plan.json`, a placed plan (with the Aggregate LLM Pipeline's prediction, as `scepsy plan` writes it) that repeats combined-8xh100's node layout on every node:
 rag-gen (tp 4, 0.9) on GPUs 0-3 beside embed (0.1) on GPU 0 and rerank (0.1) on GPUs 1, 2, 3, and
 gen (tp 4, 0.6) with ver (tp 4, 0.4) on GPUs 4-7. 128 nodes are 1024 GPUs and 896 engine replicas.
 """
@@ -13,6 +13,9 @@ import json
 from pathlib import Path
 
 import yaml
+
+from scepsy import api
+from scepsy.models.plan.document import prediction_sections
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILES = ROOT / "instances" / "profiles"
@@ -88,8 +91,7 @@ def plan_dict(nodes: int, instance_path: str) -> dict:
         {"name": m["name"], "model": m["model"], "gpu_type": "H100", "tp": layout[m["name"]][1], "fraction": layout[m["name"]][0], "replicas": counts[m["name"]]}
         for m in LLMS
     ]
-    workflows = [{"name": w["name"], "stages": [{"llm": s["llm"]} for s in w["stages"]]} for w in WORKFLOWS]
-    return {"status": "feasible", "instance": instance_path, "fractions_per_gpu": F, "workflows": workflows, "llms": llms, "placement": placement}
+    return {"instance": instance_path, "fractions_per_gpu": F, "llms": llms, "placement": placement}
 
 
 def write_synthetic(directory: Path, nodes: int) -> Path:
@@ -97,5 +99,9 @@ def write_synthetic(directory: Path, nodes: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "instance.yaml").write_text(yaml.safe_dump(instance_dict(nodes), sort_keys=False))
     plan = directory / "plan.json"
-    plan.write_text(json.dumps(plan_dict(nodes, "instance.yaml"), indent=1))
+    document = plan_dict(nodes, "instance.yaml")
+    plan.write_text(json.dumps(document, indent=1))
+    # the workflows' and LLMs' prediction, as `scepsy plan` writes it beside the allocation
+    prediction = api.predict(directory / "instance.yaml", plan)
+    plan.write_text(json.dumps({**document, **prediction_sections(prediction)}, indent=1))
     return plan

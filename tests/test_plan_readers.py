@@ -132,7 +132,8 @@ def test_every_reader_accepts_a_plan_and_agrees_on_it(inputs, tmp_path, name, ob
     assert replanned["llms"] == document["llms"] and replanned["workflows"] == document["workflows"]
     assert replanned["placement_solver"]["objective"]["moved_shards"] == 0
     assert replanned["placement_solver"]["objective"]["kept_replicas"] == len(document["placement"])
-    again = api.plan(path, objective=objective, current=plan_file, **LIMITS)
+    again = api.plan(path, objective=objective, current=plan_file, time_limit_s=LIMITS["time_limit_s"],
+                     placement_time_limit_s=LIMITS["placement_time_limit_s"])
     assert _without_times(api.plan_document(again)) == _without_times(replanned)
 
     # simulate --plan: the plan's allocation runs, with the same prediction beside it

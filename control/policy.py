@@ -274,10 +274,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
             return keep("the forecast breaks the SLO and no plan meets it: keeping the plan that runs")
         if target == state.allocation:
             return keep("the forecast breaks the SLO; the plan that runs is already the best at the forecast")
-        placement = _place(context, target, state)
+        placement = context.replanner.place(target, state.placement)
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
-        target, placement = placement
         broken = sorted(w for w in slos if current is None or current[w] > slos[w] * (1 + 1e-9))
         return adopt(target, placement, f"scale up: the forecast breaks the planning SLO of {', '.join(broken)}", True)
 
@@ -289,9 +288,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         return keep(f"a cheaper plan holds, but for {now - since:g} s of {s.stabilization_s:g} s (stabilization)")
     if state.last_up_s is not None and now - state.last_up_s < s.stabilization_s - 1e-9:
         return keep(f"a cheaper plan holds, but the last scale-up was {now - state.last_up_s:g} s ago (stabilization)")
-    placed = _place(context, target, state)
-    if placed is not None and moves(state.placement, placed[1]) <= s.max_moves_per_period:
-        return adopt(placed[0], placed[1], "scale down: a cheaper plan holds over the stabilization window", False)
+    placed = context.replanner.place(target, state.placement)
+    if placed is not None and moves(state.placement, placed) <= s.max_moves_per_period:
+        return adopt(target, placed, "scale down: a cheaper plan holds over the stabilization window", False)
     # too many moves (or no placement): stop replicas only, at most the cap, where the target keeps the shape
     step = _stop_only_step(state, target, s.max_moves_per_period)
     if step is None:
@@ -312,15 +311,6 @@ def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, flo
     if fresh is not None and fresh.units * (1 + context.settings.hysteresis) < kept.units:
         return fresh
     return kept
-
-
-def _place(context: PolicyContext, target: Allocation, state: ControllerState) -> tuple[Allocation, Placement] | None:
-    """`target` placed with the fewest moves from the running placement; a same-shape target that
-    cannot be placed falls back to the re-shaped plan."""
-    placement = context.replanner.place(target, state.placement)
-    if placement is not None:
-        return target, placement
-    return None
 
 
 def _stop_only_step(state: ControllerState, target: Allocation, cap: int) -> tuple[Allocation, Placement] | None:

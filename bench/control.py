@@ -66,6 +66,22 @@ def checks(runs: list[SystemRun]) -> dict[str, bool | None]:
     return out
 
 
+def markdown(path: Path) -> str:
+    """The scenarios of a --out file as a markdown table (docs/control.md, "Measured")."""
+    lines = ["| start-up | peak | system | GPU-hours | SLO-miss minutes (beam, rag) | unfinished | moved / bound | flaps (max per LLM) | decision p99 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        scenario = record["scenario"]
+        for system in record["systems"]:
+            misses = ", ".join(str(w["slo_miss_minutes"]) for w in system["workflows"])
+            unfinished = sum(w["requests_unfinished"] for w in system["workflows"])
+            lines.append(f"| {scenario['startup_s']:g} s | {scenario['peak']:g} | {system['name']} | {system['gpu_hours']:.3f} | "
+                         f"{misses} | {unfinished} | {system['replicas_moved']} / {system['replicas_moved_lower_bound']} | "
+                         f"{system['flaps']} ({system['flaps_max_per_llm']}) | {system['decision_p99_s']:.2f} s |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--peaks", default="0.8,1.0")
@@ -75,7 +91,11 @@ def main() -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "control.jsonl")
+    parser.add_argument("--table", action="store_true", help="only print the markdown table of --out's scenarios")
     options = parser.parse_args()
+    if options.table:
+        print(markdown(options.out))
+        return
     console = Console()
     instance = load_instance(INSTANCE)
     plan = make_plan(instance, PlanSettings(time_limit_s=60.0))

@@ -18,8 +18,9 @@ does no I/O and reads no clock. Each period:
      up_w * (1 + headroom) breaks a workflow's planning SLO (latency_slo_s * slo_margin) or
      overloads an LLM, re-plan at once at the planning rate. The plan (control/replan.py) keeps
      the running shapes and changes replica counts only, unless a re-shaped plan (fewest GPUs that
-     meet the planning SLOs) needs fewer share units by more than the hysteresis; either is placed
-     with the fewest moves from the running placement;
+     meet the planning SLOs) needs fewer share units by more than the hysteresis and saves more
+     over a stabilization window than its relocations hold twice while they start; either is
+     placed with the fewest moves from the running placement;
    - scale down: when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
      the window covers `stabilization_s` of observations and no scale-up happened within it;
      at most `max_moves_per_period` replica moves per period (a larger scale-down is taken in
@@ -302,13 +303,20 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
 
 
 def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, float]) -> Allocation | None:
-    """The plan for `rates`: the running shapes with other replica counts (starts and stops only)
-    unless a re-shaped plan needs fewer share units by more than the hysteresis (control/replan.py)."""
+    """The plan for `rates`: the running shapes with other replica counts (starts and stops only),
+    unless a re-shaped plan pays for its relocations: it needs fewer share units by more than the
+    hysteresis, and the units it saves over one stabilization window exceed the units of re-shaped
+    LLMs held twice during a start-up (make before break) (control/replan.py)."""
+    s = context.settings
     kept = context.replanner.same_shapes(running, rates)
     fresh = context.replanner.allocation(rates)
     if kept is None:
         return fresh
-    if fresh is not None and fresh.units * (1 + context.settings.hysteresis) < kept.units:
+    if fresh is None or fresh.units * (1 + s.hysteresis) >= kept.units:
+        return kept
+    shapes = {c.llm: c.shape for c in running.llms}
+    reshaped = sum(c.units for c in fresh.llms if shapes.get(c.llm) != c.shape)
+    if (kept.units - fresh.units) * s.stabilization_s > reshaped * s.startup_s:
         return fresh
     return kept
 

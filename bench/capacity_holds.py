@@ -43,7 +43,8 @@ def table(frame: pd.DataFrame) -> str:
     for (instance, claim, workflow, load), part in frame.groupby(["instance", "claim", "workflow", "load"], sort=False):
         offered = part["claimed_rps"].iloc[0] * load
         worst = part["throughput_rps"].min()
-        error = part.loc[part["latency_error"].abs().idxmax(), "latency_error"]
+        errors = [float(e) for e in part["latency_error"]]
+        error = max(errors, key=abs)
         lines.append(
             f"| {instance} | {claim} | {workflow} | {load:.0%} | {offered:.3f} | {worst:.3f} | {worst / offered:.3f} | "
             f"{part['completed_share'].min():.1%} | {error:+.1%} | {'yes' if part['holds'].all() else 'NO'} |")

@@ -197,6 +197,7 @@ def _shape(record: dict) -> RequestShape:
 
 
 SESSION_FIELDS = ("request", "call", "start_s", "end_s")
+COUNT_MINIMUM = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "sequences": 1}  # a calls JSONL's counts
 
 
 def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
@@ -211,15 +212,17 @@ def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
                 continue
             if "prompt_tokens" not in record and "completion_tokens" not in record:
                 raise KeyError("prompt_tokens")
-            for key in ("prompt_tokens", "completion_tokens", "cached_tokens", "sequences"):
-                if record.get(key) is not None:
-                    int(record[key])  # a count given must be a number; missing ones are left out later
-            records.append(record)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            counts = {key: int(record[key]) for key in COUNT_MINIMUM if record.get(key) is not None}
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, OverflowError):
             raise InputError(
                 str(path), f"line {number}", "not a JSON object with integer prompt_tokens and completion_tokens",
                 'write one {"prompt_tokens": P, "completion_tokens": C} per line',
             ) from None
+        for key, count in counts.items():  # a count given must be a number; missing ones are left out later
+            if count < COUNT_MINIMUM[key]:
+                raise InputError(str(path), f"line {number}, {key}", f"{record[key]!r} is less than {COUNT_MINIMUM[key]}",
+                                 f"write a count >= {COUNT_MINIMUM[key]}")
+        records.append(record)
     if not records:
         which = f" of llm {llm!r}" if llm else ""
         raise InputError(str(path), None, f"no calls{which} in the file", "check the llm name and the trace")

@@ -44,8 +44,8 @@ def _run(args: list[str], cwd: Path) -> None:
 
 
 def _golden():
-    sys.path.insert(0, str(ROOT / "tests" / "golden"))
-    import regenerate  # tests/golden/regenerate.py
+    sys.path.insert(0, str(ROOT / "tests"))
+    from k8s_support import regenerate  # tests/golden/regenerate.py
 
     return regenerate
 

@@ -16,5 +16,5 @@ AZURE_TRACES = {"conv": "AzureLLMInferenceTrace_conv.csv.xz", "code": "AzureLLMI
 
 def azure_trace_text(kind: str) -> str:
     """The CSV text of the Azure trace `kind` (conv or code); KeyError for another kind."""
-    packed = resources.files(__package__).joinpath(AZURE_TRACES[kind]).read_bytes()
+    packed = resources.files("scepsy.models.data").joinpath(AZURE_TRACES[kind]).read_bytes()
     return lzma.decompress(packed).decode("utf-8")

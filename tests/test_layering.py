@@ -16,7 +16,7 @@ import pytest
 
 from conftest import REPO
 
-PACKAGES = ("models", "tracing", "placement", "planner", "k8s")
+PACKAGES = ("models", "tracing", "placement", "planner", "k8s", "control")
 TOP = "scepsy"  # the public API, the pipeline and the CLI: may import every package
 
 

@@ -1,0 +1,1 @@
+"""The controller: keeps the plan right while load drifts (docs/control.md)."""

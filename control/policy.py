@@ -1,0 +1,319 @@
+"""The control policy: one pure function from (state, observation) to (state, decision).
+
+`decide(state, observation, context)` is what every period of `scepsy control` runs, live (the
+observation read from Prometheus) and in the closed-loop simulation (read from the simulator); it
+does no I/O and reads no clock. Each period:
+
+1. Observe. Workflow rates lambda_w: the observation's workflow counters where every workflow has
+   one, else the per-LLM rates lambda_m turned into workflow rates by non-negative least squares
+   over the instance's n (control/rates.py). Where a rate the policy needs is missing (no series,
+   NaN, stale: the observer passes None), the decision is `hold`: the last good plan stays, nothing
+   scales down on missing data, and the forecasters are not fed.
+2. Forecast. One forecaster per workflow (control/forecast.py: constant, ewma, kalman), `horizon_s`
+   ahead (default: start-up time + one period, the earliest a replica started now can serve).
+   The rate to be ready for is up_w = max(observed_w, forecast_w).
+3. Decide. The planning rate is the highest up_w of the last `stabilization_s` (a scale-down is
+   thus taken only when it was right for the whole window), times 1 + `headroom`.
+   - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at
+     up_w * (1 + headroom) breaks a workflow's planning SLO (latency_slo_s * slo_margin) or
+     overloads an LLM, re-plan at once at the planning rate (control/replan.py: fewest GPUs that
+     meet the planning SLOs, placed with the fewest moves from the running placement);
+   - scale down: when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
+     the window covers `stabilization_s` of observations and no scale-up happened within it;
+     at most `max_moves_per_period` replica moves per period (a larger scale-down is taken in
+     steps that only stop replicas, each step checked to meet the planning SLO);
+   - keep otherwise. Scale-ups are not capped: meeting the SLO comes before churn.
+   Every target is a placement the cluster can run (placed, or a subset of the running one).
+   Replicas that are starting count as capacity only once ready: the simulation and the live loop
+   route to ready replicas only, and the policy, which plans the target, does not order them twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from scepsy.control.forecast import PREDICTORS, Forecaster, ForecastState
+from scepsy.control.rates import workflow_rates
+from scepsy.control.replan import Replanner, moves, moves_lower_bound, without_replicas
+from scepsy.models.instance.allocation import Allocation, Placement
+from scepsy.models.instance.instance import Instance
+from scepsy.models.performance.alp import AllocationError, predict
+
+ACTIONS = ("keep", "replan", "hold")
+
+
+@dataclass(frozen=True)
+class ControlSettings:
+    """The policy's knobs; docs/control.md gives each default's reason."""
+
+    period_s: float = 60.0  # one decision a minute: the WVA's cycle, Prometheus' usual rate window
+    startup_s: float = 180.0  # a replica's time to serve: pod start, image pull, weights, warm-up
+    predictor: str = "kalman"  # constant, ewma or kalman (control/forecast.py)
+    horizon_s: float | None = None  # None: startup_s + period_s
+    headroom: float = 0.1  # plan for 10% above the forecast: a minute's Poisson count is that noisy
+    hysteresis: float = 0.15  # a cheaper plan must hold 15% above the planning rate to be taken
+    stabilization_s: float = 300.0  # the Kubernetes HPA's scale-down stabilization window
+    max_moves_per_period: int = 8  # replica moves a scale-down may make per period: one node's worth
+    slo_margin: float = 0.8  # plan to 80% of each SLO: the pipeline's prediction error
+    rate_step: float = 0.05  # plans are cached on a 5% geometric rate grid (rounded up)
+
+    def __post_init__(self) -> None:
+        if self.predictor not in PREDICTORS:
+            raise ValueError(f"unknown predictor {self.predictor!r}; use one of {', '.join(PREDICTORS)}")
+        for name in ("period_s", "slo_margin", "rate_step"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, not {value!r}")
+        for name in ("startup_s", "headroom", "hysteresis", "stabilization_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+        if self.max_moves_per_period < 1:
+            raise ValueError("max_moves_per_period must be at least 1")
+
+    @property
+    def horizon(self) -> float:
+        """How far ahead the forecast looks, s."""
+        return self.startup_s + self.period_s if self.horizon_s is None else self.horizon_s
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one period observed. A rate is None where its sample is missing, NaN or stale."""
+
+    time_s: float
+    llm_rates_rps: Mapping[str, float | None] | None  # per LLM; None: nothing could be read
+    ready_replicas: Mapping[str, int] = field(default_factory=dict)
+    starting_replicas: Mapping[str, int] = field(default_factory=dict)
+    workflow_rates_rps: Mapping[str, float | None] | None = None  # where a workflow-level counter exists
+    queue_per_replica: Mapping[str, float] | None = None  # waiting requests per ready replica, per LLM
+    kv_usage: Mapping[str, float] | None = None  # KV cache usage fraction (0..1), per LLM
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """What the policy carries from one period to the next."""
+
+    allocation: Allocation  # the target that runs (or is being brought up)
+    placement: Placement
+    last_good: tuple[Allocation, Placement]  # the last plan decided on good data
+    forecasts: Mapping[str, ForecastState] = field(default_factory=dict)  # per workflow
+    recent: tuple[tuple[float, Mapping[str, float]], ...] = ()  # (time_s, up rates) within the window
+    last_scale_s: Mapping[str, float] = field(default_factory=dict)  # per LLM: when its replica count last changed
+    last_up_s: float | None = None  # the last scale-up
+    observed_since_s: float | None = None  # the first good observation since the last hold
+    last_time_s: float | None = None  # the last good observation
+
+    @classmethod
+    def initial(cls, allocation: Allocation, placement: Placement) -> "ControllerState":
+        return cls(allocation, placement, (allocation, placement))
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One period's decision; `inputs` is JSON-able (the live loop logs it as one JSONL line)."""
+
+    time_s: float
+    action: str  # keep, replan or hold
+    allocation: Allocation | None  # the target (replan only)
+    placement: Placement | None
+    reason: str
+    moves: int = 0
+    moves_lower_bound: int = 0
+    inputs: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {
+            "time_s": round(self.time_s, 6), "action": self.action, "reason": self.reason, "moves": self.moves,
+            "moves_lower_bound": self.moves_lower_bound, "inputs": dict(self.inputs),
+        }
+        if self.allocation is not None:
+            out["replicas"] = {c.llm: c.replicas for c in self.allocation.llms}
+        return out
+
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What the policy knows besides the state: the instance, the SLOs, the knobs and the planner
+    (whose plan cache is a memo of a deterministic function, not state of the policy)."""
+
+    instance: Instance
+    settings: ControlSettings
+    slos_s: Mapping[str, float]  # per workflow, seconds
+    replanner: Replanner
+    forecaster: Forecaster
+
+    @property
+    def planning_slos_s(self) -> dict[str, float]:
+        return {w: slo * self.settings.slo_margin for w, slo in self.slos_s.items()}
+
+
+def make_context(instance: Instance, settings: ControlSettings = ControlSettings(), slos_s: Mapping[str, float] | None = None,
+                 allocation: Allocation | None = None, plan_time_limit_s: float = 30.0) -> PolicyContext:
+    """The context of a controller: SLOs from `slos_s`, else each workflow's latency_slo_s, else
+    twice `allocation`'s predicted latency at the instance's rates (ValueError if none of these)."""
+    slos: dict[str, float] = {}
+    for workflow in instance.workflows:
+        if slos_s is not None and workflow.name in slos_s:
+            slos[workflow.name] = float(slos_s[workflow.name])
+        elif workflow.latency_slo_s is not None:
+            slos[workflow.name] = workflow.latency_slo_s
+        elif allocation is not None:
+            slos[workflow.name] = 2.0 * predict(instance, allocation).workflow(workflow.name).latency_s
+        else:
+            raise ValueError(f"workflow {workflow.name} has no latency_slo_s and no plan to derive one from")
+    planning = instance.with_latency_slos({w: s * settings.slo_margin for w, s in slos.items()})
+    replanner = Replanner(planning, rate_step=settings.rate_step, plan_time_limit_s=plan_time_limit_s)
+    return PolicyContext(instance, settings, slos, replanner, Forecaster(settings.predictor))
+
+
+def _hold(state: ControllerState, observation: Observation, reason: str, inputs: dict) -> tuple[ControllerState, Decision]:
+    good_allocation, good_placement = state.last_good
+    held = replace(state, allocation=good_allocation, placement=good_placement, observed_since_s=None)
+    return held, Decision(observation.time_s, "hold", None, None, reason, inputs=inputs)
+
+
+def _rates(observation: Observation, context: PolicyContext) -> tuple[dict[str, float] | None, str]:
+    """Workflow rates from the observation (step 1 of the module docstring), or None and why not."""
+    names = [w.name for w in context.instance.workflows]
+    given = observation.workflow_rates_rps
+    if given is not None and all(_good(given.get(w)) for w in names):
+        return {w: float(given[w] or 0.0) for w in names}, "workflow counters"
+    if observation.llm_rates_rps is None:
+        return None, "no LLM rate could be read"
+    needed = sorted({s.llm for w in context.instance.workflows for s in w.stages})
+    missing = [m for m in needed if not _good(observation.llm_rates_rps.get(m))]
+    if missing:
+        return None, f"no good rate for {', '.join(missing)} (missing, NaN or stale)"
+    rates = {m: float(observation.llm_rates_rps[m] or 0.0) for m in needed}
+    return workflow_rates(context.instance, rates), "per-LLM rates (NNLS)"
+
+
+def _good(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value >= 0
+
+
+def _latencies(context: PolicyContext, allocation: Allocation, rates: Mapping[str, float]) -> dict[str, float] | None:
+    """Predicted latency per workflow at `rates`, inf where an LLM is overloaded; None where the
+    allocation has no profile to predict from."""
+    try:
+        prediction = predict(context.instance.with_arrival_rates(rates), allocation)
+    except AllocationError:
+        return None
+    overloaded = any(p.overloaded for p in prediction.llms)
+    return {w.name: math.inf if overloaded else w.latency_s for w in prediction.workflows}
+
+
+def _meets(latencies: Mapping[str, float] | None, slos: Mapping[str, float]) -> bool:
+    return latencies is not None and all(latencies[w] <= slo * (1 + 1e-9) for w, slo in slos.items())
+
+
+def _scaled(rates: Mapping[str, float], factor: float) -> dict[str, float]:
+    return {w: r * factor for w, r in rates.items()}
+
+
+def _changed_llms(old: Allocation, new: Allocation) -> list[str]:
+    before = {c.llm: (c.shape, c.replicas) for c in old.llms}
+    return sorted(c.llm for c in new.llms if before.get(c.llm) != (c.shape, c.replicas))
+
+
+def decide(state: ControllerState, observation: Observation, context: PolicyContext) -> tuple[ControllerState, Decision]:
+    """One period of the policy (module docstring): the next state and the decision."""
+    s = context.settings
+    now = observation.time_s
+    inputs: dict[str, Any] = {
+        "llm_rates_rps": None if observation.llm_rates_rps is None else {
+            m: (v if v is not None and math.isfinite(v) else None) for m, v in sorted(observation.llm_rates_rps.items())},
+        "ready_replicas": dict(sorted(observation.ready_replicas.items())),
+        "starting_replicas": dict(sorted(observation.starting_replicas.items())),
+    }
+    rates, source = _rates(observation, context)
+    if rates is None:
+        return _hold(state, observation, f"{source}: keeping the last good plan", inputs)
+    inputs["workflow_rates_rps"] = {w: round(r, 6) for w, r in rates.items()}
+    inputs["rates_from"] = source
+
+    # 2. forecast
+    dt = s.period_s if state.last_time_s is None else max(now - state.last_time_s, 1e-9)
+    forecasts = {w: context.forecaster.update(state.forecasts.get(w), r, dt) for w, r in rates.items()}
+    predicted = {w: context.forecaster.predict(f, s.horizon) for w, f in forecasts.items()}
+    up = {w: max(rates[w], predicted[w]) for w in rates}
+    recent = tuple((t, r) for t, r in state.recent if t > now - s.stabilization_s) + ((now, up),)
+    window = {w: max(r[w] for _, r in recent) for w in up}
+    since = now if state.observed_since_s is None else state.observed_since_s
+    inputs["forecast_rps"] = {w: round(v, 6) for w, v in predicted.items()}
+    inputs["planning_rate_rps"] = {w: round(v * (1 + s.headroom), 6) for w, v in window.items()}
+    state = replace(state, forecasts=forecasts, recent=recent, observed_since_s=since, last_time_s=now)
+
+    slos = context.planning_slos_s
+    current = _latencies(context, state.allocation, _scaled(up, 1 + s.headroom))
+    inputs["predicted_latency_s"] = None if current is None else {w: (round(v, 6) if math.isfinite(v) else None) for w, v in current.items()}
+    inputs["gpus"] = round(state.allocation.gpus(), 6)
+
+    def keep(reason: str) -> tuple[ControllerState, Decision]:
+        return replace(state, last_good=(state.allocation, state.placement)), Decision(now, "keep", None, None, reason, inputs=inputs)
+
+    def adopt(allocation: Allocation, placement: Placement, reason: str, up_scale: bool) -> tuple[ControllerState, Decision]:
+        changed = _changed_llms(state.allocation, allocation)
+        scaled = dict(state.last_scale_s) | {m: now for m in changed}
+        moved = moves(state.placement, placement)
+        bound = moves_lower_bound(state.allocation, allocation)
+        inputs["target_gpus"] = round(allocation.gpus(), 6)
+        after = replace(state, allocation=allocation, placement=placement, last_good=(allocation, placement),
+                        last_scale_s=scaled, last_up_s=now if up_scale else state.last_up_s)
+        return after, Decision(now, "replan", allocation, placement, reason, moved, bound, inputs)
+
+    # 3. decide: scale up at once when the running plan breaks a planning SLO at the forecast
+    if not _meets(current, slos):
+        target = context.replanner.allocation(_scaled(window, 1 + s.headroom))
+        if target is None:
+            return keep("the forecast breaks the SLO and no plan meets it: keeping the plan that runs")
+        if target == state.allocation:
+            return keep("the forecast breaks the SLO; the plan that runs is already the best at the forecast")
+        placement = context.replanner.place(target, state.placement)
+        if placement is None:
+            return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
+        broken = sorted(w for w in slos if current is None or current[w] > slos[w] * (1 + 1e-9))
+        return adopt(target, placement, f"scale up: the forecast breaks the planning SLO of {', '.join(broken)}", True)
+
+    # scale down: only a cheaper plan that holds beyond the hysteresis over a full window
+    target = context.replanner.allocation(_scaled(window, (1 + s.headroom) * (1 + s.hysteresis)))
+    if target is None or target.units >= state.allocation.units:
+        return keep("the plan that runs meets the forecast; no cheaper plan holds beyond the hysteresis")
+    if now - since < s.stabilization_s - 1e-9:
+        return keep(f"a cheaper plan holds, but for {now - since:g} s of {s.stabilization_s:g} s (stabilization)")
+    if state.last_up_s is not None and now - state.last_up_s < s.stabilization_s - 1e-9:
+        return keep(f"a cheaper plan holds, but the last scale-up was {now - state.last_up_s:g} s ago (stabilization)")
+    placement = context.replanner.place(target, state.placement)
+    if placement is not None and moves(state.placement, placement) <= s.max_moves_per_period:
+        return adopt(target, placement, "scale down: a cheaper plan holds over the stabilization window", False)
+    # too many moves (or no placement): stop replicas only, at most the cap, where the target keeps the shape
+    step = _stop_only_step(state, target, s.max_moves_per_period)
+    if step is None:
+        return keep("a cheaper plan holds, but needs more moves than the cap and no stop-only step exists")
+    allocation, placement = step
+    if not _meets(_latencies(context, allocation, _scaled(window, 1 + s.headroom)), slos):
+        return keep("a cheaper plan holds, but the stop-only step within the moves cap would break the planning SLO")
+    return adopt(allocation, placement, f"scale down in steps: at most {s.max_moves_per_period} moves a period", False)
+
+
+def _stop_only_step(state: ControllerState, target: Allocation, cap: int) -> tuple[Allocation, Placement] | None:
+    """Stop up to `cap` replicas of LLMs whose target keeps their shape with fewer replicas (the
+    LLMs with the most share units to free first)."""
+    removable: list[tuple[int, str, int]] = []
+    for choice in state.allocation.llms:
+        goal = next((c for c in target.llms if c.llm == choice.llm), None)
+        if goal is not None and goal.shape == choice.shape and goal.replicas < choice.replicas:
+            removable.append((-choice.tp * choice.share, choice.llm, choice.replicas - goal.replicas))
+    if not removable:
+        return None
+    remove: dict[str, int] = {}
+    left = cap
+    for _, llm, count in sorted(removable):
+        take = min(count, left)
+        if take:
+            remove[llm] = take
+            left -= take
+    return without_replicas(state.allocation, state.placement, remove)

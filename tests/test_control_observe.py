@@ -11,17 +11,14 @@ answer, an answer that never comes, a 503) come from a loopback HTTP double spea
 
 from __future__ import annotations
 
-import json
 import math
-import threading
 from contextlib import ExitStack
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
 
 import httpx
 import pytest
 
 from support import prometheus_server
+from support.prometheus_double import PrometheusDouble, vector
 from support.prometheus_server import PrometheusServer
 
 from scepsy.control.act import ClusterState, RunningReplica
@@ -107,64 +104,9 @@ def test_real_prometheus_gives_per_llm_rates_of_emulated_vllm_replicas(tmp_path)
 # Faults through a loopback double of the HTTP API
 
 
-class _Scripted:
-    """Answers /api/v1/query from a script: per PromQL text, a list of (status, body) to give in
-    turn (the last repeats); `hang` makes every answer wait until the test ends."""
-
-    def __init__(self):
-        self.answers: dict[str, list[tuple[int, dict]]] = {}
-        self.default: tuple[int, dict] = (200, _vector([]))
-        self.asked: list[str] = []
-        self.hang = threading.Event()
-        self.release = threading.Event()
-        handler = self._handler()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _handler(self):
-        script = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format, *args):
-                pass
-
-            def do_GET(self):
-                query = parse_qs(urlparse(self.path).query)["query"][0]
-                script.asked.append(query)
-                if script.hang.is_set():
-                    script.release.wait()
-                    return
-                turns = script.answers.get(query)
-                code, body = (turns.pop(0) if len(turns) > 1 else turns[0]) if turns else script.default
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        return Handler
-
-
-def _vector(samples: list[tuple[str, float, str]]) -> dict:
-    """A Prometheus vector answer: (model_name, time, value text)."""
-    result = [{"metric": {"model_name": llm}, "value": [t, v]} for llm, t, v in samples]
-    return {"status": "success", "data": {"resultType": "vector", "result": result}}
-
-
 @pytest.fixture()
 def scripted():
-    double = _Scripted()
+    double = PrometheusDouble()
     yield double
     double.close()
 
@@ -175,8 +117,8 @@ def _client(url: str, sleeps: list[float], **kwargs) -> PrometheusClient:
 
 def test_nan_and_infinite_rates_are_missing_not_zero(scripted):
     settings = PrometheusSettings(scripted.url)
-    scripted.answers[rate_query(settings)] = [(200, _vector([("gen", 1000.0, "NaN"), ("ver", 1000.0, "+Inf"), ("emb", 1000.0, "2.5")]))]
-    scripted.answers[freshness_query(settings)] = [(200, _vector([("gen", 1000.0, "999"), ("ver", 1000.0, "999"), ("emb", 1000.0, "999")]))]
+    scripted.answers[rate_query(settings)] = [(200, vector([("gen", 1000.0, "NaN"), ("ver", 1000.0, "+Inf"), ("emb", 1000.0, "2.5")]))]
+    scripted.answers[freshness_query(settings)] = [(200, vector([("gen", 1000.0, "999"), ("ver", 1000.0, "999"), ("emb", 1000.0, "999")]))]
     samples = read_llms(_client(scripted.url, []), ["gen", "ver", "emb"])
     assert samples.rates_rps["emb"] == 2.5
     for llm in ("gen", "ver"):
@@ -186,8 +128,8 @@ def test_nan_and_infinite_rates_are_missing_not_zero(scripted):
 
 def test_a_sample_older_than_max_age_is_stale(scripted):
     settings = PrometheusSettings(scripted.url, max_age_s=60.0)
-    scripted.answers[rate_query(settings)] = [(200, _vector([("gen", 1000.0, "3"), ("ver", 1000.0, "1")]))]
-    scripted.answers[freshness_query(settings)] = [(200, _vector([("gen", 1000.0, "995"), ("ver", 1000.0, "939")]))]
+    scripted.answers[rate_query(settings)] = [(200, vector([("gen", 1000.0, "3"), ("ver", 1000.0, "1")]))]
+    scripted.answers[freshness_query(settings)] = [(200, vector([("gen", 1000.0, "995"), ("ver", 1000.0, "939")]))]
     samples = read_llms(_client(scripted.url, [], max_age_s=60.0), ["gen", "ver"])
     assert samples.rates_rps["gen"] == 3.0
     stale = samples.rates_rps["ver"]
@@ -208,8 +150,8 @@ def test_a_prometheus_that_never_answers_times_out_after_every_try(scripted):
 def test_server_errors_are_retried_and_bad_queries_are_not(scripted):
     settings = PrometheusSettings(scripted.url)
     unavailable = (503, {"status": "error", "errorType": "unavailable", "error": "starting"})
-    scripted.answers[rate_query(settings)] = [unavailable, unavailable, (200, _vector([("gen", 10.0, "1.5")]))]
-    scripted.answers[freshness_query(settings)] = [(200, _vector([("gen", 10.0, "9")]))]
+    scripted.answers[rate_query(settings)] = [unavailable, unavailable, (200, vector([("gen", 10.0, "1.5")]))]
+    scripted.answers[freshness_query(settings)] = [(200, vector([("gen", 10.0, "9")]))]
     sleeps: list[float] = []
     samples = read_llms(_client(scripted.url, sleeps), ["gen"])
     assert samples.rates_rps["gen"] == 1.5 and sleeps == [0.5, 1.0] and samples.queries[0].attempts == 3
@@ -237,9 +179,9 @@ def _running(llm: str, replica: int, ready: bool, deleting: bool = False) -> Run
 
 def test_observation_counts_only_ready_replicas_and_passes_missing_as_none(scripted):
     settings = PrometheusSettings(scripted.url)
-    scripted.answers[rate_query(settings)] = [(200, _vector([("gen", 100.0, "4"), ("ver", 100.0, "NaN")]))]
-    scripted.answers[freshness_query(settings)] = [(200, _vector([("gen", 100.0, "99"), ("ver", 100.0, "99")]))]
-    scripted.default = (200, _vector([("gen", 100.0, "6"), ("ver", 100.0, "0.5")]))
+    scripted.answers[rate_query(settings)] = [(200, vector([("gen", 100.0, "4"), ("ver", 100.0, "NaN")]))]
+    scripted.answers[freshness_query(settings)] = [(200, vector([("gen", 100.0, "99"), ("ver", 100.0, "99")]))]
+    scripted.default = (200, vector([("gen", 100.0, "6"), ("ver", 100.0, "0.5")]))
     samples = read_llms(_client(scripted.url, []), ["gen", "ver"])
     cluster = ClusterState((_running("gen", 0, True), _running("gen", 1, True), _running("gen", 2, False),
                             _running("ver", 0, True), _running("ver", 1, True, deleting=True)), None)

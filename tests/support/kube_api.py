@@ -224,7 +224,7 @@ class KubeApi:
             def do_PATCH(self):
                 url = urlparse(self.path)
                 body = self.rfile.read(int(self.headers["Content-Length"]))
-                obj = yaml.safe_load(body)
+                obj: dict = yaml.safe_load(body)
                 kind, name = obj["kind"], obj["metadata"]["name"]
                 if api.hang.is_set():
                     api.release.wait()

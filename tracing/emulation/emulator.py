@@ -328,9 +328,18 @@ class Emulator:
         self.started_s = int(time.time())
         self.requests_ok = 0
         self.finished: dict[str, int] = {}  # requests answered in full, by the finish reason of their first choice
-        self.registry = metrics.registry(self)
+        self.registry = metrics.registry(self.snapshot)
 
     # -- plumbing -------------------------------------------------------------------------------
+
+    def snapshot(self) -> metrics.Snapshot:
+        """The numbers `GET /metrics` exposes (tracing/emulation/metrics.py)."""
+        live, config = self.live, self.config
+        stats = live.stats
+        return metrics.Snapshot(
+            config.names[0], config.personality, live.running, live.waiting, live.kv_usage, live.replica.preemptions,
+            stats.prompt_tokens, stats.generation_tokens, stats.cached_tokens, dict(self.finished), stats.iterations,
+            live.busy_s, stats.aborted_sequences, stats.lag_s_max, stats.lag_s_mean, config.speedup)
 
     def finish(self, reason: str) -> None:
         """Count a request answered in full (vLLM's `vllm:request_success_total{finished_reason}`)."""

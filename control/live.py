@@ -101,6 +101,7 @@ class LiveLoop:
     failures: int = 0  # consecutive failed attempts of the current actuation
     retry_at_s: float | None = None
     periods: int = 0
+    actions: dict[str, int] = field(default_factory=dict)  # periods by action
     _objects_cache: dict[tuple, list[dict]] = field(default_factory=dict)
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -110,6 +111,9 @@ class LiveLoop:
         return [m.name for m in self.context.instance.llms]
 
     def _write(self, record: dict[str, Any]) -> None:
+        if record.get("event") == "period":
+            action = str(record.get("action"))
+            self.actions[action] = self.actions.get(action, 0) + 1
         self.log.write(json.dumps(record, sort_keys=True, allow_nan=False, default=str) + "\n")
         self.log.flush()
 

@@ -356,3 +356,67 @@ def test_a_restarted_controller_reads_the_change_in_progress_from_the_cluster(ap
     clock.now = 240.0
     third = second.period()
     assert third["action"] == "replan" and third["act"]["phase"] == "waiting"
+
+
+# ---------------------------------------------------------------------------------------------
+# The API (what the CLI calls)
+
+
+def _plan_file(tmp_path: Path, instance, plan: tuple[Allocation, Placement]) -> Path:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_document(str(INSTANCE_FILE), *plan)))
+    return path
+
+
+def test_api_control_dry_run_prints_the_diff_logs_each_period_and_writes_nothing(api, tmp_path, instance, prometheus):
+    from scepsy import api as scepsy_api
+
+    running = _plan([(0, 0)], [(0, 2)])
+    _deploy(api, instance, running)
+    _rates(prometheus, 90.0, 60.0)  # far more than the instance's rates: scale up
+    shown: list[str] = []
+    clock = Clock()
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    log = tmp_path / "decisions.jsonl"
+    run = scepsy_api.control(INSTANCE_FILE, _plan_file(tmp_path, instance, running), prometheus_url=prometheus.url,
+                             kubeconfig=api.kubeconfig(tmp_path), act="dry-run", log=log, periods=2, predictor="constant",
+                             show=shown.append, clock=clock, sleep=sleep)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert run.periods == 2 and [r["event"] for r in records] == ["start", "period", "period"]
+    assert [r["time_s"] for r in records[1:]] == [0.0, 60.0]  # one period every period_s of the injected clock
+    assert records[1]["action"] == "replan" and records[1]["act"]["mode"] == "dry-run"
+    creates = [c for c in records[1]["act"]["changes"] if c.startswith("create deployment/")]
+    assert creates and f"dry run: {creates[0]}" in shown
+    assert any(line.startswith("--- live/") and "+++ target/" in line for line in shown)  # the diffs
+    assert _writes(api) == []  # nothing applied or deleted
+    # nothing changed, so the next period decides the same from what runs
+    assert records[2]["action"] == "replan" and records[2]["act"]["changes"] == records[1]["act"]["changes"]
+    assert run.document()["actions"] == {"replan": 2}
+
+
+def test_api_control_refuses_beside_an_hpa_with_one_line(api, tmp_path, instance, prometheus):
+    from scepsy import api as scepsy_api
+    from scepsy.models.errors import InputError
+
+    running = _plan([(0, 0)], [(0, 2)])
+    _deploy(api, instance, running)
+    spec = {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "ver-r0"}, "maxReplicas": 3}
+    api.put({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "ver", "namespace": NAMESPACE}, "spec": spec})
+    with pytest.raises(InputError, match="HorizontalPodAutoscaler/ver -> deployment/ver-r0"):
+        scepsy_api.control(INSTANCE_FILE, _plan_file(tmp_path, instance, running), prometheus_url=prometheus.url,
+                           kubeconfig=api.kubeconfig(tmp_path), log=tmp_path / "log.jsonl", periods=1, sleep=lambda s: None)
+    assert _writes(api) == []
+
+
+def test_api_control_refuses_slos_it_cannot_derive(api, tmp_path, instance, prometheus):
+    """The instance has no latency_slo_s; twice the predicted latency of an overloaded plan is no SLO."""
+    from scepsy import api as scepsy_api
+    from scepsy.models.errors import InputError
+
+    overloaded = _plan([(0, 0)], [(0, 2)], share=1)
+    with pytest.raises(InputError, match="latency_slo_s"):
+        scepsy_api.control(INSTANCE_FILE, _plan_file(tmp_path, instance, overloaded), prometheus_url=prometheus.url,
+                           kubeconfig=api.kubeconfig(tmp_path), log=tmp_path / "log.jsonl", periods=1, sleep=lambda s: None)

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import io
 import json
+
+import httpx
 from pathlib import Path
 
 import pytest
 
+from support import prometheus_server
 from support.kube_api import KubeApi
 from support.prometheus_double import PrometheusDouble, vector
+from support.prometheus_server import PrometheusServer
 
 from scepsy.control.act import Actuation, ApplyFailed, AutoscalerConflict, KubeCluster, dry_run, read_cluster
 from scepsy.control.gauges import DesiredGauges
@@ -232,12 +236,13 @@ def _rates(prometheus: PrometheusDouble, gen: float | str, ver: float | str, at:
     prometheus.answers[freshness_query(settings)] = [(200, vector([("gen", at, str(at - age_s)), ("ver", at, str(at - age_s))]))]
 
 
-def _loop(api, tmp_path, instance, prometheus, clock, said, act: str = "apply", **live) -> tuple[LiveLoop, io.StringIO]:
+def _loop(api, tmp_path, instance, prometheus, clock, said, act: str = "apply", client: PrometheusClient | None = None,
+          **live) -> tuple[LiveLoop, io.StringIO]:
     log = io.StringIO()
     settings = ControlSettings(period_s=60.0, startup_s=60.0, stabilization_s=0.0, predictor="constant")
     allocation, _ = _plan([(0, 0)], [(0, 2)])
     context = make_context(instance, settings, slos_s={"beam": 60.0}, allocation=allocation, plan_time_limit_s=10.0)
-    client = PrometheusClient(PrometheusSettings(prometheus.url, timeout_s=0.5, attempts=2, backoff_s=1.0), sleep=lambda s: None)
+    client = client or PrometheusClient(PrometheusSettings(prometheus.url, timeout_s=0.5, attempts=2, backoff_s=1.0), sleep=lambda s: None)
     loop = LiveLoop(context, _cluster(api, tmp_path), client, SETTINGS, LiveSettings(act=act, **live), log, said.append,
                     said.append, clock, str(INSTANCE_FILE), gauges=DesiredGauges())
     return loop, log
@@ -420,3 +425,36 @@ def test_api_control_refuses_slos_it_cannot_derive(api, tmp_path, instance, prom
     with pytest.raises(InputError, match="latency_slo_s"):
         scepsy_api.control(INSTANCE_FILE, _plan_file(tmp_path, instance, overloaded), prometheus_url=prometheus.url,
                            kubeconfig=api.kubeconfig(tmp_path), log=tmp_path / "log.jsonl", periods=1, sleep=lambda s: None)
+
+
+@pytest.mark.skipif(not prometheus_server.available(), reason="the Debian package prometheus is not installed (.ci/run installs it)")
+def test_the_loop_reads_a_real_prometheus_scraping_emulated_vllm_replicas(api, tmp_path, instance, prometheus):
+    """The whole observe path with real parts: `scepsy emulate` replicas export vLLM's metrics, a
+    real Prometheus scrapes them, the loop reads the rates through its HTTP API and the policy gets
+    them (the decision log's inputs)."""
+    from contextlib import ExitStack
+
+    from scepsy.tracing.capture.proxy import ServerThread
+    from scepsy.tracing.emulation.emulator import create_app, emulator_config
+
+    _deploy(api, instance, _plan([(0, 0)], [(0, 2)]))
+    with ExitStack() as stack:
+        replicas = {llm: stack.enter_context(ServerThread(create_app(emulator_config(model, "A6000", served_model_names=[llm], speedup=1000.0))))
+                    for llm, model in (("gen", "llama-3.2-1b"), ("ver", "llama-3.1-8b"))}
+        server = stack.enter_context(PrometheusServer(tmp_path / "prometheus", {llm: [r.url.removeprefix("http://")] for llm, r in replicas.items()}))
+        server.wait_for_targets(2)
+        server.wait_for("vllm:request_success_total", lambda found: len(found) == 2 * 3)  # scraped at 0 before any request
+        for llm, count in (("gen", 6), ("ver", 3)):
+            for i in range(count):
+                body = {"model": llm, "messages": [{"role": "user", "content": f"step {i}"}], "max_tokens": 2}
+                assert httpx.post(replicas[llm].url + "/v1/chat/completions", json=body, timeout=60.0).status_code == 200
+        server.wait_for("sum by (model_name) (vllm:request_success_total)",
+                        lambda found: {s["metric"]["model_name"]: float(s["value"][1]) for s in found} == {"gen": 6.0, "ver": 3.0})
+        client = PrometheusClient(PrometheusSettings(server.url, window_s=600.0, max_age_s=600.0))
+        said: list[str] = []
+        loop, log = _loop(api, tmp_path, instance, prometheus, Clock(), said, client=client)
+        record = loop.period()
+    assert record["missing"] == {} and said == []
+    rates = record["inputs"]["llm_rates_rps"]
+    assert rates["gen"] > rates["ver"] > 0  # 6 against 3 finished requests over the same scrapes
+    assert record["inputs"]["ready_replicas"] == {"gen": 1, "ver": 1}

@@ -50,6 +50,7 @@ def scrape_config(targets: Mapping[str, Sequence[str]], interval_s: float = 1.0)
 class PrometheusServer:
     def __init__(self, folder: Path, targets: Mapping[str, Sequence[str]], interval_s: float = 1.0):
         self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
         self.config = folder / "prometheus.yml"
         self.config.write_text(yaml.safe_dump(scrape_config(targets, interval_s), sort_keys=False))

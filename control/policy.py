@@ -16,8 +16,10 @@ does no I/O and reads no clock. Each period:
    thus taken only when it was right for the whole window), times 1 + `headroom`.
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at
      up_w * (1 + headroom) breaks a workflow's planning SLO (latency_slo_s * slo_margin) or
-     overloads an LLM, re-plan at once at the planning rate (control/replan.py: fewest GPUs that
-     meet the planning SLOs, placed with the fewest moves from the running placement);
+     overloads an LLM, re-plan at once at the planning rate. The plan (control/replan.py) keeps
+     the running shapes and changes replica counts only, unless a re-shaped plan (fewest GPUs that
+     meet the planning SLOs) needs fewer share units by more than the hysteresis; either is placed
+     with the fewest moves from the running placement;
    - scale down: when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
      the window covers `stabilization_s` of observations and no scale-up happened within it;
      at most `max_moves_per_period` replica moves per period (a larger scale-down is taken in
@@ -267,28 +269,29 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
 
     # 3. decide: scale up at once when the running plan breaks a planning SLO at the forecast
     if not _meets(current, slos):
-        target = context.replanner.allocation(_scaled(window, 1 + s.headroom))
+        target = _choose(context, state.allocation, _scaled(window, 1 + s.headroom))
         if target is None:
             return keep("the forecast breaks the SLO and no plan meets it: keeping the plan that runs")
         if target == state.allocation:
             return keep("the forecast breaks the SLO; the plan that runs is already the best at the forecast")
-        placement = context.replanner.place(target, state.placement)
+        placement = _place(context, target, state)
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
+        target, placement = placement
         broken = sorted(w for w in slos if current is None or current[w] > slos[w] * (1 + 1e-9))
         return adopt(target, placement, f"scale up: the forecast breaks the planning SLO of {', '.join(broken)}", True)
 
     # scale down: only a cheaper plan that holds beyond the hysteresis over a full window
-    target = context.replanner.allocation(_scaled(window, (1 + s.headroom) * (1 + s.hysteresis)))
+    target = _choose(context, state.allocation, _scaled(window, (1 + s.headroom) * (1 + s.hysteresis)))
     if target is None or target.units >= state.allocation.units:
         return keep("the plan that runs meets the forecast; no cheaper plan holds beyond the hysteresis")
     if now - since < s.stabilization_s - 1e-9:
         return keep(f"a cheaper plan holds, but for {now - since:g} s of {s.stabilization_s:g} s (stabilization)")
     if state.last_up_s is not None and now - state.last_up_s < s.stabilization_s - 1e-9:
         return keep(f"a cheaper plan holds, but the last scale-up was {now - state.last_up_s:g} s ago (stabilization)")
-    placement = context.replanner.place(target, state.placement)
-    if placement is not None and moves(state.placement, placement) <= s.max_moves_per_period:
-        return adopt(target, placement, "scale down: a cheaper plan holds over the stabilization window", False)
+    placed = _place(context, target, state)
+    if placed is not None and moves(state.placement, placed[1]) <= s.max_moves_per_period:
+        return adopt(placed[0], placed[1], "scale down: a cheaper plan holds over the stabilization window", False)
     # too many moves (or no placement): stop replicas only, at most the cap, where the target keeps the shape
     step = _stop_only_step(state, target, s.max_moves_per_period)
     if step is None:
@@ -297,6 +300,27 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     if not _meets(_latencies(context, allocation, _scaled(window, 1 + s.headroom)), slos):
         return keep("a cheaper plan holds, but the stop-only step within the moves cap would break the planning SLO")
     return adopt(allocation, placement, f"scale down in steps: at most {s.max_moves_per_period} moves a period", False)
+
+
+def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, float]) -> Allocation | None:
+    """The plan for `rates`: the running shapes with other replica counts (starts and stops only)
+    unless a re-shaped plan needs fewer share units by more than the hysteresis (control/replan.py)."""
+    kept = context.replanner.same_shapes(running, rates)
+    fresh = context.replanner.allocation(rates)
+    if kept is None:
+        return fresh
+    if fresh is not None and fresh.units * (1 + context.settings.hysteresis) < kept.units:
+        return fresh
+    return kept
+
+
+def _place(context: PolicyContext, target: Allocation, state: ControllerState) -> tuple[Allocation, Placement] | None:
+    """`target` placed with the fewest moves from the running placement; a same-shape target that
+    cannot be placed falls back to the re-shaped plan."""
+    placement = context.replanner.place(target, state.placement)
+    if placement is not None:
+        return target, placement
+    return None
 
 
 def _stop_only_step(state: ControllerState, target: Allocation, cap: int) -> tuple[Allocation, Placement] | None:

@@ -50,6 +50,7 @@ class Replanner:
     placement: PlacementSettings = PlacementSettings(method="cpsat", time_limit_s=10.0)
     _allocations: dict[tuple[int, ...], Allocation | None] = field(default_factory=dict, repr=False)
     _placements: dict[tuple, Placement | None] = field(default_factory=dict, repr=False)
+    _shapes: dict[tuple, Allocation | None] = field(default_factory=dict, repr=False)
 
     def rounded(self, rates_rps: Mapping[str, float]) -> dict[str, float]:
         """The rates rounded up to the grid (module docstring)."""
@@ -74,6 +75,16 @@ class Replanner:
             except (InfeasibleError, TimeLimitError):
                 continue
         return None
+
+    def same_shapes(self, allocation: Allocation, rates_rps: Mapping[str, float]) -> Allocation | None:
+        """`same_shapes` at the rates rounded up to the grid, within the cluster's units (cached)."""
+        key = (tuple(c.shape for c in allocation.llms), tuple(self._step(rates_rps.get(w.name, 0.0)) for w in self.instance.workflows))
+        if key not in self._shapes:
+            rates = {w.name: _grid_value(k, self.rate_step) for w, k in zip(self.instance.workflows, key[1])}
+            cluster = self.instance.cluster
+            units = sum(n.gpus for n in cluster.nodes) * cluster.fractions_per_gpu
+            self._shapes[key] = same_shapes(self.instance, allocation, rates, units)
+        return self._shapes[key]
 
     def place(self, allocation: Allocation, current: Placement | None) -> Placement | None:
         """`allocation` placed with the fewest moves from `current`; None where it cannot be placed."""
@@ -135,3 +146,51 @@ def without_replicas(allocation: Allocation, placement: Placement, remove: Mappi
     kept = tuple(r for r in placement.replicas if (r.llm, r.replica) not in dropped)
     llms = tuple(replace(c, replicas=sum(1 for r in kept if r.llm == c.llm)) for c in allocation.llms)
     return Allocation(allocation.fractions_per_gpu, llms), Placement(placement.fractions_per_gpu, kept)
+
+
+def same_shapes(instance: Instance, allocation: Allocation, rates_rps: Mapping[str, float], max_units: int) -> Allocation | None:
+    """The fewest replicas of the running shapes (each LLM's gpu type, TP and share kept) that meet
+    every workflow's latency_slo_s at `rates_rps` without overloading an LLM, within `max_units`
+    share units; None where no such count exists. Greedy from one replica each: the next replica
+    goes to the LLM whose extra replica lowers the worst latency / SLO ratio most (overloaded LLMs
+    first), ties to the fewest units. Such a plan only starts or stops replicas: no relocation."""
+    from scepsy.models.performance.alp import AllocationError, predict
+
+    at = instance.with_arrival_rates(dict(rates_rps))
+    slos = {w.name: w.latency_slo_s for w in at.workflows if w.latency_slo_s is not None}
+
+    def score(replicas: Mapping[str, int]) -> tuple[float, int] | None:
+        candidate = _with_replicas(allocation, replicas)
+        try:
+            prediction = predict(at, candidate)
+        except AllocationError:
+            return None
+        if not prediction.feasible:
+            return (1e6 + sum(p.utilization for p in prediction.llms if p.overloaded), candidate.units)
+        worst = max((prediction.workflow(w).latency_s / slo for w, slo in slos.items()), default=0.0)
+        return (worst, candidate.units)
+
+    replicas = {c.llm: 1 for c in allocation.llms}
+    while True:
+        if _with_replicas(allocation, replicas).units > max_units:
+            return None
+        current = score(replicas)
+        if current is None:
+            return None
+        if current[0] <= 1 + 1e-9:
+            return _with_replicas(allocation, replicas)
+        options = []
+        for choice in allocation.llms:
+            trial = dict(replicas) | {choice.llm: replicas[choice.llm] + 1}
+            value = score(trial)
+            if value is not None:
+                options.append((value[0], choice.tp * choice.share, choice.llm))
+        if not options:
+            return None
+        _, _, best = min(options)
+        replicas[best] += 1
+
+
+def _with_replicas(allocation: Allocation, replicas: Mapping[str, int]) -> Allocation:
+    return Allocation(allocation.fractions_per_gpu,
+                      tuple(replace(c, replicas=replicas.get(c.llm, c.replicas)) for c in allocation.llms))

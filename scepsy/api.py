@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # the tracing and k8s extras (aiohttp, pyarrow, kubernetes) a
     import pandas as pd
     from rich.console import RenderableType
 
+    from scepsy.control.simulation import SystemRun
     from scepsy.k8s.apply import ApplyResult, ReplicaStatus
     from scepsy.planner.studies.sweep import Comparison
     from scepsy.tracing.discovery.topology import NodeTopology
@@ -73,12 +74,12 @@ PathLike = str | Path
 OPERATIONS = (
     "plan", "place", "predict", "whatif", "simulate", "simulate_rates", "sweep", "synthesize_profile",
     "import_profile", "replay_profile", "aggregate_traces", "export_traces", "proxy", "emulate", "topology",
-    "manifests", "deploy", "status", "control",
+    "manifests", "deploy", "status", "control", "simulate_control",
 )
 __all__ = [
     "plan", "place", "predict", "whatif", "simulate", "simulate_rates", "sweep", "synthesize_profile",
     "import_profile", "replay_profile", "aggregate_traces", "export_traces", "proxy", "emulate", "topology",
-    "manifests", "deploy", "status", "control",
+    "manifests", "deploy", "status", "control", "simulate_control",
     # their inputs
     "load", "allocation_of", "placement_settings", "simulation_settings", "replay_settings", "emulator_config",
     "SimulationSettings", "SynthesisSettings",
@@ -944,6 +945,81 @@ def status(namespace: str = "scepsy", *, kubeconfig: PathLike | None = None, con
 
     client = connect(None if kubeconfig is None else Path(kubeconfig), context)
     return Status(namespace, tuple(pod_statuses(client, namespace)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Control
+
+
+@dataclass(frozen=True)
+class ControlSimulation:
+    """The closed loop on the simulator (`scepsy control --simulate`): one run per system, and
+    the plot written (docs/control.md)."""
+
+    runs: tuple[SystemRun, ...]
+    plot: Path | None = None
+
+    def document(self) -> dict:
+        """What `scepsy control --simulate --json` prints (control/report.py)."""
+        from scepsy.control.report import control_document
+
+        return control_document(self.runs)
+
+    def view(self) -> RenderableType:
+        from scepsy.control.report import control_table
+
+        return control_table(self.runs)
+
+
+def simulate_control(
+    instance: InstanceLike,
+    plan: PathLike,
+    arrivals: PathLike | Mapping[str, Sequence[float]],
+    *,
+    startup_s: float = 180.0,
+    period_s: float = 60.0,
+    baselines: Sequence[str] | None = None,
+    predictor: str = "kalman",
+    seed: int = 0,
+    plot: PathLike | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> ControlSimulation:
+    """`scepsy control --simulate`: the controller (control/policy.py) drives the workflow
+    simulator from `plan` (a plan JSON with its placement) on `arrivals` (JSONL {workflow,
+    arrival_s} or an Azure-format CSV, as `simulate --arrivals`; or timestamps per workflow),
+    beside `baselines` (default: all of static, static-peak, k8s-hpa, saturation, oracle) on the
+    same arrivals and GPUs. SLOs: each workflow's latency_slo_s, else twice the plan's predicted
+    latency at the instance's rates. `plot` writes the timeline PNG; `progress` gets the systems
+    done so far (fractional)."""
+    from scepsy.control.policy import ControlSettings
+    from scepsy.control.report import plot_runs
+    from scepsy.control.simulation import SYSTEMS, ClosedLoopSettings, run_systems
+    from scepsy.models.plan.document import deployable_plan, read_document
+
+    check_finite(startup_s, "startup_s")
+    check_finite(period_s, "period_s")
+    if startup_s < 0:
+        raise InputError(None, "startup_s", f"{startup_s:g} is negative", "give the seconds a replica takes to serve, >= 0")
+    if period_s <= 0:
+        raise InputError(None, "period_s", f"{period_s:g} is not > 0", "give the control period in seconds, e.g. 60")
+    check_choice(predictor, ("constant", "ewma", "kalman"), "predictor", "predictor")
+    chosen = list(SYSTEMS[1:]) if baselines is None else list(baselines)
+    for name in chosen:
+        check_choice(name, SYSTEMS[1:], "baselines", "baseline")
+    if plot is not None:
+        check_output(plot, [p for p in (instance, plan, arrivals) if isinstance(p, (str, Path))], "plot")
+    loaded = load(instance)
+    source = str(plan)
+    _, document_ = read_document(plan, "pass a plan JSON written by `scepsy plan --out`")
+    allocation, placement = deployable_plan(source, document_, loaded)
+    timestamps = load_arrivals(arrivals, [w.name for w in loaded.workflows]) if isinstance(arrivals, (str, Path)) else arrivals
+    settings = ClosedLoopSettings(ControlSettings(period_s=period_s, startup_s=startup_s, predictor=predictor), seed=seed)
+    runs = run_systems(loaded, allocation, placement, timestamps, ["scepsy-control", *chosen], settings, progress=progress)
+    written = None
+    if plot is not None:
+        with writing(plot, "plot"):
+            written = plot_runs(runs, plot)
+    return ControlSimulation(tuple(runs), written)
 
 
 @dataclass(frozen=True)

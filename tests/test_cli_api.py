@@ -46,6 +46,7 @@ COMMANDS: dict[str, tuple[str, list[str]]] = {
     "profiles synthesize": ("synthesize_profile", ["--model", "llama-3.2-1b", "--gpu", "L4", "--out", "{tmp}/p.csv"]),
     "profiles import": ("import_profile", ["{tmp}/bench.json", "--gpu-type", "H100", "--out", "{tmp}/p.csv"]),
     "traces export": ("export_traces", ["{tmp}/t.db", "--out", "{tmp}/t.jsonl"]),
+    "control": ("simulate_control", [DEFAULT, "--plan", "{tmp}/alloc.yaml", "--simulate", "--arrivals", "{tmp}/alloc.yaml"]),
 }
 # What a command may use besides its one function: the documents and views it prints, and the
 # settings it passes (built and checked by the API).

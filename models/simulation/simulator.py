@@ -536,11 +536,14 @@ def simulate(
     controller: Controller | None = None,
     progress: Callable[[float], None] | None = None,
     record_calls: bool = False,
+    on_finish: Callable[[str, float, float], None] | None = None,
 ) -> SimulationResult:
     """Simulate the instance's workflows (at their arrival rates, or at the given arrival
     timestamps per workflow) on `allocation`; `controller` may change replicas while it runs.
     `record_calls` keeps every call for SimulationResult.calls (bounded to MAX_RECORDED_CALLS);
-    without it, memory does not grow with the duration (the module docstring)."""
+    without it, memory does not grow with the duration (the module docstring). `on_finish(workflow,
+    arrival_s, finish_s)` is called as each workflow request finishes (the closed-loop simulation's
+    latency over time)."""
     check_size(instance, settings, arrivals, record_calls)
     env = simpy.Environment()
     engines = {}
@@ -564,6 +567,8 @@ def simulate(
         yield from run_program(ctx, workflow.program or default_program())
         record.finish_s = env.now
         ledger.finish(record, cluster)
+        if on_finish is not None:
+            on_finish(record.workflow, record.arrival_s, env.now)
 
     def source(workflow: Workflow, times: Iterator[float]):
         for index, at in enumerate(times):

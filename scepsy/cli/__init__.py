@@ -18,6 +18,7 @@ from scepsy.cli import simulation  # noqa: F401
 from scepsy.cli import profiles  # noqa: F401
 from scepsy.cli import measure  # noqa: F401
 from scepsy.cli import deploy  # noqa: F401
+from scepsy.cli import control  # noqa: F401
 from scepsy.cli.app import app
 from scepsy.cli.common import say
 

@@ -1,0 +1,637 @@
+"""The closed loop on the workflow simulator: the controller (or a baseline) drives the replicas
+of a simulated deployment while requests arrive from a file.
+
+Systems (`SYSTEMS`), all on the same arrivals, seed and cluster:
+
+    scepsy-control  the policy (control/policy.py `decide`) every `period_s`, observing the per-LLM
+                    completion rates (vLLM's request_success_total), ready and starting replicas
+    static          the given plan, never changed
+    static-peak     the plan for the trace's peak 5-minute rate per workflow (the controller's
+                    planner at that rate, with the same headroom), never changed
+    k8s-hpa         the Kubernetes HPA per LLM (models/simulation/autoscaler.py), from one whole-GPU
+                    replica per LLM, with the same start-up time
+    saturation      a WVA-style rule per LLM on the given plan's shapes: one more replica when the
+                    LLM's mean KV-cache usage reaches 0.8 or its mean queue 5 waiting requests per
+                    replica, one fewer when both stayed below half of that (and the queue empty)
+                    over the stabilization window; +-1 replica per period, none while a replica of
+                    the LLM starts; every change placed with the fewest moves
+    oracle          the policy fed the true workflow rates: the highest 1-minute rate of the
+                    arrivals over the next start-up time + period (constant predictor, no
+                    stabilization window)
+
+Actuation (plan-driven systems): a replica asked for at t starts serving at t + startup_s (it joins
+its LLM's router only then: starting replicas are no capacity); a stopped replica leaves the router
+and drains (finishes what it holds). Make before break: a replica to stop drains only while its LLM
+keeps another replica serving, so no LLM is ever without one; a relocated replica's successor
+starts at once and both hold GPUs meanwhile (counted in gpu_hours).
+
+Measured per system (control/report.py writes them): gpu_hours (replicas' GPUs, fractional
+shares as fractions, from the request to start until drained: starting and draining included),
+replicas_moved and its lower bound, flaps, decision_p99_s, and per workflow slo_miss_minutes
+(1-minute windows of arrivals whose latency metric exceeds latency_slo_s; a request unfinished at
+the end counts as infinitely late), requests_unfinished, latency_mean_s, latency_p99_s.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import simpy
+
+from scepsy.control.policy import ControlSettings, ControllerState, Decision, Observation, PolicyContext, decide, make_context
+from scepsy.control.replan import moves, moves_lower_bound
+from scepsy.models.errors import InputError
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement
+from scepsy.models.instance.instance import Instance
+from scepsy.models.performance.replica import ReplicaSim
+from scepsy.models.simulation.arrivals import load_arrivals
+from scepsy.models.simulation.autoscaler import Autoscaler, HpaSettings
+from scepsy.models.simulation.simulator import SimCluster, SimulationResult, SimulationSettings, replica_engine, simulate
+from scepsy.planner.studies.baselines import hpa_deployment
+
+SYSTEMS = ("scepsy-control", "static", "static-peak", "k8s-hpa", "saturation", "oracle")
+WINDOW_S = 60.0  # the SLO windows: 1 minute
+PEAK_WINDOW_S = 300.0  # static-peak plans for the peak 5-minute rate
+FLAP_WINDOW_S = 600.0  # a direction reversal within 10 minutes is a flap
+SAMPLE_S = 5.0  # KV usage and queues are sampled this often (a Prometheus scrape interval)
+
+
+@dataclass(frozen=True)
+class ClosedLoopSettings:
+    """How the closed loop runs; `control` holds the policy's knobs (period_s, startup_s, ...)."""
+
+    control: ControlSettings = ControlSettings()
+    seed: int = 0
+    drain_s: float = 600.0  # after the last arrival, how long requests may still finish
+    saturation_kv: float = 0.8  # WVA's KV-cache saturation threshold
+    saturation_queue: float = 5.0  # WVA's queue threshold, waiting requests per replica
+    hpa_target: float = 0.7  # the HPA's GPU-utilisation target (its default here)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One period of a system's timeline."""
+
+    time_s: float
+    rate_rps: Mapping[str, float]  # per workflow: arrivals in the period / period
+    ready: Mapping[str, int]  # per LLM: replicas serving
+    starting: Mapping[str, int]  # per LLM
+    gpus: float  # GPUs held (starting, serving and draining replicas)
+    latency_s: Mapping[str, float]  # per workflow: mean latency of the requests that arrived in the period
+
+
+@dataclass(frozen=True)
+class WorkflowOutcome:
+    name: str
+    slo_s: float
+    slo_miss_minutes: int
+    requests: int
+    requests_unfinished: int
+    latency_mean_s: float
+    latency_p99_s: float
+
+
+@dataclass(frozen=True)
+class SystemRun:
+    """One system's closed-loop run (module docstring)."""
+
+    name: str
+    gpu_hours: float
+    replicas_moved: int
+    replicas_moved_lower_bound: int
+    flaps: int
+    flaps_max_per_llm: int  # the most flaps of one LLM
+    decision_times_s: tuple[float, ...]
+    workflows: tuple[WorkflowOutcome, ...]
+    timeline: tuple[Sample, ...] = field(repr=False, default=())
+    decisions: tuple[Decision, ...] = field(repr=False, default=())
+
+    @property
+    def decision_p99_s(self) -> float:
+        return float(np.percentile(self.decision_times_s, 99)) if self.decision_times_s else 0.0
+
+    def workflow(self, name: str) -> WorkflowOutcome:
+        return next(w for w in self.workflows if w.name == name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrivals
+
+
+def scale_arrivals(times: Sequence[float], factor: float, seed: int = 0, jitter_s: float = 60.0) -> list[float]:
+    """A trace at `factor` times its rate with its shape kept: each arrival kept floor(factor)
+    times and once more with probability frac(factor), every copy shifted by a uniform jitter in
+    [0, jitter_s) (deterministic for a seed). factor < 1 thins the trace."""
+    rng = random.Random(f"{seed}/scale")
+    out = []
+    whole, part = int(math.floor(factor)), factor - math.floor(factor)
+    for t in times:
+        copies = whole + (1 if rng.random() < part else 0)
+        for k in range(copies):
+            out.append(t + (rng.random() * jitter_s if k or copies > 1 else 0.0))
+    return sorted(out)
+
+
+def trace_arrivals(drivers: Mapping[str, tuple[Path | str, float]], start_s: float, length_s: float,
+                   seed: int = 0) -> dict[str, list[float]]:
+    """Arrivals per workflow from a driving trace each (a file `load_arrivals` reads: JSONL or an
+    Azure-format CSV) cut to [start_s, start_s + length_s) and scaled so that its peak 5-minute
+    rate is the given rate (requests/s); times from 0."""
+    out = {}
+    for index, (workflow, (path, peak_rps)) in enumerate(sorted(drivers.items())):
+        times = load_arrivals(path, [workflow]).get(workflow, [])
+        cut = [t - start_s for t in times if start_s <= t < start_s + length_s]
+        if not cut:
+            raise InputError(str(path), None, f"no arrival in [{start_s:g}, {start_s + length_s:g}) s",
+                             "pick a window of the trace that has arrivals")
+        peak = peak_rates({workflow: cut}, length_s)[workflow]
+        scaled = scale_arrivals(cut, peak_rps / peak, seed=seed * 1000 + index)
+        out[workflow] = [t for t in scaled if t < length_s]
+    return out
+
+
+def rate_bins(arrivals: Mapping[str, Sequence[float]], duration_s: float, width_s: float) -> dict[str, np.ndarray]:
+    """Arrival rate per workflow in consecutive bins of `width_s` (requests/s)."""
+    bins = max(int(math.ceil(duration_s / width_s)), 1)
+    out = {}
+    for workflow, times in arrivals.items():
+        counts = np.bincount(np.minimum((np.asarray(times, dtype=float) // width_s).astype(int), bins - 1), minlength=bins)
+        out[workflow] = counts / width_s
+    return out
+
+
+def peak_rates(arrivals: Mapping[str, Sequence[float]], duration_s: float, window_s: float = PEAK_WINDOW_S) -> dict[str, float]:
+    """The highest rate per workflow over `window_s` windows (requests/s)."""
+    return {w: float(r.max()) if len(r) else 0.0 for w, r in rate_bins(arrivals, duration_s, window_s).items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Replicas of a plan-driven system
+
+
+@dataclass
+class _Replica:
+    llm: str
+    key: tuple  # (llm, node, shards): where it runs
+    gpus: float
+    requested_s: float
+    sim: ReplicaSim | None = None  # once serving
+    stopped_s: float | None = None  # cancelled before serving, or drained
+    stopping: bool = False
+
+
+def _key(replica: ReplicaPlacement) -> tuple:
+    return (replica.llm, replica.node, tuple(sorted((s.gpu, s.units) for s in replica.shards)))
+
+
+class _Fleet:
+    """The replicas of a plan-driven system and the actuation of a target plan (module docstring)."""
+
+    def __init__(self, env: simpy.Environment, instance: Instance, sim: SimulationSettings, startup_s: float,
+                 allocation: Allocation, placement: Placement):
+        self.env = env
+        self.instance = instance
+        self.sim = sim
+        self.startup_s = startup_s
+        self.f = allocation.fractions_per_gpu
+        self.cluster: SimCluster | None = None
+        self.replicas: list[_Replica] = []
+        self.allocation = allocation
+        self.initial = placement
+        self.changes: list[tuple[float, str, int]] = []  # (time, llm, +1 / -1)
+
+    def attach(self, cluster: SimCluster) -> None:
+        """Pair the simulator's first replicas with the placement's, LLM by LLM in order."""
+        self.cluster = cluster
+        for llm, router in cluster.routers.items():
+            placed = sorted((r for r in self.initial.replicas if r.llm == llm), key=lambda r: r.replica)
+            for rp, sim in zip(placed, router.replicas):
+                self.replicas.append(_Replica(llm, _key(rp), self._gpus(rp), 0.0, sim))
+
+    def _gpus(self, rp: ReplicaPlacement) -> float:
+        return sum(s.units for s in rp.shards) / self.f
+
+    def live(self) -> list[_Replica]:
+        return [r for r in self.replicas if r.stopped_s is None and not r.stopping]
+
+    def ready(self, llm: str) -> int:
+        return sum(1 for r in self.live() if r.llm == llm and r.sim is not None)
+
+    def starting(self, llm: str) -> int:
+        return sum(1 for r in self.live() if r.llm == llm and r.sim is None)
+
+    def gpus_held(self) -> float:
+        return sum(r.gpus for r in self.replicas if r.stopped_s is None)
+
+    def apply(self, allocation: Allocation, placement: Placement) -> None:
+        """Bring the replicas to `placement` (starts, cancels, drains)."""
+        now = self.env.now
+        wanted: dict[tuple, list[ReplicaPlacement]] = defaultdict(list)
+        for rp in placement.replicas:
+            wanted[_key(rp)].append(rp)
+        have: dict[tuple, list[_Replica]] = defaultdict(list)
+        for r in self.live():
+            have[r.key].append(r)
+        for key, reps in have.items():
+            surplus = len(reps) - len(wanted.get(key, []))
+            # serving replicas are kept before starting ones; the newest go first
+            for r in sorted(reps, key=lambda r: (r.sim is not None, -r.requested_s))[:max(surplus, 0)]:
+                self._stop(r)
+        for key, rps in wanted.items():
+            for rp in rps[len(have.get(key, [])):]:
+                replica = _Replica(rp.llm, key, self._gpus(rp), now)
+                self.replicas.append(replica)
+                self.changes.append((now, rp.llm, +1))
+                self.env.process(self._start(replica, allocation.of(rp.llm)))
+        self.allocation = allocation
+        self._drain_pending()
+
+    def _stop(self, replica: _Replica) -> None:
+        self.changes.append((self.env.now, replica.llm, -1))
+        if replica.sim is None:
+            replica.stopped_s = self.env.now  # cancelled before it served
+        else:
+            replica.stopping = True  # drains as soon as its LLM keeps another serving replica
+
+    def _drain_pending(self) -> None:
+        assert self.cluster is not None
+        for replica in self.replicas:
+            if not replica.stopping or replica.sim is None or not replica.sim.accepting:
+                continue
+            router = self.cluster.routers[replica.llm]
+            others = [r for r in router.replicas if r is not replica.sim and r.accepting]
+            if others:
+                router.drain(replica.sim)
+                self.env.process(self._retire(replica))
+
+    def _start(self, replica: _Replica, choice: LlmAllocation):
+        yield self.env.timeout(self.startup_s)
+        if replica.stopped_s is not None:
+            return
+        assert self.cluster is not None
+        engine = replica_engine(self.instance, choice.llm, choice.gpu_type, choice.tp, choice.share / self.f,
+                                self.sim.engine, self.sim.engine_model, self.sim.backend, self.sim.database_version)
+        replica.sim = self.cluster.add_replica(choice.llm, engine)
+        self._drain_pending()
+
+    def _retire(self, replica: _Replica):
+        assert replica.sim is not None
+        while replica.sim.retired_s is None:
+            yield self.env.timeout(1.0)
+        replica.stopped_s = replica.sim.retired_s
+
+    def gpu_hours(self, end_s: float) -> float:
+        return sum(r.gpus * ((r.stopped_s if r.stopped_s is not None else end_s) - r.requested_s)
+                   for r in self.replicas) / 3600.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Observation of a simulated deployment
+
+
+class _Meter:
+    """What Prometheus would scrape from the engines: completed calls per LLM (a counter), KV
+    usage and waiting requests per ready replica (gauges, averaged over SAMPLE_S samples)."""
+
+    def __init__(self, env: simpy.Environment, cluster: SimCluster):
+        self.env = env
+        self.cluster = cluster
+        self.last_total = {llm: 0 for llm in cluster.routers}
+        self.kv: dict[str, list[float]] = defaultdict(list)
+        self.queue: dict[str, list[float]] = defaultdict(list)
+        env.process(self._sample())
+
+    def _sample(self):
+        while True:
+            yield self.env.timeout(SAMPLE_S)
+            for llm, router in self.cluster.routers.items():
+                ready = [r for r in router.replicas if r.accepting]
+                if not ready:
+                    continue
+                self.kv[llm].append(sum(r.used / r.capacity if r.capacity else 0.0 for r in ready) / len(ready))
+                self.queue[llm].append(sum(len(r.waiting) for r in ready) / len(ready))
+
+    def read(self, period_s: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """Per-LLM completion rates over the period, mean KV usage and mean queue; resets the gauges."""
+        rates, kv, queue = {}, {}, {}
+        for llm in self.cluster.routers:
+            total = sum(r.completed for r in self.cluster.all_replicas(llm))
+            rates[llm] = (total - self.last_total[llm]) / period_s
+            self.last_total[llm] = total
+            kv[llm] = float(np.mean(self.kv[llm])) if self.kv[llm] else 0.0
+            queue[llm] = float(np.mean(self.queue[llm])) if self.queue[llm] else 0.0
+        self.kv.clear()
+        self.queue.clear()
+        return rates, kv, queue
+
+
+# ---------------------------------------------------------------------------------------------
+# The closed loop
+
+
+@dataclass
+class _Recorder:
+    """Latency of finished requests by arrival window, arrivals per period, and the timeline."""
+
+    workflows: list[str]
+    finished: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    timeline: list[Sample] = field(default_factory=list)
+
+    def on_finish(self, workflow: str, arrival_s: float, finish_s: float) -> None:
+        self.finished.setdefault(workflow, []).append((arrival_s, finish_s - arrival_s))
+
+
+def run_system(
+    name: str,
+    instance: Instance,
+    allocation: Allocation,
+    placement: Placement,
+    arrivals: Mapping[str, Sequence[float]],
+    slos_s: Mapping[str, float],
+    settings: ClosedLoopSettings = ClosedLoopSettings(),
+    context: PolicyContext | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> SystemRun:
+    """One system on the arrivals (module docstring). `context`: the controller's (its plan cache
+    is shared with static-peak and saturation); made from the instance and SLOs when None."""
+    if name not in SYSTEMS:
+        raise InputError(None, "baselines", f"unknown system {name!r}", f"use some of: {', '.join(SYSTEMS[1:])}")
+    control = settings.control
+    if context is None:
+        context = make_context(instance, control, slos_s)
+    names = [w.name for w in instance.workflows]
+    duration = max((max(t) for t in arrivals.values() if len(t)), default=0.0)
+    duration = math.ceil((duration + 1e-9) / WINDOW_S) * WINDOW_S
+    sim = SimulationSettings(duration_s=duration, warmup_s=0.0, drain_s=settings.drain_s, seed=settings.seed)
+    recorder = _Recorder(names)
+    period_bins = rate_bins(arrivals, duration, control.period_s)
+    minute_bins = rate_bins(arrivals, duration, WINDOW_S)
+
+    if name == "static-peak":
+        peak = peak_rates(arrivals, duration)
+        target = context.replanner.allocation({w: r * (1 + control.headroom) for w, r in peak.items()})
+        if target is None:
+            raise InputError(None, "arrivals", "no plan meets the SLOs at the trace's peak 5-minute rate",
+                             "scale the arrivals down, or lift the SLOs")
+        peak_placement = context.replanner.place(target, None)
+        if peak_placement is None:
+            raise InputError(None, "arrivals", "the plan for the trace's peak rate cannot be placed", "scale the arrivals down")
+        allocation, placement = target, peak_placement
+
+    hpa: Autoscaler | None = None
+    if name == "k8s-hpa":
+        deployment = hpa_deployment(instance, HpaSettings(target=settings.hpa_target, startup_s=control.startup_s,
+                                                          sync_period_s=15.0))
+        allocation = deployment.allocation
+        hpa = deployment.controller  # type: ignore[assignment]
+
+    env_box: dict[str, object] = {}
+    fleet_box: dict[str, _Fleet] = {}
+    decisions: list[Decision] = []
+    times: list[float] = []
+
+    def controller(env: simpy.Environment, cluster: SimCluster):
+        fleet = _Fleet(env, instance, sim, control.startup_s, allocation, placement)
+        fleet.attach(cluster)
+        fleet_box["fleet"] = fleet
+        env_box["cluster"] = cluster
+        meter = _Meter(env, cluster)
+        if hpa is not None:
+            env.process(hpa(env, cluster))
+        state = ControllerState.initial(allocation, placement)
+        oracle_ctx = context
+        if name == "oracle":
+            oracle_settings = replace(control, predictor="constant", stabilization_s=0.0)
+            oracle_ctx = replace(context, settings=oracle_settings,
+                                 forecaster=replace(context.forecaster, name="constant"))
+        low_since: dict[str, float | None] = {m.name: None for m in instance.llms}
+        k = 0
+        while True:
+            yield env.timeout(control.period_s)
+            k += 1
+            now = env.now
+            rates, kv, queue = meter.read(control.period_s)
+            ready = {m: fleet.ready(m) for m in cluster.routers} if hpa is None else {
+                m: len(cluster.routers[m].replicas) for m in cluster.routers}
+            starting = {m: fleet.starting(m) for m in cluster.routers}
+            if name in ("scepsy-control", "oracle"):
+                observation = Observation(now, rates, ready, starting, queue_per_replica=queue, kv_usage=kv)
+                if name == "oracle":
+                    ahead = int(math.ceil((control.startup_s + control.period_s) / WINDOW_S))
+                    start = int(now // WINDOW_S)
+                    true = {w: float(minute_bins[w][start:start + ahead].max()) if start < len(minute_bins[w]) else 0.0
+                            for w in names}
+                    observation = replace(observation, workflow_rates_rps=true)
+                began = time.perf_counter()
+                state, decision = decide(state, observation, oracle_ctx)
+                times.append(time.perf_counter() - began)
+                decisions.append(decision)
+                if decision.action == "replan" and decision.allocation is not None and decision.placement is not None:
+                    fleet.apply(decision.allocation, decision.placement)
+            elif name == "saturation":
+                began = time.perf_counter()
+                step = _saturation_step(fleet, context, settings, kv, queue, low_since, now)
+                times.append(time.perf_counter() - began)
+                if step is not None:
+                    target_allocation, target_placement = step
+                    decisions.append(Decision(now, "replan", target_allocation, target_placement, "saturation",
+                                              moves(fleet_placement(fleet), target_placement),
+                                              moves_lower_bound(fleet.allocation, target_allocation)))
+                    fleet.apply(target_allocation, target_placement)
+            record = {w: float(period_bins[w][k - 1]) if k - 1 < len(period_bins[w]) else 0.0 for w in names}
+            recorder.timeline.append(Sample(
+                now, record, ready, starting if hpa is None else _hpa_starting(hpa, cluster),
+                fleet.gpus_held() if hpa is None else _hpa_gpus(cluster, allocation, hpa, control.startup_s, now),
+                _period_latency(recorder, now - control.period_s, now)))
+
+    result = simulate(instance, allocation, sim, arrivals=arrivals, controller=controller, progress=progress,
+                      on_finish=recorder.on_finish)
+    fleet = fleet_box["fleet"]
+    if hpa is not None:
+        gpu_hours = _hpa_gpu_hours(env_box["cluster"], allocation, hpa, control.startup_s, duration)  # type: ignore[arg-type]
+        changes = [(t, llm, 1 if d == "up" else -1) for t, llm, d, _ in hpa.events]
+        moved = bound = len(changes)
+    else:
+        gpu_hours = fleet.gpu_hours(duration)
+        changes = fleet.changes
+        moved = sum(d.moves for d in decisions)
+        bound = sum(d.moves_lower_bound for d in decisions)
+    flaps = _flaps(changes)
+    return SystemRun(
+        name=name,
+        gpu_hours=gpu_hours,
+        replicas_moved=moved,
+        replicas_moved_lower_bound=bound,
+        flaps=sum(flaps.values()),
+        flaps_max_per_llm=max(flaps.values(), default=0),
+        decision_times_s=tuple(times),
+        workflows=tuple(_outcome(w, slos_s[w], arrivals.get(w, ()), recorder, result, duration, instance) for w in names),
+        timeline=tuple(recorder.timeline),
+        decisions=tuple(decisions),
+    )
+
+
+def fleet_placement(fleet: _Fleet) -> Placement:
+    """The placement the fleet's live replicas make (indices in order)."""
+    counters: dict[str, int] = defaultdict(int)
+    out = []
+    from scepsy.models.instance.allocation import Shard
+
+    for r in sorted(fleet.live(), key=lambda r: r.key):
+        llm, node, shards = r.key
+        out.append(ReplicaPlacement(llm, counters[llm], node, tuple(Shard(g, u) for g, u in shards)))
+        counters[llm] += 1
+    return Placement(fleet.f, tuple(out))
+
+
+def _saturation_step(fleet: _Fleet, context: PolicyContext, settings: ClosedLoopSettings, kv: Mapping[str, float],
+                     queue: Mapping[str, float], low_since: dict[str, float | None], now: float
+                     ) -> tuple[Allocation, Placement] | None:
+    """The WVA-style rule (module docstring): at most one LLM changes by one replica a period."""
+    control = settings.control
+    current = fleet.allocation
+    for choice in sorted(current.llms, key=lambda c: -max(kv.get(c.llm, 0.0) / settings.saturation_kv,
+                                                           queue.get(c.llm, 0.0) / settings.saturation_queue)):
+        llm = choice.llm
+        if fleet.starting(llm):
+            low_since[llm] = None
+            continue
+        saturated = kv.get(llm, 0.0) >= settings.saturation_kv or queue.get(llm, 0.0) >= settings.saturation_queue
+        low = kv.get(llm, 0.0) < settings.saturation_kv / 2 and queue.get(llm, 0.0) < 0.5
+        if not low:
+            low_since[llm] = None
+        elif low_since[llm] is None:
+            low_since[llm] = now
+        delta = 0
+        if saturated:
+            delta = 1
+        elif low and choice.replicas > 1 and now - (low_since[llm] or now) >= control.stabilization_s:
+            delta = -1
+        if delta == 0:
+            continue
+        llms = tuple(replace(c, replicas=c.replicas + delta) if c.llm == llm else c for c in current.llms)
+        target = Allocation(current.fractions_per_gpu, llms)
+        placement = context.replanner.place(target, fleet_placement(fleet))
+        if placement is None:
+            continue
+        low_since[llm] = None
+        return target, placement
+    return None
+
+
+def _hpa_starting(hpa: Autoscaler, cluster: SimCluster) -> dict[str, int]:
+    ups = defaultdict(int)
+    for _, llm, direction, _ in hpa.events:
+        if direction == "up":
+            ups[llm] += 1
+    added = {llm: sum(1 for r in cluster.all_replicas(llm) if r.started_s > 0) for llm in cluster.routers}
+    return {llm: max(ups[llm] - added[llm], 0) for llm in cluster.routers}
+
+
+def _hpa_gpus(cluster: SimCluster, allocation: Allocation, hpa: Autoscaler, startup_s: float, now: float) -> float:
+    held = 0.0
+    for llm in cluster.routers:
+        gpus = allocation.of(llm).tp * allocation.of(llm).share / allocation.fractions_per_gpu
+        held += gpus * (sum(1 for r in cluster.all_replicas(llm) if r.retired_s is None)
+                        + _hpa_starting(hpa, cluster)[llm])
+    return held
+
+
+def _hpa_gpu_hours(cluster: SimCluster, allocation: Allocation, hpa: Autoscaler, startup_s: float, end_s: float) -> float:
+    total = 0.0
+    pending = _hpa_starting(hpa, cluster)
+    for llm in cluster.routers:
+        choice = allocation.of(llm)
+        gpus = choice.tp * choice.share / allocation.fractions_per_gpu
+        for r in cluster.all_replicas(llm):
+            began = r.started_s - startup_s if r.started_s > 0 else 0.0
+            total += gpus * ((r.retired_s if r.retired_s is not None else end_s) - began)
+        starts = sorted(t for t, m, d, _ in hpa.events if m == llm and d == "up")
+        total += gpus * sum(end_s - t for t in starts[len(starts) - pending[llm]:]) if pending[llm] else 0.0
+    return total / 3600.0
+
+
+def _flaps(changes: Sequence[tuple[float, str, int]]) -> dict[str, int]:
+    """Direction reversals per LLM within FLAP_WINDOW_S (changes at one time are one step)."""
+    steps: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for t, llm, direction in sorted(changes):
+        if steps[llm] and steps[llm][-1][0] == t:
+            steps[llm][-1] = (t, steps[llm][-1][1] + direction)
+        else:
+            steps[llm].append((t, direction))
+    out = {}
+    for llm, seq in steps.items():
+        moves_ = [(t, 1 if d > 0 else -1) for t, d in seq if d != 0]
+        out[llm] = sum(1 for (t0, d0), (t1, d1) in zip(moves_, moves_[1:]) if d0 != d1 and t1 - t0 <= FLAP_WINDOW_S)
+    return out
+
+
+def _period_latency(recorder: _Recorder, start: float, end: float) -> dict[str, float]:
+    out = {}
+    for w in recorder.workflows:
+        values = [lat for a, lat in recorder.finished.get(w, []) if start <= a < end]
+        out[w] = float(np.mean(values)) if values else math.nan
+    return out
+
+
+def _outcome(workflow: str, slo_s: float, times: Sequence[float], recorder: _Recorder, result: SimulationResult,
+             duration: float, instance: Instance) -> WorkflowOutcome:
+    windows = int(math.ceil(duration / WINDOW_S))
+    done: list[list[float]] = [[] for _ in range(windows)]
+    for arrival, latency in recorder.finished.get(workflow, []):
+        done[min(int(arrival // WINDOW_S), windows - 1)].append(latency)
+    arrived = np.bincount(np.minimum((np.asarray(times, dtype=float) // WINDOW_S).astype(int), windows - 1),
+                          minlength=windows) if len(times) else np.zeros(windows, dtype=int)
+    missed = 0
+    for k in range(windows):
+        if arrived[k] == 0:
+            continue
+        if len(done[k]) < arrived[k]:
+            missed += 1  # a request of the window never finished
+        elif _metric(done[k], instance.latency_metric) > slo_s:
+            missed += 1
+    stats = result.workflow(workflow)
+    return WorkflowOutcome(workflow, slo_s, missed, stats.arrivals, stats.unfinished, stats.latency_mean_s, stats.latency_p99_s)
+
+
+def _metric(latencies: Sequence[float], metric: str) -> float:
+    if metric == "mean":
+        return float(np.mean(latencies))
+    return float(np.percentile(latencies, float(metric.lstrip("p"))))
+
+
+# ---------------------------------------------------------------------------------------------
+# All systems
+
+
+def run_systems(
+    instance: Instance,
+    allocation: Allocation,
+    placement: Placement,
+    arrivals: Mapping[str, Sequence[float]],
+    systems: Sequence[str] = SYSTEMS,
+    settings: ClosedLoopSettings = ClosedLoopSettings(),
+    slos_s: Mapping[str, float] | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> list[SystemRun]:
+    """Every system of `systems` on the same arrivals; SLOs default to each workflow's
+    latency_slo_s, else twice the given plan's predicted latency at the instance's rates."""
+    for system in systems:
+        if system not in SYSTEMS:
+            raise InputError(None, "baselines", f"unknown system {system!r}", f"use some of: {', '.join(SYSTEMS[1:])}")
+    context = make_context(instance, settings.control, slos_s, allocation)
+    runs = []
+    for index, system in enumerate(systems):
+        def step(fraction: float, done: int = index) -> None:
+            if progress is not None:
+                progress(done + fraction)
+
+        runs.append(run_system(system, instance, allocation, placement, arrivals, context.slos_s, settings, context, step))
+    return runs

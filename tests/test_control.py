@@ -1,0 +1,327 @@
+"""The controller: forecasters, workflow rates by NNLS, the pure policy (step tests, hysteresis,
+stabilization, moves cap, missing data), moves against their lower bound, and the closed loop on
+the simulator (determinism for a seed, the baselines, the CLI's JSON)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from scepsy import api
+from scepsy.cli import app
+from scepsy.control.forecast import Forecaster
+from scepsy.control.policy import ControlSettings, ControllerState, Observation, PolicyContext, decide, make_context
+from scepsy.control.rates import workflow_rates
+from scepsy.control.replan import moves, moves_lower_bound, without_replicas
+from scepsy.control.simulation import SYSTEMS, ClosedLoopSettings, run_systems, scale_arrivals
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
+from scepsy.models.instance.instance import Instance, Stage
+from scepsy.models.performance.alp import predict
+
+from conftest import INSTANCES
+
+RAG = INSTANCES / "rag-4xa6000.yaml"  # one workflow, three small LLMs: a cheap closed loop
+COMBINED = INSTANCES / "combined-8xh100.yaml"
+
+
+# --------------------------------------------------------------------------------------------
+# Forecasters
+
+
+def _feed(forecaster: Forecaster, values: list[float], dt_s: float = 60.0, horizon_s: float = 240.0) -> list[float]:
+    state, out = None, []
+    for value in values:
+        state = forecaster.update(state, value, dt_s)
+        out.append(forecaster.predict(state, horizon_s))
+    return out
+
+
+def test_the_constant_forecast_is_the_last_observation():
+    assert _feed(Forecaster("constant"), [3.0, 7.0, 5.0]) == [3.0, 7.0, 5.0]
+
+
+def test_the_ewma_weighs_the_newest_sample_by_alpha():
+    out = _feed(Forecaster("ewma", alpha=0.5), [4.0, 8.0, 8.0])
+    assert out == [4.0, 6.0, 7.0]
+
+
+def test_the_kalman_filter_follows_a_ramp_ahead_and_bounds_a_step():
+    ramp = _feed(Forecaster("kalman"), [10.0 + 1.0 * k for k in range(30)])
+    assert ramp[-1] > 39.0 + 1.0  # ahead of the last observation (39) on a rising ramp
+    assert ramp[-1] < 39.0 * 1.5 + 1e-9  # the trend moves a forecast at most trend_cap of the level
+    flat = _feed(Forecaster("kalman"), [20.0] * 10)
+    assert all(abs(v - 20.0) < 1e-6 for v in flat)
+    step = _feed(Forecaster("kalman"), [20.0] * 5 + [40.0] * 10)
+    assert max(step) < 40.0 * 1.6 and abs(step[-1] - 40.0) < 4.0  # bounded overshoot, settles near the new level
+    assert all(v >= 0 for v in _feed(Forecaster("kalman"), [20.0] * 5 + [0.0] * 5))
+
+
+def test_an_unknown_predictor_is_refused():
+    with pytest.raises(ValueError, match="unknown predictor"):
+        Forecaster("arima")
+
+
+# --------------------------------------------------------------------------------------------
+# Workflow rates from LLM rates
+
+
+def _shared(instance: Instance) -> Instance:
+    """combined-8xh100 with RAG generating on beam's `gen` as well (a shared LLM)."""
+    rag = instance.workflows[1]
+    stages = rag.stages + (Stage("gen", 2.0, 1.0),)
+    return replace(instance, workflows=(instance.workflows[0], replace(rag, stages=stages)))
+
+
+def test_nnls_recovers_the_workflow_rates_where_an_llm_is_shared():
+    instance = _shared(api.load(COMBINED))
+    truth = {"beam": 3.0, "rag": 5.0}
+    llm_rates = {m.name: instance.with_arrival_rates(truth).offered_rate_rps(m.name) for m in instance.llms}
+    assert llm_rates["gen"] == pytest.approx(3.0 * 8.61 + 5.0 * 2.0)
+    rates = workflow_rates(instance, llm_rates)
+    assert rates == pytest.approx(truth, rel=1e-9)
+
+
+def test_nnls_never_gives_a_negative_rate_and_ignores_unknown_llms():
+    instance = _shared(api.load(COMBINED))
+    rates = workflow_rates(instance, {"gen": 0.0, "ver": 0.0, "embed": 9.0, "rerank": 9.0, "rag-gen": 9.0, "other": 5.0})
+    assert rates["beam"] == 0.0 and rates["rag"] > 0
+    assert workflow_rates(instance, {}) == {"beam": 0.0, "rag": 0.0}
+
+
+# --------------------------------------------------------------------------------------------
+# The policy
+
+
+@pytest.fixture(scope="module")
+def rag() -> Instance:
+    return api.load(RAG)
+
+
+@pytest.fixture(scope="module")
+def rag_context(rag: Instance) -> PolicyContext:
+    plan = api.plan(rag, time_limit_s=600.0)
+    return make_context(rag, ControlSettings(period_s=60.0, startup_s=120.0), allocation=plan.allocation,
+                        plan_time_limit_s=600.0)
+
+
+def _llm_rates(context: PolicyContext, rate: float) -> dict[str, float | None]:
+    at = context.instance.with_arrival_rates({"rag": rate})
+    return {m.name: at.offered_rate_rps(m.name) for m in context.instance.llms}
+
+
+def _own_plan(context: PolicyContext, rate: float) -> ControllerState:
+    """The state of a controller that runs its own plan for `rate`, settled (a full window seen)."""
+    allocation = context.replanner.allocation({"rag": rate * (1 + context.settings.headroom)})
+    assert allocation is not None
+    placement = context.replanner.place(allocation, None)
+    assert placement is not None
+    state, _ = _run(context, ControllerState.initial(allocation, placement), [rate] * 12)  # settle: past a window
+    return state
+
+
+def _run(context: PolicyContext, state: ControllerState, rates: list[float], start_s: float = 0.0):
+    decisions = []
+    for k, rate in enumerate(rates):
+        observation = Observation(start_s + context.settings.period_s * (k + 1), _llm_rates(context, rate))
+        state, decision = decide(state, observation, context)
+        decisions.append(decision)
+    return state, decisions
+
+
+def _meets_slo(context: PolicyContext, allocation: Allocation, rate: float) -> bool:
+    prediction = predict(context.instance.with_arrival_rates({"rag": rate}), allocation)
+    return prediction.feasible and prediction.workflow("rag").latency_s <= context.slos_s["rag"]
+
+
+def test_nothing_happens_at_constant_load(rag_context):
+    state = _own_plan(rag_context, 8.0)
+    after, decisions = _run(rag_context, state, [8.0] * 20, start_s=12 * rag_context.settings.period_s)
+    assert [d.action for d in decisions] == ["keep"] * 20
+    assert after.allocation == state.allocation and after.placement == state.placement
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.5, 0.0])
+def test_a_step_recovers_the_slo_within_startup_plus_two_periods(rag_context, factor):
+    """Rate x2: the scale-up is decided in the first period that sees it, so its replicas serve
+    within start-up + 2 periods, and the new plan meets the SLO at the new rate. x0.5 and to 0: the
+    plan keeps meeting the SLO throughout (scale-downs only after the stabilization window)."""
+    s = rag_context.settings
+    base = 6.0 if factor > 1 else 12.0  # rates where the plan for base * factor differs
+    state = _own_plan(rag_context, base)
+    step_s = 12 * s.period_s
+    after, decisions = _run(rag_context, state, [base * factor] * 12, start_s=step_s)
+    for d in decisions:
+        assert d.action in ("keep", "replan")
+    replans = [d for d in decisions if d.action == "replan"]
+    if factor > 1:
+        assert replans and replans[0].time_s <= step_s + s.period_s  # decided at once
+        assert replans[0].time_s + s.startup_s <= step_s + s.startup_s + 2 * s.period_s
+        assert replans[0].allocation is not None and _meets_slo(rag_context, replans[0].allocation, base * factor)
+    else:
+        assert all(d.time_s >= step_s + s.stabilization_s for d in replans)  # sustained only
+        assert replans, "a lower load frees GPUs after the stabilization window"
+        assert after.allocation.units < state.allocation.units
+        assert all(c.replicas >= 1 for c in after.allocation.llms)  # never below one replica
+    assert _meets_slo(rag_context, after.allocation, max(base * factor, 1e-3))
+
+
+def test_hysteresis_keeps_a_plan_under_small_oscillations(rag_context):
+    state = _own_plan(rag_context, 8.0)
+    _, decisions = _run(rag_context, state, [8.0 * (0.95 if k % 2 else 1.0) for k in range(20)],
+                        start_s=12 * rag_context.settings.period_s)
+    assert [d.action for d in decisions] == ["keep"] * 20
+
+
+def test_no_scale_down_within_the_stabilization_window_after_a_scale_up(rag_context):
+    s = rag_context.settings
+    state = _own_plan(rag_context, 4.0)
+    _, decisions = _run(rag_context, state, [16.0, 16.0] + [4.0] * 10, start_s=12 * s.period_s)
+    ups = [d for d in decisions if d.action == "replan" and d.reason.startswith("scale up")]
+    downs = [d for d in decisions if d.action == "replan" and d.reason.startswith("scale down")]
+    assert ups
+    assert all(d.time_s - ups[-1].time_s >= s.stabilization_s for d in downs)
+
+
+def test_the_moves_cap_bounds_a_scale_down_to_stop_only_steps(rag_context):
+    s = replace(rag_context.settings, max_moves_per_period=1)
+    context = replace(rag_context, settings=s)
+    state = _own_plan(context, 24.0)
+    before = sum(c.replicas for c in state.allocation.llms)
+    _, decisions = _run(context, state, [1.0] * 14, start_s=12 * s.period_s)
+    replans = [d for d in decisions if d.action == "replan"]
+    assert before > 2 and len(replans) >= 2  # more than one stop needed: taken one a period
+    for d in replans:
+        assert d.moves <= 1
+
+
+def test_missing_data_holds_the_last_good_plan_and_never_scales_down(rag_context):
+    state = _own_plan(rag_context, 12.0)
+    rates = _llm_rates(rag_context, 1.0)
+    for k, gap in enumerate([None, {**rates, "rerank": None}, {**rates, "embed": math.nan}]):
+        observation = Observation(1000.0 + 60 * k, gap)
+        after, decision = decide(state, observation, rag_context)
+        assert decision.action == "hold" and decision.allocation is None
+        assert after.allocation == state.allocation and after.placement == state.placement
+        assert "keeping the last good plan" in decision.reason
+        json.dumps(decision.to_json())
+
+
+def test_a_workflow_counter_is_used_where_every_workflow_has_one(rag_context):
+    state = _own_plan(rag_context, 8.0)
+    observation = Observation(13 * 60.0, None, workflow_rates_rps={"rag": 8.0})
+    _, decision = decide(state, observation, rag_context)
+    assert decision.action == "keep" and decision.inputs["rates_from"] == "workflow counters"
+
+
+def test_decide_is_pure(rag_context):
+    state = _own_plan(rag_context, 8.0)
+    observation = Observation(13 * 60.0, _llm_rates(rag_context, 20.0))
+    first = decide(state, observation, rag_context)
+    second = decide(state, observation, rag_context)
+    assert first == second
+
+
+# --------------------------------------------------------------------------------------------
+# Moves
+
+
+def _placement(*replicas: tuple[str, int, tuple[int, ...], int]) -> Placement:
+    return Placement(10, tuple(ReplicaPlacement(m, i, "n", tuple(Shard(g, u) for g in gpus)) for m, i, gpus, u in replicas))
+
+
+def test_moves_count_starts_stops_and_relocations_against_the_lower_bound():
+    old = _placement(("a", 0, (0,), 10), ("a", 1, (1,), 10), ("b", 0, (2,), 5))
+    new = _placement(("a", 0, (0,), 10), ("b", 0, (3,), 5), ("b", 1, (2,), 5), ("c", 0, (4,), 10))
+    assert moves(old, new) == 1 + 1 + 1  # a: a stop; b: a start (its replica stays); c: a start
+    a_old = Allocation(10, (LlmAllocation("a", "H100", 1, 10, 2), LlmAllocation("b", "H100", 1, 5, 1)))
+    a_new = Allocation(10, (LlmAllocation("a", "H100", 1, 10, 1), LlmAllocation("b", "H100", 1, 5, 2),
+                            LlmAllocation("c", "H100", 1, 10, 1)))
+    assert moves_lower_bound(a_old, a_new) == 3
+    reshaped = Allocation(10, (LlmAllocation("a", "H100", 2, 10, 1), LlmAllocation("b", "H100", 1, 5, 1)))
+    assert moves_lower_bound(a_old, reshaped) == 2  # a changes shape: 2 old out, 1 new in, paired
+    allocation, placement = without_replicas(a_old, old, {"a": 1})
+    assert allocation.of("a").replicas == 1 and [r.replica for r in placement.replicas if r.llm == "a"] == [0]
+
+
+# --------------------------------------------------------------------------------------------
+# The closed loop
+
+
+def _step_arrivals(rate: float, factor: float, minutes: float = 8.0, step_min: float = 3.0) -> dict[str, list[float]]:
+    times, t = [], 0.0
+    import random
+
+    rng = random.Random(7)
+    while t < minutes * 60:
+        t += rng.expovariate(rate if t < step_min * 60 else rate * factor)
+        times.append(t)
+    return {"rag": [x for x in times if x < minutes * 60]}
+
+
+@pytest.fixture(scope="module")
+def rag_plan(rag: Instance):
+    return api.plan(rag, time_limit_s=600.0)
+
+
+def test_the_closed_loop_is_deterministic_for_a_seed(rag, rag_plan):
+    arrivals = _step_arrivals(4.0, 2.0, minutes=6.0)
+    settings = ClosedLoopSettings(ControlSettings(startup_s=60.0, period_s=60.0), seed=3)
+    first = run_systems(rag, rag_plan.allocation, rag_plan.placement, arrivals, ["scepsy-control", "saturation"], settings)
+    second = run_systems(rag, rag_plan.allocation, rag_plan.placement, arrivals, ["scepsy-control", "saturation"], settings)
+    for a, b in zip(first, second):
+        assert replace(a, decision_times_s=()) == replace(b, decision_times_s=())
+
+
+def test_a_closed_loop_step_recovers_and_every_baseline_runs(rag, rag_plan):
+    """Rate x2 at minute 3 from the plan for 4 req/s: scepsy-control's replicas serve within
+    start-up + 2 periods of the step and the SLO holds after it; every system reports its fields."""
+    slo = 2 * predict(rag, rag_plan.allocation).workflow("rag").latency_s
+    own = make_context(rag, ControlSettings(), allocation=rag_plan.allocation).replanner
+    start = own.allocation({"rag": 4.4})
+    assert start is not None
+    placement = own.place(start, None)
+    assert placement is not None
+    arrivals = _step_arrivals(4.0, 2.0)
+    settings = ClosedLoopSettings(ControlSettings(startup_s=60.0, period_s=60.0))
+    runs = run_systems(rag, start, placement, arrivals, list(SYSTEMS), settings, slos_s={"rag": slo})
+    assert [r.name for r in runs] == list(SYSTEMS)
+    ours = runs[0]
+    ups = [d for d in ours.decisions if d.action == "replan" and d.reason.startswith("scale up")]
+    assert ups and ups[0].time_s + 60.0 <= 180.0 + 60.0 + 2 * 60.0
+    late = [s for s in ours.timeline if s.time_s >= 180.0 + 60.0 + 2 * 60.0]
+    assert late and all(not (s.latency_s["rag"] > slo) for s in late)
+    for run in runs:
+        assert run.gpu_hours > 0 and run.replicas_moved >= run.replicas_moved_lower_bound >= 0
+        assert run.workflows[0].requests == len(arrivals["rag"])
+
+
+def test_scaled_arrivals_keep_the_shape_and_the_seed():
+    times = [float(k) for k in range(100)]
+    assert len(scale_arrivals(times, 2.0)) == 200
+    assert scale_arrivals(times, 1.5, seed=1) == scale_arrivals(times, 1.5, seed=1)
+    assert 30 <= len(scale_arrivals(times, 0.5)) <= 70
+
+
+def test_the_cli_prints_the_systems_as_json(tmp_path, rag, rag_plan):
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(json.dumps(api.plan_document(rag_plan)))
+    arrivals = tmp_path / "arrivals.jsonl"
+    arrivals.write_text("".join(json.dumps({"workflow": "rag", "arrival_s": t}) + "\n"
+                                for t in _step_arrivals(4.0, 1.0, minutes=3.0)["rag"]))
+    result = CliRunner().invoke(app, ["control", str(RAG), "--plan", str(plan_path), "--simulate", "--arrivals", str(arrivals),
+                                      "--startup-s", "60", "--baselines", "static", "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert [s["name"] for s in document["systems"]] == ["scepsy-control", "static"]
+    for system in document["systems"]:
+        assert set(system) >= {"name", "gpu_hours", "replicas_moved", "replicas_moved_lower_bound", "flaps", "decision_p99_s",
+                               "workflows"}
+        for workflow in system["workflows"]:
+            assert set(workflow) >= {"name", "slo_miss_minutes", "requests_unfinished", "latency_mean_s", "latency_p99_s"}
+    bad = CliRunner().invoke(app, ["control", str(RAG), "--plan", str(plan_path), "--simulate", "--arrivals", str(arrivals),
+                                   "--baselines", "hpa"])
+    assert bad.exit_code == 2 and "--baselines" in bad.output

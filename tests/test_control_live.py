@@ -328,11 +328,10 @@ def test_a_refused_apply_is_retried_with_backoff_and_the_plan_that_runs_stays(ap
 
 
 def test_a_restarted_controller_reads_the_change_in_progress_from_the_cluster(api, tmp_path, instance, prometheus):
-    """The first controller starts a change of gen's shape (a new replica beside the old one) and
-    dies before the new one is Ready. The second reads the cluster: the old replica serves, the new
-    one starts, the plan ConfigMap still records the old plan. It rolls the interrupted change back
-    (the new-shape replica is removed; the old one was never touched) and decides again from what
-    serves, which starts the same change anew."""
+    """The first controller starts a scale-up and dies before the new replicas are Ready. The
+    second reads the cluster: the old replica serves, the new ones start (they count, as starting),
+    the plan ConfigMap still records the old plan; it keeps them, and once they are Ready it decides
+    from them, never deleting what the first one started."""
     _deploy(api, instance, _plan([(0, 0)], [(0, 2)], share=1))
     said: list[str] = []
     clock = Clock()
@@ -342,7 +341,7 @@ def test_a_restarted_controller_reads_the_change_in_progress_from_the_cluster(ap
     record = first.period()
     assert record["action"] == "replan" and record["act"]["phase"] == "waiting"
     added = record["act"]["waiting_for"]
-    assert added and "gen-r0" not in added  # a changed replica is a new Deployment beside the old
+    assert added and "gen-r0" not in added and "ver-r0" not in added
     del first  # the controller dies here: its memory is gone
 
     api.events.clear()
@@ -350,17 +349,43 @@ def test_a_restarted_controller_reads_the_change_in_progress_from_the_cluster(ap
     second, log = _loop(api, tmp_path, instance, prometheus, clock, said)
     start = second.start()
     assert start["plan_configmap_matches"] is False  # the change never completed
-    assert start["replicas"] == {"gen": 1, "ver": 1} and start["ready"] == {"gen": 1, "ver": 1}
-    assert start["left_out"] == added and start["reconcile"] is True
-    assert any("interrupted" in line for line in said)
+    assert sum(start["replicas"].values()) == 2 + len(added)
+    assert sum(start["starting"].values()) == len(added) and start["ready"] == {"gen": 1, "ver": 1}
+    assert start["left_out"] == [] and "reconcile" not in start
+    for name in added:
+        api.ready(name)
     clock.now = 180.0
     again = second.period()
-    assert again["action"] == "acting" and again["act"]["phase"] == "done"
-    assert [e for e in api.events if e[0] == "delete"] == [("delete", "Deployment", name) for name in added]
-    assert {"gen-r0", "ver-r0"} <= set(api.objects("Deployment"))  # the serving replicas were never touched
-    clock.now = 240.0
-    third = second.period()
-    assert third["action"] == "replan" and third["act"]["phase"] == "waiting"
+    assert again["inputs"]["ready_replicas"] == start["replicas"]
+    assert not [e for e in api.events if e[0] == "delete" and e[2] in added]
+
+
+def test_a_restart_in_the_middle_of_a_change_of_shape_rolls_it_back(api, tmp_path, instance, prometheus):
+    """gen-r1 (half a GPU) was being replaced by gen-r2 (a whole GPU) when the controller died: the
+    new one keeps the shape most replicas have, removes gen-r2 once the others are Ready, and
+    decides again from what serves."""
+    _deploy(api, instance, _plan([(0, 0), (1, 1)], [(0, 2)]))
+    half = _objects(instance, _plan([(0, 0), (1, 1)], [(0, 2)]))
+    whole = _objects(instance, (Allocation(10, (LlmAllocation("gen", "A6000", 1, 10, 1), LlmAllocation("ver", "A6000", 1, 10, 1))),
+                                Placement(10, (ReplicaPlacement("gen", 2, "a6000-0", (Shard(3, 10),)),
+                                               ReplicaPlacement("ver", 0, "a6000-0", (Shard(2, 10),))))))
+    api.put(next(o for o in whole if o["metadata"]["name"] == "gen-r2"))
+    api.events.clear()
+    said: list[str] = []
+    clock = Clock()
+    _rates(prometheus, 1.0, 0.7)
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said)
+    start = loop.start()
+    assert start["replicas"] == {"gen": 2, "ver": 1} and start["left_out"] == ["gen-r2"] and start["reconcile"] is True
+    assert start["plan_configmap_matches"] is False
+    assert any("interrupted" in line for line in said)
+    clock.now = 60.0
+    record = loop.period()
+    assert record["action"] == "acting" and record["act"]["phase"] == "done"
+    assert _writes(api) == [("delete", "Deployment", "gen-r2"), ("apply", "ConfigMap", "scepsy-plan")]
+    assert {o["metadata"]["name"] for o in half if o["kind"] == "Deployment"} <= set(api.objects("Deployment"))
+    clock.now = 120.0
+    assert loop.period()["action"] in ("keep", "replan")  # the policy decides again
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,3 +483,56 @@ def test_the_loop_reads_a_real_prometheus_scraping_emulated_vllm_replicas(api, t
     rates = record["inputs"]["llm_rates_rps"]
     assert rates["gen"] > rates["ver"] > 0  # 6 against 3 finished requests over the same scrapes
     assert record["inputs"]["ready_replicas"] == {"gen": 1, "ver": 1}
+
+
+def test_cli_live_path_dry_run_and_its_errors(api, tmp_path, instance, prometheus):
+    from typer.testing import CliRunner
+
+    from scepsy.cli import app
+
+    running = _plan([(0, 0)], [(0, 2)])
+    _deploy(api, instance, running)
+    _rates(prometheus, 90.0, 60.0)
+    plan = _plan_file(tmp_path, instance, running)
+    log = tmp_path / "decisions.jsonl"
+    runner = CliRunner()
+    result = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan), "--prometheus-url", prometheus.url,
+                                 "--kubeconfig", str(api.kubeconfig(tmp_path)), "--act", "dry-run", "--periods", "1",
+                                 "--log", str(log), "--predictor", "constant"])
+    assert result.exit_code == 0, result.output
+    assert "dry run: create deployment/" in result.output and "1 periods (1 replan)" in result.output
+    assert [json.loads(line)["event"] for line in log.read_text().splitlines()] == ["start", "period"]
+    assert _writes(api) == []
+
+    missing = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan)])
+    assert missing.exit_code == 2 and "--prometheus-url" in missing.output and "Traceback" not in missing.output
+    bad = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan), "--prometheus-url", prometheus.url,
+                              "--kubeconfig", str(api.kubeconfig(tmp_path)), "--act", "maybe", "--log", str(log)])
+    assert bad.exit_code == 2 and "--act" in bad.output and "unknown mode 'maybe'" in bad.output
+    gauges = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan), "--prometheus-url", prometheus.url,
+                                 "--kubeconfig", str(api.kubeconfig(tmp_path)), "--act", "gauges", "--log", str(log)])
+    assert gauges.exit_code == 2 and "--gauges-port" in gauges.output
+
+
+def test_gauges_publish_the_target_for_keda_and_write_nothing(api, tmp_path, instance, prometheus):
+    running = _plan([(0, 0)], [(0, 2)], share=1)
+    _deploy(api, instance, running)
+    said: list[str] = []
+    clock = Clock()
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said, act="gauges")
+    _rates(prometheus, 50.0, 30.0)
+    clock.now = 60.0
+    record = loop.period()
+    assert record["action"] == "replan" and record["act"]["mode"] == "gauges"
+    assert loop.gauges is not None
+    text = loop.gauges.exposition().decode()
+    wanted = {line.split("deployment=\"")[1].split("\"")[0]: line.rsplit(" ", 1)[1]
+              for line in text.splitlines() if line.startswith("scepsy_desired_replica{")}
+    assert loop.state is not None
+    target = {f"{r.llm}-r{r.replica}" for r in loop.state.placement.replicas}
+    assert sum(record["act"]["published"].values()) == len(target)
+    assert wanted == {name: "1.0" if name in target else "0.0" for name in target | {"gen-r0", "ver-r0"}}
+    assert len(target) > 2  # a scale-up: KEDA starts the new Deployments
+    assert 'scepsy_decisions_total{action="replan"} 1.0' in text
+    assert 'scepsy_observation_missing{llm="gen"} 0.0' in text
+    assert _writes(api) == []

@@ -133,9 +133,13 @@ class LiveLoop:
         """Read what runs (the cluster, not memory) and begin from it; refuses to run beside
         another autoscaler of the same Deployments."""
         now = self.clock()
-        engines = {d["metadata"]["name"] for d in self.cluster.deployments() if is_engine(d)}
-        refuse_autoscalers(self.cluster, engines)
-        running = read_cluster(self.cluster)
+        try:
+            engines = {d["metadata"]["name"] for d in self.cluster.deployments() if is_engine(d)}
+            refuse_autoscalers(self.cluster, engines)
+            running = read_cluster(self.cluster)
+        except ApplyFailed as exc:
+            raise InputError(f"namespace {self.cluster.namespace}", None, f"cannot read what runs: {exc}",
+                             "check that the cluster is up and that `kubeconfig`, `context` and `namespace` point at the deployment") from None
         allocation, placement, odd = running.running(self.context.instance)
         absent = sorted(set(self.llms) - {c.llm for c in allocation.llms})
         if absent:
@@ -196,7 +200,12 @@ class LiveLoop:
             self.gauges.decided(decision.action)
         self.state = state
         if decision.action == "replan":
-            record["act"] = self._begin(decision, now)
+            try:
+                record["act"] = self._begin(decision, now)
+            except ApplyFailed as exc:  # the dry run's reads; an apply's failures are handled in _act
+                self.say(f"scepsy control: could not read the cluster for the change ({exc}); the plan that runs stays")
+                record["act"] = {"mode": self.settings.act, "phase": "failed", "problem": str(exc)}
+                self._revert()
         self._write(record)
         return record
 
@@ -211,8 +220,7 @@ class LiveLoop:
         if self.settings.act == "dry-run":
             found = dry_run(self.cluster, target, baseline)
             self._show(found)
-            # nothing changed in the cluster: the policy goes on from what runs
-            self.state = replace(self.state, allocation=allocation, placement=placement, last_good=(allocation, placement))
+            self._revert()  # nothing changed in the cluster: the policy goes on from what runs
             return {"mode": "dry-run", "changes": [f"{c.action} {c.ref}" for c in found]}
         if self.settings.act == "gauges":
             if self.gauges is not None:
@@ -222,6 +230,12 @@ class LiveLoop:
         self.actuation = Actuation(self.cluster, target, now, self.settings.ready_timeout_s, baseline=baseline)
         self.failures, self.retry_at_s = 0, None
         return self._act(now)
+
+    def _revert(self) -> None:
+        """The policy goes on from what runs (nothing of the decision was done)."""
+        assert self.state is not None and self.running is not None
+        allocation, placement, _ = self.running.running(self.context.instance)
+        self.state = replace(self.state, allocation=allocation, placement=placement, last_good=(allocation, placement))
 
     def _show(self, found: list[Change]) -> None:
         if not found:

@@ -2,8 +2,8 @@
 label sets, written by prometheus_client, so that Prometheus, the drain hook and the controller read
 an emulated replica as they read a real engine.
 
-vLLM (`vllm/v1/metrics/loggers.py`, `PrometheusStatLogger`; vllm-project/vllm, read at commit
-005a810bc40faa25b8870fbc8559c3462581eee3, the v0.11 line the manifests pin): every metric has the
+vLLM (`vllm/v1/metrics/loggers.py`, `PrometheusStatLogger`, of the v0.11 line the manifests pin,
+k8s/engines.py): every metric has the
 labels `model_name` (the served model name) and `engine` (the engine core's index, "0" for one
 engine); the gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
 `vllm:kv_cache_usage_perc` (0..1) and its deprecated twin `vllm:gpu_cache_usage_perc`; the counters
@@ -12,8 +12,8 @@ engine); the gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
 `finished_reason`, one series per reason from the start (`FINISH_REASON_STRINGS` of
 `vllm/v1/engine/__init__.py`: stop, length, abort).
 
-SGLang (`python/sglang/srt/metrics/collector.py`; sgl-project/sglang, read at commit
-00ae9c1590d2d0bb6c0bfff39e312c34ae3dd538), only with the `sglang` personality, as SGLang serves them
+SGLang (`python/sglang/srt/metrics/collector.py` and the labels `tokenizer_manager.py` and
+`scheduler.py` give it), only with the `sglang` personality, as SGLang serves them
 only with `--enable-metrics`: the scheduler's gauges `sglang:num_running_reqs`,
 `sglang:num_queue_reqs`, `sglang:token_usage` (0..1) with the scheduler's labels `model_name`,
 `engine_type` ("unified" without disaggregation), `tp_rank`, `pp_rank`; the tokenizer manager's

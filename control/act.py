@@ -357,8 +357,9 @@ class Actuation:
     def _plan_configmap(self) -> dict:
         return next(o for o in self.target if o["kind"] == "ConfigMap" and o["metadata"]["name"] == PLAN_CONFIGMAP)
 
-    def step(self, now_s: float) -> str:
-        """Do what can be done now; the phase after it. API failures raise ApplyFailed."""
+    def step(self, now_s: float, allow_removals: bool = True) -> str:
+        """Do what can be done now; the phase after it. `allow_removals` False holds every deletion
+        (the loop's data is missing: nothing scales down on it). API failures raise ApplyFailed."""
         if self.finished:
             return self.phase
         live_engines = [d for d in self.cluster.deployments() if is_engine(d)]
@@ -374,7 +375,7 @@ class Actuation:
         # a removal whose GPUs an added replica needs goes first (the new pod could not start beside it)
         added_gpus = {g for o in self.target if _engine_name(o) is not None and o["metadata"]["name"] not in
                       {d["metadata"]["name"] for d in live_engines} for g in _gpus(o)}
-        blocking = [c for c in removals if c.before is not None and set(_gpus(c.before)) & added_gpus]
+        blocking = [c for c in removals if c.before is not None and set(_gpus(c.before)) & added_gpus] if allow_removals else []
         for change in blocking:
             self._delete(change)
         state = read_cluster(self.cluster)
@@ -393,6 +394,9 @@ class Actuation:
                                 "were to replace keep running")
             else:
                 self.phase = "waiting"
+            return self.phase
+        if not allow_removals and any(c not in blocking for c in removals):
+            self.phase = "waiting"  # for data: the deletions wait until the rates can be read again
             return self.phase
         for change in removals:
             if change not in blocking:

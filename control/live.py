@@ -15,7 +15,8 @@ Each period, in this order:
    series, NaN, stale) is None, and the policy then holds: the last good plan stays and nothing
    scales down on missing data. Each missing rate is said on stderr and in the log;
 2. act on a change in progress: the actuation continues (new replicas must be Ready before the
-   replicas they replace are deleted); while it runs, the policy is not asked for another target;
+   replicas they replace are deleted; while a rate is missing, no replica is deleted); while it
+   runs, the policy is not asked for another target;
 3. otherwise decide, and on `replan` start an actuation to the target (or, with `act` "dry-run",
    print the diff and change nothing; with "gauges", publish the target for KEDA).
 An apply that the API server refuses or does not answer in time is retried in a later period with
@@ -188,8 +189,8 @@ class LiveLoop:
             return record
         record["missing"] = missing
         if self.actuation is not None and not self.actuation.finished:
-            record.update(action="acting", reason="a change is in progress")
-            record["act"] = self._act(now)
+            record.update(action="acting", reason="a change is in progress" + ("; its deletions wait for the missing rates" if missing else ""))
+            record["act"] = self._act(now, allow_removals=not missing)
             self._write(record)
             return record
         seen = observation(now, self.llms, samples, self.running)
@@ -246,13 +247,13 @@ class LiveLoop:
             if text:
                 self.show(text.rstrip("\n"))
 
-    def _act(self, now: float) -> dict:
+    def _act(self, now: float, allow_removals: bool = True) -> dict:
         actuation = self.actuation
         assert actuation is not None and self.state is not None
         if self.retry_at_s is not None and now < self.retry_at_s:
             return {"mode": "apply", "phase": "backoff", "retry_at_s": self.retry_at_s, "failures": self.failures}
         try:
-            phase = actuation.step(now)
+            phase = actuation.step(now, allow_removals)
         except ApplyFailed as exc:
             self.failures += 1
             wait = min(self.settings.max_retry_s, self.settings.retry_s * 2 ** (self.failures - 1))

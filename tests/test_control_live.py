@@ -536,3 +536,32 @@ def test_gauges_publish_the_target_for_keda_and_write_nothing(api, tmp_path, ins
     assert 'scepsy_decisions_total{action="replan"} 1.0' in text
     assert 'scepsy_observation_missing{llm="gen"} 0.0' in text
     assert _writes(api) == []
+
+
+def test_a_change_in_progress_deletes_nothing_while_rates_are_missing(api, tmp_path, instance, prometheus):
+    """A replacement decided on good data: its new replica starts; then Prometheus gives NaN. The
+    old replica is not deleted, even once the new one is Ready, until the rates are back."""
+    _deploy(api, instance, _plan([(0, 0)], [(0, 2)], share=1))
+    said: list[str] = []
+    clock = Clock()
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said)
+    loop.start()
+    before = set(api.objects("Deployment"))
+    target = _objects(instance, _plan([(0, 0)], [(1, 3)], share=1))  # ver-r0 on GPU 2 is replaced by ver-r1 on GPU 3
+    loop.actuation = Actuation(loop.cluster, target, 0.0, 900.0, baseline=_objects(instance, _plan([(0, 0)], [(0, 2)], share=1)))
+    _rates(prometheus, "NaN", 0.5)
+    clock.now = 60.0
+    first = loop.period()
+    assert first["action"] == "acting" and first["act"]["phase"] == "waiting"
+    for name in first["act"]["waiting_for"]:
+        api.ready(name)
+    clock.now = 120.0
+    second = loop.period()
+    assert second["action"] == "acting" and second["act"]["phase"] == "waiting" and "missing rates" in second["reason"]
+    assert not [e for e in api.events if e[0] == "delete"] and before <= set(api.objects("Deployment"))
+    _rates(prometheus, 0.5, 0.5)
+    clock.now = 180.0
+    third = loop.period()
+    assert third["act"]["phase"] == "done"
+    assert [e for e in api.events if e[0] == "delete"] == [("delete", "Deployment", "ver-r0")]
+    assert api.events.index(("ready", "ver-r1")) < api.events.index(("delete", "Deployment", "ver-r0"))

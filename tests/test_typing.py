@@ -44,7 +44,7 @@ def test_no_blanket_ignores_on_our_modules():
 
 # folders of ours that hold Python (the scepsy/<package> symlinks are checked as their targets)
 CHECKED = (
-    "scepsy", "models", "tracing", "planner", "placement", "k8s", "bench", "examples", "instances", "notebooks", "tests",
+    "scepsy", "models", "tracing", "planner", "placement", "k8s", "control", "bench", "examples", "instances", "notebooks", "tests",
 )
 
 

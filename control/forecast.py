@@ -72,7 +72,7 @@ class Forecaster:
         kf.P = np.array(state.covariance, dtype=float).reshape(2, 2)
         kf.F = np.array([[1.0, dt_s], [0.0, 1.0]])
         kf.H = np.array([[1.0, 0.0]])
-        kf.Q = Q_discrete_white_noise(dim=2, dt=dt_s, var=self.slope_noise)
+        kf.Q = np.asarray(Q_discrete_white_noise(dim=2, dt=dt_s, var=self.slope_noise), dtype=np.float64).reshape(2, 2)
         rate = max(value, state.level, 1e-3)
         kf.R = np.array([[rate / max(dt_s, 1e-9) + (self.burst_cv * rate) ** 2]])
         kf.predict()

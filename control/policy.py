@@ -18,8 +18,9 @@ does no I/O and reads no clock. Each period:
      up_w * (1 + headroom) breaks a workflow's planning SLO (latency_slo_s * slo_margin) or
      overloads an LLM, re-plan at once at the planning rate. The plan (control/replan.py) keeps
      the running shapes and changes replica counts only, unless a re-shaped plan (fewest GPUs that
-     meet the planning SLOs) needs fewer share units by more than the hysteresis; either is placed
-     with the fewest moves from the running placement;
+     meet the planning SLOs) needs fewer share units by more than the hysteresis and saves more
+     over a stabilization window than its relocations hold twice while they start; either is
+     placed with the fewest moves from the running placement;
    - scale down: when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
      the window covers `stabilization_s` of observations and no scale-up happened within it;
      at most `max_moves_per_period` replica moves per period (a larger scale-down is taken in
@@ -274,10 +275,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
             return keep("the forecast breaks the SLO and no plan meets it: keeping the plan that runs")
         if target == state.allocation:
             return keep("the forecast breaks the SLO; the plan that runs is already the best at the forecast")
-        placement = _place(context, target, state)
+        placement = context.replanner.place(target, state.placement)
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
-        target, placement = placement
         broken = sorted(w for w in slos if current is None or current[w] > slos[w] * (1 + 1e-9))
         return adopt(target, placement, f"scale up: the forecast breaks the planning SLO of {', '.join(broken)}", True)
 
@@ -289,9 +289,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         return keep(f"a cheaper plan holds, but for {now - since:g} s of {s.stabilization_s:g} s (stabilization)")
     if state.last_up_s is not None and now - state.last_up_s < s.stabilization_s - 1e-9:
         return keep(f"a cheaper plan holds, but the last scale-up was {now - state.last_up_s:g} s ago (stabilization)")
-    placed = _place(context, target, state)
-    if placed is not None and moves(state.placement, placed[1]) <= s.max_moves_per_period:
-        return adopt(placed[0], placed[1], "scale down: a cheaper plan holds over the stabilization window", False)
+    placed = context.replanner.place(target, state.placement)
+    if placed is not None and moves(state.placement, placed) <= s.max_moves_per_period:
+        return adopt(target, placed, "scale down: a cheaper plan holds over the stabilization window", False)
     # too many moves (or no placement): stop replicas only, at most the cap, where the target keeps the shape
     step = _stop_only_step(state, target, s.max_moves_per_period)
     if step is None:
@@ -303,24 +303,22 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
 
 
 def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, float]) -> Allocation | None:
-    """The plan for `rates`: the running shapes with other replica counts (starts and stops only)
-    unless a re-shaped plan needs fewer share units by more than the hysteresis (control/replan.py)."""
+    """The plan for `rates`: the running shapes with other replica counts (starts and stops only),
+    unless a re-shaped plan pays for its relocations: it needs fewer share units by more than the
+    hysteresis, and the units it saves over one stabilization window exceed the units of re-shaped
+    LLMs held twice during a start-up (make before break) (control/replan.py)."""
+    s = context.settings
     kept = context.replanner.same_shapes(running, rates)
     fresh = context.replanner.allocation(rates)
     if kept is None:
         return fresh
-    if fresh is not None and fresh.units * (1 + context.settings.hysteresis) < kept.units:
+    if fresh is None or fresh.units * (1 + s.hysteresis) >= kept.units:
+        return kept
+    shapes = {c.llm: c.shape for c in running.llms}
+    reshaped = sum(c.units for c in fresh.llms if shapes.get(c.llm) != c.shape)
+    if (kept.units - fresh.units) * s.stabilization_s > reshaped * s.startup_s:
         return fresh
     return kept
-
-
-def _place(context: PolicyContext, target: Allocation, state: ControllerState) -> tuple[Allocation, Placement] | None:
-    """`target` placed with the fewest moves from the running placement; a same-shape target that
-    cannot be placed falls back to the re-shaped plan."""
-    placement = context.replanner.place(target, state.placement)
-    if placement is not None:
-        return target, placement
-    return None
 
 
 def _stop_only_step(state: ControllerState, target: Allocation, cap: int) -> tuple[Allocation, Placement] | None:

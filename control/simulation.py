@@ -527,7 +527,7 @@ def _saturation_step(fleet: _Fleet, context: PolicyContext, settings: ClosedLoop
 
 
 def _hpa_starting(hpa: Autoscaler, cluster: SimCluster) -> dict[str, int]:
-    ups = defaultdict(int)
+    ups: dict[str, int] = defaultdict(int)
     for _, llm, direction, _ in hpa.events:
         if direction == "up":
             ups[llm] += 1

@@ -313,8 +313,9 @@ def test_the_cli_prints_the_systems_as_json(tmp_path, rag, rag_plan):
     arrivals.write_text("".join(json.dumps({"workflow": "rag", "arrival_s": t}) + "\n"
                                 for t in _step_arrivals(4.0, 1.0, minutes=3.0)["rag"]))
     result = CliRunner().invoke(app, ["control", str(RAG), "--plan", str(plan_path), "--simulate", "--arrivals", str(arrivals),
-                                      "--startup-s", "60", "--baselines", "static", "--json"])
+                                      "--startup-s", "60", "--baselines", "static", "--json", "--plot", str(tmp_path / "c.png")])
     assert result.exit_code == 0, result.output
+    assert (tmp_path / "c.png").read_bytes().startswith(b"\x89PNG")
     document = json.loads(result.output)
     assert [s["name"] for s in document["systems"]] == ["scepsy-control", "static"]
     for system in document["systems"]:

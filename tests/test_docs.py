@@ -34,7 +34,7 @@ HISTORY = {
 OTHER_PROJECTS = {"docs/supported_models/rerank_models.md"}  # SGLang's documentation
 PATH = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md))\b")
 TOP_FOLDERS = {"models", "planner", "placement", "k8s", "tracing", "scepsy", "docs", "tests", "bench", "instances",
-               "notebooks", "examples", ".ci"}
+               "notebooks", "examples", ".ci", "control"}
 
 
 def documents() -> list[Path]:

@@ -29,6 +29,10 @@ lost.
 
     python bench/proxy_overhead.py [--streams 1,200] [--token-delays-ms 62,28,18] [--phase-s 8]
                                    [--rounds 2] [--no-pin] [--json out/proxy_overhead.json]
+
+`--requests-per-stream N` replaces the timed phases by counts (a warm-up request, then N measured
+ones per stream), so that how many samples a run gets does not depend on the machine's speed
+(tests/test_bench_proxy.py).
 """
 
 from __future__ import annotations
@@ -135,11 +139,16 @@ class Samples:
 
 
 async def _stream_forever(session, url: str, payload: bytes, headers: dict, offset_s: float, measure_from: float,
-                          stop_at: float, samples: Samples) -> None:
+                          stop_at: float, samples: Samples, requests: int | None = None) -> None:
+    """Requests one after the other: until `stop_at` (those starting from `measure_from` measured),
+    or, with `requests`, one unmeasured warm-up request and then that many measured ones,
+    whatever the time."""
     loop = asyncio.get_running_loop()
     await asyncio.sleep(offset_s)
-    while loop.time() < stop_at:
-        measured = loop.time() >= measure_from
+    sent_count = 0
+    while (sent_count < 1 + requests) if requests is not None else loop.time() < stop_at:
+        measured = sent_count >= 1 if requests is not None else loop.time() >= measure_from
+        sent_count += 1
         sent = time.monotonic_ns()
         first = None
         async with session.post(url, data=payload, headers=headers) as response:
@@ -157,7 +166,8 @@ async def _stream_forever(session, url: str, payload: bytes, headers: dict, offs
             samples.ttfb_ns.append(first - sent)
 
 
-async def _phase(url: str, streams: int, tokens: int, token_delay_ms: float, phase_s: float) -> Samples:
+async def _phase(url: str, streams: int, tokens: int, token_delay_ms: float, phase_s: float,
+                 requests: int | None = None) -> Samples:
     import aiohttp
 
     stream_s = (tokens + 1) * token_delay_ms / 1000
@@ -172,7 +182,7 @@ async def _phase(url: str, streams: int, tokens: int, token_delay_ms: float, pha
         warmup_s = stream_s + 0.5
         await asyncio.gather(*(
             _stream_forever(session, url, payload, headers, stream_s * i / streams, begin + warmup_s,
-                            begin + warmup_s + phase_s, samples)
+                            begin + warmup_s + phase_s, samples, requests)
             for i in range(streams)
         ))
     return samples
@@ -220,7 +230,8 @@ def _cpu_sets(pin: bool) -> tuple[set[int] | None, set[int] | None]:
     return {cpus[-1]}, set(cpus[:-1])
 
 
-def run(streams_list: list[int], delays_ms: list[float], tokens: int, phase_s: float, rounds: int, pin: bool) -> dict:
+def run(streams_list: list[int], delays_ms: list[float], tokens: int, phase_s: float, rounds: int, pin: bool,
+        requests_per_stream: int | None = None) -> dict:
     proxy_cpus, other_cpus = _cpu_sets(pin)
     _pin(other_cpus)
     _fast_loop()
@@ -244,7 +255,8 @@ def run(streams_list: list[int], delays_ms: list[float], tokens: int, phase_s: f
                     for _ in range(rounds):
                         for path, base in (("direct", upstream_url), ("proxy", proxy_url)):
                             cpu0, wall0 = _cpu_s(proxy.pid), time.monotonic()
-                            got = asyncio.run(_phase(base + "/v1/chat/completions", streams, tokens, delay_ms, phase_s))
+                            got = asyncio.run(_phase(base + "/v1/chat/completions", streams, tokens, delay_ms, phase_s,
+                                                     requests_per_stream))
                             if path == "proxy":
                                 proxy_cpu_s += _cpu_s(proxy.pid) - cpu0
                                 proxy_wall_s += time.monotonic() - wall0
@@ -272,7 +284,7 @@ def run(streams_list: list[int], delays_ms: list[float], tokens: int, phase_s: f
     traced = proxied_requests  # the readiness probes ask /v1/models, which is passed on untraced
     return {
         "settings": {"streams": streams_list, "token_delays_ms": delays_ms, "tokens": tokens, "phase_s": phase_s,
-                     "rounds": rounds, "pinned": proxy_cpus is not None,
+                     "requests_per_stream": requests_per_stream, "rounds": rounds, "pinned": proxy_cpus is not None,
                      "proxy_cpus": sorted(proxy_cpus) if proxy_cpus else None,
                      "upstream_and_client_cpus": sorted(other_cpus) if other_cpus else None},
         "scenarios": scenarios,
@@ -319,12 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per response")
     parser.add_argument("--phase-s", type=float, default=8.0, help="measured seconds per path and round")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests-per-stream", type=int, default=None,
+                        help="instead of timed phases: a warm-up request, then this many measured ones per stream")
     parser.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                         help="the proxy on a CPU of its own (default), as deployed")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     report = run([int(s) for s in args.streams.split(",")], [float(d) for d in args.token_delays_ms.split(",")],
-                 args.tokens, args.phase_s, args.rounds, args.pin)
+                 args.tokens, args.phase_s, args.rounds, args.pin, args.requests_per_stream)
     print(f"records: {report['records']} of {report['traced_requests']} traced requests ({report['lost_records']} lost)")
     met = _meets_targets(report)
     print(f"targets (added median < {TARGET_MEDIAN_MS} ms, p99 < {TARGET_P99_MS} ms, no record lost): "

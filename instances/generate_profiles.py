@@ -4,6 +4,7 @@
     python instances/generate_profiles.py --jobs 2   # the same files, on two processes
     python instances/generate_profiles.py --stats    # only print the traced statistics (n, p, f)
     python instances/generate_profiles.py --only ensemble   # only the judge ensemble's profiles
+    python instances/generate_profiles.py --out DIR  # write the CSVs to DIR (tests/shipped.py --check)
 
 Deterministic (fixed seeds; the output does not depend on --jobs). Documented in
 instances/README.md. The pipeline is the paper's, run on the simulator instead of a GPU cluster:
@@ -109,6 +110,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--stats", action="store_true", help="only trace and print n and p")
     parser.add_argument("--only", default=None, help="only the profiles whose name starts with this")
+    parser.add_argument("--out", type=Path, default=HERE / "profiles", help="folder of the profile CSVs")
     options = parser.parse_args()
     if options.only:
         for name in [n for n in PROFILES if not n.startswith(options.only)]:
@@ -144,7 +146,8 @@ def main() -> None:
     for name, frame in results:
         frames[name].append(frame)
     for name, parts in frames.items():
-        path = HERE / "profiles" / f"{name}.csv"
+        options.out.mkdir(parents=True, exist_ok=True)
+        path = options.out / f"{name}.csv"
         frame = pd.concat(parts, ignore_index=True)
         write_profile(frame, path)
         print(f"wrote {path} ({len(frame)} rows)")

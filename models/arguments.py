@@ -22,6 +22,14 @@ def check_fraction(fraction: float, field: str = "fraction") -> None:
         raise InputError(None, field, f"{fraction:g} is not in (0, 1]", "give the GPU share per shard, e.g. 0.5")
 
 
+def check_gpu_type(value: str, field: str = "gpu_type") -> None:
+    """A GPU type label of profile rows: a name, as an instance's cluster.gpu_types spells it
+    (not empty, no spaces around it, no control characters: the profile CSV must read it back)."""
+    if not value.strip() or value != value.strip() or not value.isprintable():
+        raise InputError(None, field, f"{value!r} is not a GPU type name",
+                         "give the name the instance's cluster.gpu_types uses, e.g. A6000")
+
+
 def check_choice(value: str, choices: Iterable[str], field: str, what: str) -> None:
     """`value` is one of `choices` (`what` names the kind of thing, e.g. "arrival process")."""
     listed = tuple(choices)

@@ -418,15 +418,22 @@ def solve_placement(
     deadline: float | None = None,
     current: Placement | None = None,
     polish: bool = True,
+    parameters: tuple[tuple[str, int | float], ...] = (),
 ) -> CpsatOutcome:
     """Solve the stages in turn, each fixed at its optimum before the next; a stage that hits the
     time limit ends the search. Every placement met (the hint, each stage's solution) is polished
     domain by domain (`Polisher`) and kept in a pool; each stage starts from the pool's best
     placement that attains the optima fixed so far, and the pool's lexicographically best
-    placement is returned, so the result is never worse than the hint."""
+    placement is returned, so the result is never worse than the hint. `parameters`: CP-SAT
+    parameters of every solve (PlacementSettings.solver_parameters)."""
     start = time.perf_counter()
     deadline = deadline if deadline is not None else start + time_limit_s
-    polisher = Polisher(pm, deadline) if polish else None
+    polisher = None
+    if polish:
+        polisher = Polisher(pm, deadline, parameters=parameters)
+        if any(name == "max_deterministic_time" for name, _ in parameters):
+            polisher.per_domain_s = math.inf  # each domain's solve is stopped by the deterministic limit
+
     pool: list[tuple[tuple, Placement]] = []
 
     def remember(placement: Placement) -> None:
@@ -453,7 +460,7 @@ def solve_placement(
         usable = [(values, p) for values, p in pool if list(values[:index]) == fixed]
         seed = min(usable, key=lambda item: stage.sign * item[0][index], default=(None, None))[1]
         values = hint_values(pm, canonical(pm, seed)) if seed is not None else None
-        result, solver = _solve_once(pm, stage, deadline - time.perf_counter(), workers, values)
+        result, solver = _solve_once(pm, stage, deadline - time.perf_counter(), workers, values, parameters)
         if result == cp_model.MODEL_INVALID:
             raise RuntimeError(f"internal error: invalid placement model ({pm.model.validate()})")
         if result == cp_model.INFEASIBLE:
@@ -496,6 +503,7 @@ class Polisher:
     deadline: float
     per_domain_s: float = 0.5
     memo: dict = field(default_factory=dict)
+    parameters: tuple[tuple[str, int | float], ...] = ()  # CP-SAT parameters of each domain's solve
 
     def __call__(self, placement: Placement) -> Placement:
         cluster = self.pm.cluster
@@ -561,13 +569,14 @@ class Polisher:
         if limit <= 0:
             return None
         sub = build_placement_model(sub_cluster, sub_allocation)
-        outcome = solve_placement(sub, limit, 1, sub_hint, polish=False)
+        outcome = solve_placement(sub, limit, 1, sub_hint, polish=False, parameters=self.parameters)
         if outcome.placement is None:
             return None
         return [(rp.llm, tuple(s.gpu for s in rp.shards), rp.shards[0].units) for rp in outcome.placement.replicas]
 
 
-def _solve_once(pm: PlacementModel, stage: Stage, time_limit_s: float, workers: int, hint):
+def _solve_once(pm: PlacementModel, stage: Stage, time_limit_s: float, workers: int, hint,
+                parameters: tuple[tuple[str, int | float], ...] = ()):
     pm.model.clear_objective()
     pm.model.minimize(stage.expr)
     pm.model.clear_hints()
@@ -575,8 +584,8 @@ def _solve_once(pm: PlacementModel, stage: Stage, time_limit_s: float, workers: 
         pm.model.add_hint(var, value)
     # measured on bench/placement_scaling.py: the full LP (all constraints, added up front) gives the
     # stage bounds; presolve probing costs seconds on large clusters and buys nothing here
-    solver = cpsat_solver(time_limit_s, workers, linearization_level=2, add_lp_constraints_lazily=False,
-                          cp_model_probing_level=0)
+    solver = cpsat_solver(time_limit_s, workers, **{"linearization_level": 2, "add_lp_constraints_lazily": False,
+                                                    "cp_model_probing_level": 0, **dict(parameters)})
     return solver.solve(pm.model), solver
 
 

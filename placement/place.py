@@ -43,6 +43,10 @@ class PlacementSettings:
     method: str = "cpsat"
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     workers: int = 1
+    # CP-SAT parameters of every placement solve (the stages and each domain's polish); a
+    # deterministic limit, ("max_deterministic_time", s), stops each solve at the same point on any
+    # machine, however loaded (then the polish is not cut by its wall-clock limit per domain either)
+    solver_parameters: tuple[tuple[str, int | float], ...] = ()
 
 
 class PlacementInfeasibleError(InfeasibleError):
@@ -105,7 +109,8 @@ def _cpsat_method(cluster, allocation, settings, current, heuristic, hint, notes
         notes.append("the exact model did not finish building within the time limit; kept the heuristic's placement")
         return seed, "heuristic", (), None, None
     seed = heuristic.placement if heuristic.placement is not None else hint
-    outcome = solve_placement(model, settings.time_limit_s, settings.workers, seed, deadline, current)
+    outcome = solve_placement(model, settings.time_limit_s, settings.workers, seed, deadline, current,
+                              parameters=settings.solver_parameters)
     if outcome.status == "infeasible":
         raise _unplaceable(cluster, allocation)
     bounds = tuple((s.name, s.bound) for s in outcome.stages if s.bound is not None)

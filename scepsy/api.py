@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from scepsy.models.arguments import check_choice, check_finite, check_fraction
+from scepsy.models.arguments import check_choice, check_finite, check_fraction, check_gpu_type
 from scepsy.models.catalog import catalog
 from scepsy.models.catalog.catalog import GpuCard, ModelCard
 from scepsy.models.catalog.model_config import describe, resolve_model
@@ -523,6 +523,8 @@ def synthesize_profile(
 
     for fraction in fractions:
         check_fraction(fraction, "fractions")
+    if gpu_type is not None:
+        check_gpu_type(gpu_type)
     if out is not None:
         check_output(out, [requests] if kind_of(requests) != "missing" else [])
     card, gpu_card = resolve_model(model, weights), catalog.gpu(gpu)
@@ -571,6 +573,7 @@ def import_profile(files: Iterable[PathLike], gpu_type: str, out: PathLike, tp: 
     from scepsy.tracing.profiling.benchimport import import_bench_results
 
     check_fraction(fraction)
+    check_gpu_type(gpu_type)
     paths = list(files)
     check_output(out, paths)
     result = import_bench_results(paths, gpu_type, tp, fraction)
@@ -646,6 +649,7 @@ def replay_profile(
     from scepsy.tracing.profiling.replay import Sweep, SweepSettings, auto_start_rate, probe_service_time, profile_rows, replay_requests
 
     check_fraction(fraction)
+    check_gpu_type(gpu_type)
     paths = list(traces)
     if out is not None:
         check_output(out, paths)

@@ -274,6 +274,34 @@ def test_profiles_import_refuses_impossible_results(ws, tmp_path, edit, fragment
     _expect(["profiles", "import", path, "--gpu-type", "A6000", "--out", tmp_path / "p.csv"], 2, fragment)
 
 
+@pytest.mark.parametrize("gpu_type", ["", " ", "A6000 ", "A\n6000"])
+def test_profiles_import_refuses_an_empty_or_unreadable_gpu_type(ws, tmp_path, gpu_type):
+    """The label is written into every row and read back by name: "" would read back as a missing
+    value; exit 2 naming the option, and no profile written."""
+    from hostile import VLLM_RESULT
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(VLLM_RESULT))
+    _expect(["profiles", "import", path, "--gpu-type", gpu_type, "--out", tmp_path / "p.csv"], 2, "--gpu-type",
+            "is not a GPU type name", "fix:")
+    assert not (tmp_path / "p.csv").exists()
+    _expect(["profiles", "import", path, "--gpu-type", "A6000", "--out", tmp_path / "p.csv"], 0)
+
+
+@pytest.mark.parametrize("call, field", [
+    ({"prompt_tokens": -5, "completion_tokens": 10}, "line 2, prompt_tokens"),
+    ({"prompt_tokens": 50, "completion_tokens": -1}, "line 2, completion_tokens"),
+    ({"prompt_tokens": 50, "completion_tokens": 10, "cached_tokens": -20}, "line 2, cached_tokens"),
+    ({"prompt_tokens": 50, "completion_tokens": 10, "sequences": 0}, "line 2, sequences"),
+])
+def test_synthesize_refuses_negative_token_counts_naming_the_entry(tmp_path, call, field):
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text(json.dumps({"prompt_tokens": 40, "completion_tokens": 8}) + "\n" + json.dumps(call) + "\n")
+    _expect(["profiles", "synthesize", "--model", "llama-3.2-1b", "--gpu", "A6000", "--requests", calls,
+             "--out", tmp_path / "p.csv"], 2, str(calls), field, "fix:")
+    assert not (tmp_path / "p.csv").exists()
+
+
 def test_synthesize_refuses_requests_beyond_the_context(tmp_path):
     _expect(["profiles", "synthesize", "--model", "llama-3.2-1b", "--gpu", "L4", "--requests", "fixed:200000,10",
              "--out", tmp_path / "p.csv"], 2, "context")

@@ -6,6 +6,7 @@ fragmentation report and the planner's use of placement."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,8 +29,14 @@ from scepsy.planner.allocation.planning import make_plan
 
 from conftest import INSTANCES
 
+# the allocation solves, too, stopped by deterministic time
+PLAN = PlanSettings(time_limit_s=3600.0, stage_parameters=(("max_deterministic_time", 30.0),))
 LAYOUTS_4 = (((0, 1), (2, 3)), ((0, 1, 2, 3),), ())
-EXACT = PlacementSettings(method="cpsat", time_limit_s=30.0)
+# CP-SAT stopped by deterministic time (work units, the same on any machine, however loaded), not
+# by the wall clock: the wall-clock limit is far beyond what these solves need
+DETERMINISTIC = (("max_deterministic_time", 10.0),)
+EXACT = PlacementSettings(method="cpsat", time_limit_s=3600.0, solver_parameters=DETERMINISTIC)
+QUICK = PlacementSettings(method="cpsat", time_limit_s=3600.0, solver_parameters=(("max_deterministic_time", 2.0),))
 HEURISTIC = PlacementSettings(method="heuristic")
 
 
@@ -179,7 +186,7 @@ def test_every_placement_valid_and_cpsat_never_worse(seed):
     layouts = LAYOUTS_8 if seed % 2 else LAYOUTS_8[:1]
     cluster, allocation = random_case(seed, int(rng.integers(1, 4)), layouts=layouts, reserved_gpus=0.1, n_llms=5, fill=0.7)
     heuristic = place(cluster, allocation, HEURISTIC)
-    exact = place(cluster, allocation, PlacementSettings(time_limit_s=5.0))
+    exact = place(cluster, allocation, QUICK)
     for result in (heuristic, exact):
         assert validate_placement(cluster, allocation, result.placement) == []
         assert result.info.objective == evaluate(cluster, allocation, result.placement)
@@ -196,7 +203,7 @@ def test_every_placement_valid_and_cpsat_never_worse(seed):
 @pytest.mark.parametrize("name", ["beam-4xa6000", "beam-16xa6000", "rag-8xa6000", "rag-16xa6000", "combined-8xh100"])
 def test_shipped_plans_are_placed_validly_by_both_methods(name):
     instance = load_instance(INSTANCES / f"{name}.yaml")
-    allocation = make_plan(instance, PlanSettings(), feasibility_placer()).allocation
+    allocation = make_plan(instance, PLAN, feasibility_placer()).allocation
     heuristic = place(instance.cluster, allocation, HEURISTIC)
     exact = place(instance.cluster, allocation, EXACT)
     for result in (heuristic, exact):
@@ -210,7 +217,7 @@ def test_cpsat_strictly_better_somewhere():
     for seed in range(12):
         cluster, allocation = random_case(seed, 2, layouts=LAYOUTS_8, reserved_gpus=0.1, n_llms=5, fill=0.6)
         h = place(cluster, allocation, HEURISTIC).info.objective.key()
-        c = place(cluster, allocation, PlacementSettings(time_limit_s=5.0)).info.objective.key()
+        c = place(cluster, allocation, QUICK).info.objective.key()
         better += c < h
     assert better >= 3
 
@@ -418,13 +425,13 @@ def test_replanning_moves_as_few_shards_as_possible():
 
 def test_plan_and_place_returns_a_placed_plan_with_report():
     instance = load_instance(INSTANCES / "rag-16xa6000.yaml")
-    plan = plan_and_place(instance)
+    plan = plan_and_place(instance, PLAN, EXACT)
     assert validate_placement(instance.cluster, plan.allocation, plan.placement) == []
     assert plan.placement_info is not None and plan.placement_info.method == "cpsat" and plan.placement_info.status == "optimal"
     data = plan_json(plan, include_wall_time=False)
     assert data["placement_solver"]["wall_time_s"] is None
     assert [f["gpu_type"] for f in data["fragmentation"]] == ["A6000"]
-    assert plan.allocation == make_plan(instance).allocation  # placement does not change the allocation
+    assert plan.allocation == make_plan(instance, PLAN).allocation  # placement does not change the allocation
 
 
 # seeds whose first allocation cannot be placed (with derived curves for the unprofiled shares)
@@ -434,9 +441,9 @@ def test_unplaceable_allocations_are_cut_and_the_model_solved_again(seed, domain
     allocations it picks cannot be placed: the placer says so, the model learns a cut and solves
     again, and the plan that comes back is placed and as good as with the exact counts."""
     instance = random_instance(seed, n_llms=3, nodes=1, gpus_per_node=4, domains=domains, fractions_per_gpu=10, load=0.6)
-    plan = make_plan(instance, PlanSettings(placement_counts_limit=0, time_limit_s=20), feasibility_placer())
+    plan = make_plan(instance, replace(PLAN, placement_counts_limit=0), feasibility_placer(EXACT))
     assert plan.solver.cuts >= 1 and plan.solver.iterations > plan.solver.cuts
     assert validate_placement(instance.cluster, plan.allocation, plan.placement) == []
-    exact = make_plan(instance, PlanSettings(time_limit_s=20))  # counts in the model: no cut needed
+    exact = make_plan(instance, PLAN)  # counts in the model: no cut needed
     assert exact.solver.cuts == 0
     assert plan.objective_value == pytest.approx(exact.objective_value, rel=1e-6)

@@ -133,6 +133,18 @@ def test_timestamps_replace_poisson_arrivals():
     assert workflow.arrivals == 120 and workflow.offered_rate_rps == pytest.approx(2.0)
 
 
+def test_the_shipped_azure_trace_gives_arrivals():
+    """`azure:conv` replays the shipped trace's timestamps (seconds from its first request); an
+    unknown trace name is an input error naming `arrivals`."""
+    from scepsy.models.simulation.arrivals import load_arrivals
+
+    times = load_arrivals("azure:conv", ["rag"])["rag"]
+    assert len(times) == 19_366 and times[0] == 0.0 and times == sorted(times)
+    assert 3000 < times[-1] < 3700  # about one hour
+    with pytest.raises(InputError, match="arrivals: unknown Azure trace"):
+        load_arrivals("azure:chat", ["rag"])
+
+
 def test_calls_are_recorded_for_profile_synthesis():
     instance = load_instance(INSTANCES / "beam-4xa6000.yaml").with_arrival_rates({"beam": 0.5})
     result = simulate(instance, _whole(instance), SimulationSettings(duration_s=40, seed=0), record_calls=True)

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from conftest import REPO
 from scepsy.cli import app
 from scepsy.models.catalog import catalog
 from scepsy.models.errors import InputError
@@ -15,7 +16,6 @@ from scepsy.models.instance.profile import PROFILE_COLUMNS, load_profile, write_
 from scepsy.models.profiles.synthesize import (
     RequestShape,
     SynthesisSettings,
-    find_azure_trace,
     load_request_source,
     stable_capacity_rps,
     synthesize,
@@ -51,16 +51,25 @@ def test_jsonl_source_filters_by_llm(tmp_path):
         load_request_source(str(path))
 
 
-# the Azure trace lies outside the repository (../shared/data); a checkout without it skips these
-needs_azure_trace = pytest.mark.skipif(find_azure_trace("conv") is None,
-                                       reason="the Azure trace is not in ../shared/data/azure-llm-inference-2023 here")
+def test_the_shipped_azure_traces_are_the_published_files():
+    """azure:conv and azure:code read the traces shipped in the package: the published CSVs, byte
+    for byte (the sha256 sums in models/data/LICENSE.md), one request shape per row."""
+    import hashlib
 
+    from scepsy.models.data.azure import AZURE_TRACES, azure_trace_text
 
-@needs_azure_trace
-def test_azure_trace_is_read_from_shared_data():
-    source = load_request_source("azure:conv")
-    assert len(source.shapes) > 19000
-    assert 500 < source.mean_prompt_tokens < 2000 and 50 < source.mean_completion_tokens < 400
+    notice = (REPO / "models" / "data" / "LICENSE.md").read_text()
+    assert "CC BY 4.0" in notice and "Splitwise" in notice
+    for kind, rows in (("conv", 19_366), ("code", 8_819)):
+        text = azure_trace_text(kind)
+        assert hashlib.sha256(text.encode()).hexdigest() in notice
+        assert AZURE_TRACES[kind].removesuffix(".xz") in notice
+        source = load_request_source(f"azure:{kind}")
+        assert len(source.shapes) == rows == len(text.splitlines()) - 1 and source.clip_to_context
+    conv = load_request_source("azure:conv")
+    assert 500 < conv.mean_prompt_tokens < 2000 and 50 < conv.mean_completion_tokens < 400
+    with pytest.raises(InputError, match="unknown Azure trace"):
+        load_request_source("azure:chat")
 
 
 def test_sweep_rows_are_a_valid_profile_with_a_saturating_curve(tmp_path):
@@ -108,7 +117,6 @@ def test_cli_synthesize_writes_and_merges(tmp_path):
     assert set(frame["gpu_type"]) == {"A6000", "H100"} and (frame["gpu_type"] == "A6000").sum() == summary["rows"]
 
 
-@needs_azure_trace
 def test_cli_synthesize_pools_replications(tmp_path, capsys):
     """`--replications 2` writes the single draw's rates with pooled values and says so; 0 is exit 2."""
     runner = CliRunner()
@@ -259,7 +267,6 @@ def test_the_steep_part_of_the_curve_is_measured_not_drawn_as_a_line():
     assert float(bare.latency_s(rate)) / truth - 1 > 0.2
 
 
-@needs_azure_trace
 def test_replications_pool_independent_draws_at_every_rate():
     """One replication is the single-draw sweep, row for row; three pool the first draw's rows
     with two other draws of requests and gaps at the same rates (their mean, as written)."""

@@ -21,8 +21,8 @@ one), so the curve is smooth in the rate and stability is judged against the rat
 
 Request lengths come from a `RequestSource`:
   - `fixed:P,C`                prompt P tokens, completion C tokens (C = 0 for encoders)
-  - `azure:conv`, `azure:code` the Azure LLM inference traces (2023), read from
-                               ../shared/data/azure-llm-inference-2023/ (see `find_azure_trace`)
+  - `azure:conv`, `azure:code` the Azure LLM inference traces (2023), shipped with the package
+                               (models/data/azure.py; licence and attribution in models/data/LICENSE.md)
   - PATH.csv                   a CSV with ContextTokens,GeneratedTokens columns (Azure format)
   - PATH.jsonl                 one call per line: {"prompt_tokens", "completion_tokens"} and
                                optionally "cached_tokens" (prefix-cache hits seen in the trace),
@@ -59,14 +59,13 @@ import pandas as pd
 import simpy
 
 from scepsy.models.catalog.catalog import GpuCard, ModelCard
+from scepsy.models.data.azure import AZURE_TRACES, azure_trace_text
 from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSettings, IterationTimer
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import check_input, read_text
 from scepsy.models.instance.profile import PROFILE_COLUMNS, STABLE_THROUGHPUT_RATIO, as_written
 from scepsy.models.performance.replica import ReplicaSim, Request, run_poisson, unit_gaps
 
-AZURE_DIR = Path("shared") / "data" / "azure-llm-inference-2023"
-AZURE_FILES = {"conv": "AzureLLMInferenceTrace_conv.csv", "code": "AzureLLMInferenceTrace_code.csv"}
 RATE_POINTS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1, 1.2)
 # fractions of the located capacity where the curve must have a row (within FILL_TOLERANCE of it):
 # latency is convex there, and a straight line across a wider gap overstates it (the verifier's
@@ -134,29 +133,19 @@ class RequestSource:
         return float(np.mean([s.completion_tokens for s in self.shapes]))
 
 
-def find_azure_trace(kind: str, start: Path | None = None) -> Path | None:
-    """The Azure trace file of `kind` (conv or code) in `shared/data/...` next to the repository
-    or any folder above it (a git worktree sits deeper than the main checkout); None if absent."""
-    here = (start or Path(__file__)).resolve()
-    for folder in here.parents:
-        candidate = folder / AZURE_DIR / AZURE_FILES[kind]
-        if candidate.is_file():
-            return candidate
-    return None
-
-
-def _azure_source(path: Path, name: str) -> RequestSource:
-    text = read_text(path, "check the path of the request source")
+def _azure_source(path: Path | None, name: str, text: str) -> RequestSource:
+    """A source from an Azure-format CSV's text (`path`: the file it came from, None for the
+    shipped traces)."""
     try:
         frame = pd.read_csv(io.StringIO(text), usecols=["ContextTokens", "GeneratedTokens"])
     except (ValueError, pd.errors.ParserError) as exc:
-        raise InputError(str(path), None, f"not an Azure trace CSV ({exc})", "give a CSV with ContextTokens,GeneratedTokens") from None
+        raise InputError(str(path) if path else None, None if path else "requests", f"not an Azure trace CSV ({exc})", "give a CSV with ContextTokens,GeneratedTokens") from None
     shapes = tuple(
         RequestShape(int(max(p, 1)), int(max(c, 1)))
         for p, c in zip(frame["ContextTokens"].to_numpy(), frame["GeneratedTokens"].to_numpy())
     )
     if not shapes:
-        raise InputError(str(path), None, "the trace has no rows", "give a non-empty trace")
+        raise InputError(str(path) if path else None, None if path else "requests", "the trace has no rows", "give a non-empty trace")
     return RequestSource(name, shapes, clip_to_context=True)
 
 
@@ -208,6 +197,7 @@ def _shape(record: dict) -> RequestShape:
 
 
 SESSION_FIELDS = ("request", "call", "start_s", "end_s")
+COUNT_MINIMUM = {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0, "sequences": 1}  # a calls JSONL's counts
 
 
 def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
@@ -222,15 +212,17 @@ def _jsonl_source(path: Path, llm: str | None) -> RequestSource:
                 continue
             if "prompt_tokens" not in record and "completion_tokens" not in record:
                 raise KeyError("prompt_tokens")
-            for key in ("prompt_tokens", "completion_tokens", "cached_tokens", "sequences"):
-                if record.get(key) is not None:
-                    int(record[key])  # a count given must be a number; missing ones are left out later
-            records.append(record)
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            counts = {key: int(record[key]) for key in COUNT_MINIMUM if record.get(key) is not None}
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, OverflowError):
             raise InputError(
                 str(path), f"line {number}", "not a JSON object with integer prompt_tokens and completion_tokens",
                 'write one {"prompt_tokens": P, "completion_tokens": C} per line',
             ) from None
+        for key, count in counts.items():  # a count given must be a number; missing ones are left out later
+            if count < COUNT_MINIMUM[key]:
+                raise InputError(str(path), f"line {number}, {key}", f"{record[key]!r} is less than {COUNT_MINIMUM[key]}",
+                                 f"write a count >= {COUNT_MINIMUM[key]}")
+        records.append(record)
     if not records:
         which = f" of llm {llm!r}" if llm else ""
         raise InputError(str(path), None, f"no calls{which} in the file", "check the llm name and the trace")
@@ -283,19 +275,13 @@ def load_request_source(spec: str, llm: str | None = None) -> RequestSource:
         return RequestSource(spec, (RequestShape(prompt, completion),))
     if spec.startswith("azure:"):
         kind = spec[len("azure:"):]
-        if kind not in AZURE_FILES:
+        if kind not in AZURE_TRACES:
             raise InputError(None, "requests", f"unknown Azure trace {kind!r}", "use azure:conv or azure:code")
-        path = find_azure_trace(kind)
-        if path is None:
-            raise InputError(
-                None, "requests", f"the Azure trace is not in ../{AZURE_DIR}",
-                "pass the CSV path instead, or use fixed:P,C",
-            )
-        return _azure_source(path, spec)
+        return _azure_source(None, spec, azure_trace_text(kind))
     path = Path(spec)
     check_input(path, "give fixed:P,C, azure:conv|code, a .csv or a .jsonl path")
     if path.suffix == ".csv":
-        return _azure_source(path, path.name)
+        return _azure_source(path, path.name, read_text(path, "check the path of the request source"))
     return _jsonl_source(path, llm)
 
 

@@ -2,7 +2,7 @@
 
 Two formats: JSONL, one `{"workflow": W, "arrival_s": T}` per line; or a CSV with a TIMESTAMP
 column (the Azure LLM inference trace format), which every workflow replays from its first
-timestamp. Times are seconds from the start of the run: finite and >= 0. A file without a single
+timestamp; `azure:conv` and `azure:code` name the Azure traces shipped with the package. Times are seconds from the start of the run: finite and >= 0. A file without a single
 arrival is an input error (it would otherwise leave the simulator to draw Poisson arrivals, which
 is not what was asked for).
 """
@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from scepsy.models.data.azure import AZURE_TRACES, azure_trace_text
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import read_text
 
@@ -22,7 +23,12 @@ FIX = "check the path of the arrivals file"
 
 def load_arrivals(path: Path | str, workflows: list[str]) -> dict[str, list[float]]:
     """Arrival times (seconds) per workflow name."""
+    kind = str(path).removeprefix("azure:") if str(path).startswith("azure:") else None
+    if kind is not None and kind not in AZURE_TRACES:
+        raise InputError(None, "arrivals", f"unknown Azure trace {str(path)!r}", "use azure:conv or azure:code")
     path = Path(path)
+    if kind is not None:
+        return _from_csv(path, azure_trace_text(kind), workflows)
     text = read_text(path, FIX)
     out = _from_csv(path, text, workflows) if path.suffix == ".csv" else _from_jsonl(path, text, workflows)
     if not any(out.values()):

@@ -37,7 +37,7 @@ def simulate(
     rates: Annotated[Optional[str], typer.Option("--rates", help="Several rates, comma-separated: one simulation each.")] = None,
     duration_s: DurationOpt = 300.0,
     warmup_s: WarmupOpt = None,
-    arrivals: Annotated[Optional[Path], typer.Option("--arrivals", help="Arrival timestamps: JSONL {workflow, arrival_s} or an Azure-format CSV.")] = None,
+    arrivals: Annotated[Optional[Path], typer.Option("--arrivals", help="Arrival timestamps: JSONL {workflow, arrival_s}, an Azure-format CSV, or azure:conv | azure:code (the shipped traces).")] = None,
     calls_out: Annotated[Optional[Path], typer.Option("--calls-out", help="Write every LLM call as JSONL (input of profiles synthesize --requests).")] = None,
     routing: Annotated[str, typer.Option("--routing", help="cache_aware (SGLang-like: least outstanding with prefix affinity) or least_outstanding.")] = "cache_aware",
     engine_model: EngineModelOpt = "builtin",

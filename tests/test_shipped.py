@@ -1,0 +1,44 @@
+"""tests/shipped.py: every shipped example and golden output has a target that regenerates it, the
+check finds a changed file and ignores only timing fields, and the cheap targets reproduce."""
+
+from __future__ import annotations
+
+import json
+
+import shipped
+from conftest import REPO
+
+
+def test_every_shipped_example_and_golden_folder_has_a_target():
+    owned = {name for target in shipped.TARGETS for name in shipped.owned(target)}
+    golden = {f"tests/golden/{p.name}" for p in (REPO / "tests" / "golden").iterdir() if p.is_dir()}
+    assert golden <= owned
+    for example in (REPO / "docs" / "examples").iterdir():  # an example's outputs: all but its inputs
+        outputs = {f"docs/examples/{example.name}/{p.name}" for p in example.iterdir()} - {
+            f"docs/examples/{example.name}/{n}" for n in ("run.sh", "instance.yaml", "models")}
+        assert outputs and outputs <= owned, example
+    assert {"docs/cli.md", "instances/profiles", "docs/figures"} <= owned
+    for target in shipped.TARGETS:
+        assert shipped.files_of(REPO, target), target.name  # each owns files that exist
+
+
+def test_the_check_ignores_only_timing_fields(tmp_path):
+    shipped_tree, produced = tmp_path / "shipped", tmp_path / "produced"
+    plan = {"objective_value": 11.78, "solver": {"backend": "cpsat", "wall_time_s": 0.03}}
+    for root, wall, value in ((shipped_tree, 0.03, 11.78), (produced, 2.5, 11.78)):
+        (root / "a").mkdir(parents=True)
+        (root / "a" / "plan.json").write_text(json.dumps({**plan, "objective_value": value, "solver": {"backend": "cpsat", "wall_time_s": wall}}))
+        (root / "a" / "rows.csv").write_text("rate,latency\n1,0.5\n")
+    assert shipped.differences(shipped_tree, produced, {"a/plan.json", "a/rows.csv"}) == []
+    (produced / "a" / "plan.json").write_text(json.dumps({**plan, "objective_value": 11.84}))
+    (produced / "a" / "rows.csv").write_text("rate,latency\n1,0.6\n")
+    (produced / "a" / "extra.yaml").write_text("kind: Service\n")
+    found = shipped.differences(shipped_tree, produced, {"a/plan.json", "a/rows.csv", "a/extra.yaml"})
+    assert [line.split(":")[0] for line in found] == ["a/extra.yaml", "a/plan.json", "a/rows.csv"]
+    assert "only in the regenerated output" in found[0] and "+1,0.6" in found[2]
+
+
+def test_the_cheap_targets_reproduce(capsys):
+    """The CLI reference and the golden manifests (the golden plans: tests/test_golden_plans.py;
+    the config-aic example, a minute: .ci/run runs `python tests/shipped.py --check`)."""
+    assert shipped.main(["--check", "--only", "cli-reference,golden-manifests"]) == 0, capsys.readouterr().out

@@ -30,8 +30,8 @@ from scepsy.tracing.emulation.emulator import create_app, emulator_config
 needs_prometheus = pytest.mark.skipif(not prometheus_server.available(), reason="the Debian package prometheus is not installed (.ci/run installs it)")
 
 
-def _replica(stack: ExitStack, llm: str) -> ServerThread:
-    config = emulator_config("llama-3.2-1b", "H100", served_model_names=[llm], speedup=1000.0)
+def _replica(stack: ExitStack, llm: str, personality: str = "vllm") -> ServerThread:
+    config = emulator_config("llama-3.2-1b", "H100", served_model_names=[llm], speedup=1000.0, personality=personality)
     return stack.enter_context(ServerThread(create_app(config)))
 
 
@@ -50,17 +50,23 @@ def test_real_prometheus_gives_per_llm_rates_of_emulated_vllm_replicas(tmp_path)
     with ExitStack() as stack:
         gen = [_replica(stack, "gen"), _replica(stack, "gen")]
         ver = [_replica(stack, "ver")]
-        hosts = {"gen": [s.url.removeprefix("http://") for s in gen], "ver": [s.url.removeprefix("http://") for s in ver]}
+        sgl = _replica(stack, "sgl", personality="sglang")  # an SGLang engine: read with SGLang's names
+        hosts = {"gen": [s.url.removeprefix("http://") for s in gen], "ver": [s.url.removeprefix("http://") for s in ver],
+                 "sgl": [sgl.url.removeprefix("http://")]}
         server = stack.enter_context(PrometheusServer(tmp_path, hosts))
-        server.wait_for_targets(3)
+        server.wait_for_targets(4)
         # every replica's counter is in Prometheus at 0 before any request: the increase falls in the window
-        server.wait_for("vllm:request_success_total", lambda found: len(found) == 3 * 3)
+        server.wait_for("vllm:request_success_total", lambda found: len(found) == 4 * 3)
+        server.wait_for("sglang:num_requests_total")
         for i in range(6):
             _chat(gen[i % 2].url, "gen", i)
         for i in range(2):
             _chat(ver[0].url, "ver", i)
+        for i in range(3):
+            _chat(sgl.url, "sgl", i)
         totals = "sum by (model_name) (vllm:request_success_total)"
         server.wait_for(totals, lambda found: _total(found, "gen") == 6 and _total(found, "ver") == 2)
+        server.wait_for("sum by (model_name) (sglang:num_requests_total)", lambda found: _total(found, "sgl") == 3)
 
         # vLLM's label set arrived as vLLM writes it: model_name, engine, finished_reason
         series = server.query('vllm:request_success_total{model_name="gen"}')
@@ -79,9 +85,14 @@ def test_real_prometheus_gives_per_llm_rates_of_emulated_vllm_replicas(tmp_path)
         assert isinstance(absent, Missing) and absent.reason == "no series"
         assert recorded == []  # nothing retried
 
+        sglang = read_llms(PrometheusClient(PrometheusSettings(server.url, window_s=600.0, max_age_s=600.0, engine="sglang")), ["sgl", "gen"])
+        sgl_rate = sglang.rates_rps["sgl"]
+        assert isinstance(sgl_rate, float) and sgl_rate > 0 and sglang.waiting["sgl"] == 0.0
+        assert isinstance(sglang.rates_rps["gen"], Missing)  # a vLLM engine has no SGLang series
+
         # the freshness query reads the newest sample's time from the real server
         ages = client.query(freshness_query(client.settings))
-        assert ages.missing is None and {s.labels["model_name"] for s in ages.samples} == {"gen", "ver"}
+        assert ages.missing is None and {s.labels["model_name"] for s in ages.samples} == {"gen", "ver", "sgl"}
 
         # a replica whose target goes down: Prometheus marks its series stale, and the rate is missing, not 0
         ver[0].stop()

@@ -133,11 +133,12 @@ class PrometheusClient:
         if response.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
             error = body.get("error") if isinstance(body, dict) else None
             return Answer(promql, missing=Missing("error", f"{where} answered HTTP {response.status_code}: {error or 'no error text'}"), attempts=attempt), retry
-        data = body.get("data") or {}
-        if data.get("resultType") != "vector":
-            return Answer(promql, missing=Missing("error", f"expected a vector, got {data.get('resultType')!r}"), attempts=attempt), False
+        data = body.get("data")
+        if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+            kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+            return Answer(promql, missing=Missing("error", f"expected a vector, got {kind!r}"), attempts=attempt), False
         samples = []
-        for item in data.get("result") or []:
+        for item in data["result"]:
             try:
                 stamp, text = item["value"]
                 samples.append(Sample(dict(item.get("metric") or {}), float(text), float(stamp)))

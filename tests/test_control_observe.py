@@ -206,3 +206,15 @@ def test_observation_counts_only_ready_replicas_and_passes_missing_as_none(scrip
     scripted.hang.set()
     down = read_llms(_client(scripted.url, [], timeout_s=0.2, attempts=1), ["gen", "ver"])
     assert observation(8.0, ["gen", "ver"], down, cluster).llm_rates_rps is None  # Prometheus itself gave nothing
+
+
+@pytest.mark.parametrize("body", [
+    {"status": "success", "data": []},
+    {"status": "success", "data": {"resultType": "matrix", "result": []}},
+    {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": ["x"]}]}},
+    {"status": "success", "data": {"resultType": "vector", "result": None}},
+], ids=["data a list", "a matrix", "a short value", "no result list"])
+def test_a_garbled_answer_is_an_error_not_a_number(scripted, body):
+    scripted.default = (200, body)
+    answer = _client(scripted.url, []).query("up")
+    assert answer.missing is not None and answer.missing.reason == "error" and answer.samples == ()

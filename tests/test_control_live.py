@@ -565,3 +565,28 @@ def test_a_change_in_progress_deletes_nothing_while_rates_are_missing(api, tmp_p
     assert third["act"]["phase"] == "done"
     assert [e for e in api.events if e[0] == "delete"] == [("delete", "Deployment", "ver-r0")]
     assert api.events.index(("ready", "ver-r1")) < api.events.index(("delete", "Deployment", "ver-r0"))
+
+
+def test_the_loop_abandons_a_replica_that_never_becomes_ready_and_says_so(api, tmp_path, instance, prometheus):
+    _deploy(api, instance, _plan([(0, 0)], [(0, 2)], share=1))
+    said: list[str] = []
+    clock = Clock()
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said, ready_timeout_s=120.0)
+    _rates(prometheus, 50.0, 30.0)
+    clock.now = 60.0
+    first = loop.period()
+    assert first["action"] == "replan" and first["act"]["phase"] == "waiting"
+    added = first["act"]["waiting_for"]
+    for name in added:
+        api.ready(name, ready=False)  # their readiness probes keep failing
+    clock.now = 120.0
+    assert loop.period()["act"]["phase"] == "waiting"
+    clock.now = 180.0
+    stuck = loop.period()
+    assert stuck["action"] == "acting" and stuck["act"]["phase"] == "stuck" and "not ready after 120 s" in stuck["act"]["problem"]
+    assert any("not ready after 120 s" in line for line in said)
+    assert sorted(e[2] for e in api.events if e[0] == "delete") == sorted(added)  # only what it added
+    assert {"gen-r0", "ver-r0"} <= set(api.objects("Deployment"))
+    assert loop.state is not None and {c.llm: c.replicas for c in loop.state.allocation.llms} == {"gen": 1, "ver": 1}
+    clock.now = 240.0
+    assert loop.period()["action"] == "replan"  # the policy decides again from what serves

@@ -40,6 +40,7 @@ from typing import Any, Mapping
 from scepsy.control.forecast import PREDICTORS, Forecaster, ForecastState
 from scepsy.control.rates import workflow_rates
 from scepsy.control.replan import Replanner, moves, moves_lower_bound, without_replicas
+from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance
 from scepsy.models.performance.alp import AllocationError, predict
@@ -156,7 +157,8 @@ class PolicyContext:
 def make_context(instance: Instance, settings: ControlSettings = ControlSettings(), slos_s: Mapping[str, float] | None = None,
                  allocation: Allocation | None = None, plan_time_limit_s: float = 30.0) -> PolicyContext:
     """The context of a controller: SLOs from `slos_s`, else each workflow's latency_slo_s, else
-    twice `allocation`'s predicted latency at the instance's rates (ValueError if none of these)."""
+    twice `allocation`'s predicted latency at the instance's rates (InputError where none of these
+    gives a finite SLO)."""
     slos: dict[str, float] = {}
     for workflow in instance.workflows:
         if slos_s is not None and workflow.name in slos_s:
@@ -166,7 +168,12 @@ def make_context(instance: Instance, settings: ControlSettings = ControlSettings
         elif allocation is not None:
             slos[workflow.name] = 2.0 * predict(instance, allocation).workflow(workflow.name).latency_s
         else:
-            raise ValueError(f"workflow {workflow.name} has no latency_slo_s and no plan to derive one from")
+            raise InputError(instance.source, f"workflows.{workflow.name}.latency_slo_s", "missing, and no plan to derive an SLO from",
+                             "set latency_slo_s, or give the plan that runs")
+        if not (math.isfinite(slos[workflow.name]) and slos[workflow.name] > 0):
+            raise InputError(instance.source, f"workflows.{workflow.name}.latency_slo_s",
+                             "missing, and the plan that runs is overloaded at the instance's rates (no latency to double)",
+                             "set latency_slo_s, or give a plan that carries the instance's rates")
     planning = instance.with_latency_slos({w: s * settings.slo_margin for w, s in slos.items()})
     replanner = Replanner(planning, rate_step=settings.rate_step, plan_time_limit_s=plan_time_limit_s)
     return PolicyContext(instance, settings, slos, replanner, Forecaster(settings.predictor))

@@ -18,6 +18,7 @@ from scepsy.control.policy import ControlSettings, ControllerState, Observation,
 from scepsy.control.rates import workflow_rates
 from scepsy.control.replan import moves, moves_lower_bound, without_replicas
 from scepsy.control.simulation import SYSTEMS, ClosedLoopSettings, run_systems, scale_arrivals
+from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Instance, Stage
 from scepsy.models.performance.alp import predict
@@ -215,6 +216,14 @@ def test_a_workflow_counter_is_used_where_every_workflow_has_one(rag_context):
     observation = Observation(13 * 60.0, None, workflow_rates_rps={"rag": 8.0})
     _, decision = decide(state, observation, rag_context)
     assert decision.action == "keep" and decision.inputs["rates_from"] == "workflow counters"
+
+
+def test_an_slo_from_an_overloaded_plan_is_refused(rag, rag_plan):
+    overloaded = rag.with_arrival_rates({"rag": 1000.0})
+    with pytest.raises(InputError, match="latency_slo_s"):
+        make_context(overloaded, allocation=rag_plan.allocation)
+    with pytest.raises(InputError, match="latency_slo_s"):
+        make_context(rag)
 
 
 def test_decide_is_pure(rag_context):

@@ -17,7 +17,6 @@ naming the argument as this module spells it (`clusters`, `time_limit_s`).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -1108,14 +1107,7 @@ def control(
         policy = ControlSettings(period_s=period_s, startup_s=startup_s, predictor=predictor)
     except ValueError as exc:
         raise InputError(None, "predictor", str(exc), "use constant, ewma or kalman") from None
-    try:
-        policy_context = make_context(loaded, policy, allocation=allocation)
-    except ValueError as exc:
-        raise InputError(loaded.source, "workflows", str(exc), "give each workflow a latency_slo_s") from None
-    unbounded = sorted(w for w, slo in policy_context.slos_s.items() if not math.isfinite(slo))
-    if unbounded:
-        raise InputError(source, "workflows", f"the plan is overloaded at the instance's rates, so twice its latency is no SLO for {', '.join(unbounded)}",
-                         "give each workflow a latency_slo_s in the instance")
+    policy_context = make_context(loaded, policy, allocation=allocation)  # InputError where an SLO cannot be had
     log_path = check_output(log, [instance if not isinstance(instance, Instance) else None, plan], "log")
     cluster = KubeCluster(connect(None if kubeconfig is None else Path(kubeconfig), context), namespace)
     prometheus = PrometheusClient(PrometheusSettings(prometheus_url, selector=selector, engine=engine))

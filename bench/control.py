@@ -27,20 +27,12 @@ from scepsy.control.report import control_document, control_table
 from scepsy.control.policy import make_context
 from scepsy.control.simulation import ClosedLoopSettings, SystemRun, peak_rates, run_systems, trace_arrivals
 from scepsy.models.instance.instance import load_instance
-from scepsy.models.profiles.synthesize import find_azure_trace
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.planner.allocation.search import PlanSettings
 
 REPO = Path(__file__).resolve().parents[1]
 INSTANCE = REPO / "instances" / "combined-8xh100.yaml"
-DRIVERS = {"beam": "conv", "rag": "code"}  # which Azure trace drives which workflow
-
-
-def trace(kind: str) -> Path:
-    path = find_azure_trace(kind, REPO)
-    if path is None:
-        raise SystemExit(f"the Azure {kind} trace is not in shared/data/azure-llm-inference-2023 beside the repository")
-    return path
+DRIVERS = {"beam": "conv", "rag": "code"}  # which shipped Azure trace drives which workflow (azure:conv, azure:code)
 
 
 def checks(runs: list[SystemRun]) -> dict[str, bool | None]:
@@ -104,7 +96,7 @@ def main() -> None:
     systems = options.systems.split(",")
     for startup in (float(s) for s in options.startups.split(",")):
         for peak in (float(p) for p in options.peaks.split(",")):
-            drivers = {w.name: (trace(DRIVERS[w.name]), peak * w.arrival_rate) for w in instance.workflows}
+            drivers = {w.name: (f"azure:{DRIVERS[w.name]}", peak * w.arrival_rate) for w in instance.workflows}
             arrivals = trace_arrivals(drivers, options.start_min * 60, options.minutes * 60, options.seed)
             settings = ClosedLoopSettings(ControlSettings(startup_s=startup), seed=options.seed)
             wall, cpu = time.perf_counter(), time.process_time()

@@ -2,7 +2,7 @@
 
     python instances/generate_profiles.py            # rewrites instances/profiles/*.csv
     python instances/generate_profiles.py --jobs 2   # the same files, on two processes
-    python instances/generate_profiles.py --stats    # only print the traced statistics (n, p, f)
+    python instances/generate_profiles.py --stats    # only print the traced statistics (n, p, f, latency_ratios)
     python instances/generate_profiles.py --only ensemble   # only the judge ensemble's profiles
     python instances/generate_profiles.py --out DIR  # write the CSVs to DIR (tests/shipped.py --check)
 
@@ -124,6 +124,11 @@ def main() -> None:
         result = trace(instance_file)
         traces[instance_file] = result
         for workflow in result.workflows:
+            # the workflow's latency_ratios (what `scepsy aggregate` reports for a trace): its request
+            # latency percentiles over their mean, at light load
+            ratios = {q: getattr(workflow, f"latency_{q}_s") / workflow.latency_mean_s for q in ("p50", "p90", "p99")}
+            print(f"{instance_file} {workflow.name} latency_ratios: "
+                  + "{" + ", ".join(f"{q}: {value:.3f}" for q, value in ratios.items()) + "}")
             for stage in workflow.stages:
                 print(f"{instance_file} {workflow.name} {stage.llm}: n = {stage.invocations:.2f}, "
                       f"p = {stage.parallelism:.2f}, f = {stage.critical_path:.3f}, "

@@ -989,7 +989,8 @@ def simulate_control(
 ) -> ControlSimulation:
     """`scepsy control --simulate`: the controller (control/policy.py) drives the workflow
     simulator from `plan` (a plan JSON with its placement) on `arrivals` (JSONL {workflow,
-    arrival_s} or an Azure-format CSV, as `simulate --arrivals`; or timestamps per workflow),
+    arrival_s}, an Azure-format CSV or azure:conv / azure:code, as `simulate --arrivals`; or
+    timestamps per workflow),
     beside `baselines` (default: all of static, static-peak, k8s-hpa, saturation, oracle) on the
     same arrivals and GPUs. SLOs: each workflow's latency_slo_s, else twice the plan's predicted
     latency at the instance's rates. `plot` writes the timeline PNG; `progress` gets the systems

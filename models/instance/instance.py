@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -19,7 +20,7 @@ from typing import Literal, Mapping
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from scepsy.models.errors import InputError, check_deadline
+from scepsy.models.errors import InputError, ScepsyWarning, check_deadline
 from scepsy.models.inputs import kind_of, load_yaml
 from scepsy.models.instance.profile import LlmProfile, load_profile
 from scepsy.models.instance.workflow import Program, ProgramSpec, program_llms
@@ -590,6 +591,28 @@ def _build_llm(source: str, base: Path, index: int, spec: LlmSpec, cluster: Clus
     return Llm(spec.name, spec.model, spec.weights_gib, spec.min_kv_gib, tp_degrees, str(profile_path), profile)
 
 
+TAIL_METRICS = ("p90", "p99")  # percentiles whose sum over calls misses the control flow's spread most
+
+
+def _warn_without_latency_ratios(source: str, metric: str, workflows: list[Workflow]) -> None:
+    """One warning when a tail percentile is asked for and a workflow has no latency ratio for it:
+    the prediction is then the sum of per-call percentiles, which misses the spread the control flow
+    adds (18-40% low for beam search in docs/evidence.md, section 5)."""
+    if metric not in TAIL_METRICS:
+        return
+    missing = [(w, wf.name) for w, wf in enumerate(workflows) if not (wf.latency_ratios and metric in wf.latency_ratios)]
+    if not missing:
+        return
+    w, name = missing[0]
+    others = f" (and {len(missing) - 1} more workflows)" if len(missing) > 1 else ""
+    warnings.warn(ScepsyWarning(
+        source, f"workflows[{w}] ({name}).latency_ratios",
+        f"latency_metric is {metric} but this workflow{others} has no latency ratio for it, so its {metric} is "
+        f"predicted as the sum of per-call {metric} latencies, which misses the spread of the control flow",
+        "run scepsy aggregate on the workflow's traces and copy the latency_ratios it reports into the workflow",
+    ), stacklevel=2)
+
+
 def _check_latency_metric(source: str, metric: str, llms) -> None:
     """A percentile objective needs that percentile in every profile (imported benchmark results
     may carry only the mean). Each profile file is checked once, at its first LLM."""
@@ -662,6 +685,7 @@ def build_instance(raw: object, source: str, base: Path, deadline: float | None 
     profiles: dict[Path, LlmProfile] = {}
     llms = tuple(_build_llm(source, base, i, m, cluster, profiles, deadline) for i, m in enumerate(spec.llms))
     _check_latency_metric(source, spec.latency_metric, llms)
+    _warn_without_latency_ratios(source, spec.latency_metric, workflows)
     return Instance(
         cluster=cluster,
         llms=llms,

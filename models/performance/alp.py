@@ -8,13 +8,17 @@ request with parallelism p_wm:
     L_w      = sum_m L_m(r_m) * n_wm / p_wm * f_wm        workflow latency, s; f_wm: the share of m's
                                                           busy time on the request's critical path
                                                           (1 for serial stages; models/instance/statistic.py)
-    T_w      = min_m (d_m * T_m - sum_{w' != w} lambda_w' * n_w'm) / n_wm
+    T_w      = min_m (u * d_m * T_m - sum_{w' != w} lambda_w' * n_w'm) / n_wm
                                                           workflow throughput limit, requests/s: what
                                                           the LLMs leave for w at the other workflows'
-                                                          rates (shared LLMs)
+                                                          rates (shared LLMs), each LLM kept within
+                                                          u = max_utilization of its capacity
 
 where L_m is the replica's latency curve and T_m its capacity (models/instance/profile.py). A per-replica rate
-above max_utilization * T_m is infeasible (the LLM is overloaded).
+above max_utilization * T_m is infeasible (the LLM is overloaded). The margin is applied once, here:
+T_w is the capacity a plan claims for w (a `max_throughput` plan at load factor s has T_w = s *
+lambda_w at its bottleneck), and every command prints this one number; `headroom` is the share of
+an LLM's capacity its offered load leaves free (at least 1 - max_utilization in a feasible plan).
 """
 
 from __future__ import annotations
@@ -43,12 +47,23 @@ class LlmPrediction:
     latency_s: float  # inf when overloaded
     utilization: float  # offered load / (replicas * capacity)
     overloaded: bool
+    max_utilization: float = 1.0  # the instance's margin: the share of the capacity a plan may use
     # an unprofiled fraction: the measured fractions its curve was derived from (models/instance/profile.py)
     profile_derived_from: tuple[float, ...] = ()
 
     @property
     def gpus(self) -> float:
         return self.replicas * self.tp * self.fraction
+
+    @property
+    def usable_capacity_rps(self) -> float:
+        """The most requests/s all replicas are planned to take: max_utilization x their capacity."""
+        return self.max_utilization * self.replicas * self.capacity_rps
+
+    @property
+    def headroom(self) -> float:
+        """The share of the LLM's capacity its offered load leaves free (1 - utilization)."""
+        return 1.0 - self.utilization
 
 
 @dataclass(frozen=True)
@@ -140,15 +155,17 @@ def predict_llm(instance: Instance, choice: LlmAllocation) -> LlmPrediction:
         latency_s=latency,
         utilization=offered / (choice.replicas * capacity),
         overloaded=overloaded,
+        max_utilization=instance.max_utilization,
         profile_derived_from=curve.derived_from,
     )
 
 
 def _stage_throughput_limit_rps(llm: LlmPrediction, workflow: Workflow, stage: Stage) -> float:
     """Workflow requests/s one LLM can take for this workflow, with the other workflows' load on
-    it (a shared LLM) held at their current rates: (d_m T_m - sum_{w' != w} lambda_w' n_w'm) / n_wm."""
+    it (a shared LLM) held at their current rates and the LLM kept within max_utilization u of its
+    capacity, the margin every plan keeps: (u d_m T_m - sum_{w' != w} lambda_w' n_w'm) / n_wm."""
     others = llm.offered_rate_rps - workflow.arrival_rate * stage.invocations
-    return max(llm.replicas * llm.capacity_rps - others, 0.0) / stage.invocations
+    return max(llm.usable_capacity_rps - others, 0.0) / stage.invocations
 
 
 def predict(instance: Instance, allocation: Allocation) -> Prediction:

@@ -124,6 +124,7 @@ class LlmRecord(_Record):
     latency_s: float | None = None
     capacity_rps: float | None = None
     utilization: float | None = None
+    headroom: float | None = None  # the share of the capacity the load leaves free (1 - utilization)
     overloaded: bool | None = None
     # only for an unprofiled fraction: its curve is derived from these measured ones
     profile_derived_from_fractions: list[float] | None = None
@@ -433,7 +434,8 @@ def _prediction_records(prediction: Prediction) -> tuple[list[WorkflowRecord], l
             name=p.llm, model=p.model, gpu_type=p.gpu_type, tp=p.tp, fraction=significant(p.fraction, 9), replicas=p.replicas,
             gpus=json_number(p.gpus), per_replica_rate=json_number(p.per_replica_rate_rps),
             offered_rate_rps=json_number(p.offered_rate_rps), latency_s=json_number(p.latency_s),
-            capacity_rps=json_number(p.capacity_rps), utilization=json_number(p.utilization), overloaded=p.overloaded,
+            capacity_rps=json_number(p.capacity_rps), utilization=json_number(p.utilization),
+            headroom=json_number(p.headroom), overloaded=p.overloaded,
             **derived,
         ))
     return workflows, llms

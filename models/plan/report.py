@@ -69,7 +69,7 @@ def llm_table(prediction: Prediction) -> Table:
     table = Table(title="LLM allocation")
     columns = (
         "llm", "gpu_type", "tp", "fraction", "replicas", "gpus", "offered_rps", "per_replica_rps",
-        "capacity_rps", "utilization_%", "latency_s",
+        "capacity_rps", "utilization_%", "headroom_%", "latency_s",
     )
     for column in columns:
         table.add_column(column, justify="left" if column in ("llm", "gpu_type") else "right")
@@ -85,13 +85,23 @@ def llm_table(prediction: Prediction) -> Table:
             _fmt(p.per_replica_rate_rps),
             _fmt(p.capacity_rps),
             _fmt(100 * p.utilization, 1),
+            _fmt(100 * p.headroom, 1),
             _fmt(p.latency_s),
         )
+    captions = []
+    if prediction.llms:
+        # the margin every LLM keeps: the same max_utilization that the workflows' max_throughput_rps applies
+        margin = 1 - prediction.llms[0].max_utilization
+        captions.append(f"headroom_%: capacity left free; max_utilization {prediction.llms[0].max_utilization:g} "
+                        f"keeps at least {100 * margin:.0f}% free on every LLM, and max_throughput_rps is "
+                        "the load at which the bottleneck reaches it")
     derived = [p for p in prediction.llms if p.profile_derived_from]
     if derived:
-        table.caption = "* unprofiled fraction, curve derived from the measured fractions " + "; ".join(
+        captions.append("* unprofiled fraction, curve derived from the measured fractions " + "; ".join(
             f"{p.llm}: {', '.join(f'{f:g}' for f in p.profile_derived_from)}" for p in derived
-        )
+        ))
+    if captions:
+        table.caption = "\n".join(captions)
     return table
 
 

@@ -1,0 +1,125 @@
+"""Capacity claims checked in the workflow simulator: does every throughput a plan states hold?
+
+A plan claims, for every workflow, the rate it is made for and its `max_throughput_rps` (the load
+at which its bottleneck LLM reaches `max_utilization` of its capacity, models/performance/alp.py).
+`claims` lists the claims of one instance:
+
+    max_throughput   the `max_throughput` plan at its own load (load_factor x the instance's rates)
+    reported         the instance's own plan (its objective, at its rates), loaded to the
+                     max_throughput_rps it reports (all workflows scaled together, to the smallest
+                     max_throughput_rps / arrival_rate)
+    min_gpus         the `min_gpus` plan at the instance's rates (and `min_cost`, where every GPU
+                     type in use has a price)
+
+`check` simulates a claim's allocation (models/simulation/simulator.py) at a share of the claimed
+load, for one seed, and compares with the prediction at that load. The rule a claim must meet
+(`holds`): at least COMPLETED_SHARE of the offered requests complete (throughput over the arrival
+rate realised in the measured window), and, up to LATENCY_LOAD of the claimed load, the mean
+latency is within LATENCY_TOLERANCE of the prediction. bench/capacity_holds.py prints the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scepsy.models.errors import InfeasibleError, InputError
+from scepsy.models.instance.allocation import Allocation
+from scepsy.models.instance.instance import Instance
+from scepsy.models.performance.alp import predict
+from scepsy.models.simulation.simulator import SimulationSettings, simulate
+from scepsy.planner.allocation.planning import make_plan
+from scepsy.planner.allocation.search import PlanSettings
+
+COMPLETED_SHARE = 0.97  # of the offered requests, at every load up to the claimed one
+LATENCY_TOLERANCE = 0.15  # relative error of the predicted mean latency ...
+LATENCY_LOAD = 0.9  # ... at loads up to this share of the claimed one
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A load a plan states it sustains: its allocation at `rates_rps` per workflow."""
+
+    instance: str
+    kind: str  # max_throughput | reported | min_gpus | min_cost
+    allocation: Allocation
+    rates_rps: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One claim simulated at `load` x its rates with one seed, per workflow."""
+
+    claim: Claim
+    load: float
+    seed: int
+    workflow: str
+    claimed_rps: float
+    offered_rps: float  # realised in the measured window
+    throughput_rps: float
+    predicted_s: float
+    simulated_s: float
+
+    @property
+    def completed_share(self) -> float:
+        return self.throughput_rps / self.offered_rps if self.offered_rps > 0 else 1.0
+
+    @property
+    def latency_error(self) -> float:
+        """(predicted - simulated) / simulated mean latency."""
+        return (self.predicted_s - self.simulated_s) / self.simulated_s
+
+    @property
+    def holds(self) -> bool:
+        if self.completed_share < COMPLETED_SHARE:
+            return False
+        return self.load > LATENCY_LOAD + 1e-9 or abs(self.latency_error) <= LATENCY_TOLERANCE
+
+    def row(self) -> dict:
+        return {
+            "instance": self.claim.instance, "claim": self.claim.kind, "workflow": self.workflow, "load": self.load,
+            "seed": self.seed, "claimed_rps": self.claimed_rps, "offered_rps": self.offered_rps,
+            "throughput_rps": self.throughput_rps, "completed_share": self.completed_share,
+            "predicted_s": self.predicted_s, "simulated_s": self.simulated_s, "latency_error": self.latency_error,
+            "holds": self.holds,
+        }
+
+
+def _rates(instance: Instance) -> dict[str, float]:
+    return {w.name: w.arrival_rate for w in instance.workflows}
+
+
+def claims(instance: Instance, name: str, settings: PlanSettings = PlanSettings(),
+           kinds: tuple[str, ...] = ("max_throughput", "reported", "min_gpus", "min_cost")) -> list[Claim]:
+    """The claims of `kinds` the instance's plans make (an objective the instance cannot take,
+    min_cost without prices, is left out)."""
+    found = []
+    for kind in kinds:
+        if kind == "max_throughput":
+            plan = make_plan(instance.with_objective("max_throughput"), settings)
+            found.append(Claim(name, kind, plan.allocation,
+                               {w.name: w.max_throughput_rps for w in plan.prediction.workflows}))
+        elif kind == "reported":
+            plan = make_plan(instance, settings)
+            scale = min(w.max_throughput_rps / w.arrival_rate_rps for w in plan.prediction.workflows)
+            found.append(Claim(name, kind, plan.allocation, {w.name: w.arrival_rate * scale for w in instance.workflows}))
+        else:
+            try:
+                plan = make_plan(instance.with_objective(kind), settings)
+            except (InputError, InfeasibleError):
+                continue  # min_cost without prices
+            found.append(Claim(name, kind, plan.allocation, _rates(instance)))
+    return found
+
+
+def check(instance: Instance, claim: Claim, load: float, seed: int, duration_s: float = 200.0) -> list[Checked]:
+    """Simulate the claim's allocation at `load` x its rates (one seed) against the prediction."""
+    loaded = instance.with_arrival_rates({w: rate * load for w, rate in claim.rates_rps.items()})
+    prediction = predict(loaded, claim.allocation)
+    settings = SimulationSettings(duration_s=duration_s, seed=seed)
+    result = simulate(loaded, claim.allocation, settings)
+    window = result.duration_s - result.warmup_s
+    return [
+        Checked(claim, load, seed, w.name, claim.rates_rps[w.name], w.arrivals / window, w.throughput_rps,
+                prediction.workflow(w.name).latency_s, w.latency_mean_s)
+        for w in result.workflows
+    ]

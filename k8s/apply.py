@@ -127,10 +127,14 @@ def deploy(objects: list[dict], applier: Applier, dry_run: bool = False) -> list
 class KubeApplier:
     """Server-side apply through the official client's dynamic client."""
 
-    def __init__(self, api_client):
+    def __init__(self, api_client, timeout_s: float | None = None):
         from kubernetes.dynamic import DynamicClient
 
         self.client = DynamicClient(api_client)
+        self.timeout_s = timeout_s  # per request; None: the client's (no) timeout
+
+    def _timeout(self) -> dict:
+        return {"_request_timeout": self.timeout_s} if self.timeout_s is not None else {}
 
     def _resource(self, obj: dict):
         from kubernetes.dynamic.exceptions import ResourceNotFoundError
@@ -150,13 +154,13 @@ class KubeApplier:
 
         meta = obj["metadata"]
         try:
-            return self._resource(obj).get(name=meta["name"], namespace=meta.get("namespace")).to_dict()
+            return self._resource(obj).get(name=meta["name"], namespace=meta.get("namespace"), **self._timeout()).to_dict()
         except NotFoundError:
             return None
 
     def apply(self, obj: dict, dry_run: bool) -> dict:
         meta = obj["metadata"]
-        kwargs = {"field_manager": FIELD_MANAGER, "force_conflicts": True}
+        kwargs = {"field_manager": FIELD_MANAGER, "force_conflicts": True, **self._timeout()}
         if dry_run:
             kwargs["dry_run"] = "All"
         from kubernetes.dynamic.exceptions import DynamicApiError

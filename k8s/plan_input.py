@@ -19,7 +19,7 @@ from pathlib import Path
 from scepsy.models.catalog.catalog import reported_memory_mib
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import kind_of
-from scepsy.models.instance.allocation import ReplicaPlacement
+from scepsy.models.instance.allocation import Allocation, Placement, ReplicaPlacement
 from scepsy.models.instance.instance import Instance, load_instance
 from scepsy.models.plan.document import PlanDocument, deployable_plan, read_document
 
@@ -125,11 +125,22 @@ def load_placed_plan(plan_path: Path | str, instance_path: Path | None = None) -
     instance = load_instance(resolve_instance_path(plan_path, document.instance, instance_path))
     allocation, placement = deployable_plan(source, document, instance)
     models = {record.name: record.model for record in document.llms or []}
+    workflows = _workflows(source, document, {c.llm for c in allocation.llms})
+    return placed_plan(source, raw, instance, allocation, placement, workflows, models)
+
+
+def placed_plan(source: str, raw: dict, instance: Instance, allocation: Allocation, placement: Placement,
+                workflows: tuple[PlannedWorkflow, ...] | None = None, models: dict[str, str | None] | None = None) -> PlacedPlan:
+    """The manifest view of an allocation and its placement on `instance` (a plan the controller
+    made in memory, or one read from a file); `workflows` default to the instance's, `models` to
+    the instance's model names; `raw` is the plan document the plan ConfigMap stores."""
     llms = []
     for choice in allocation.llms:
         spec = instance.llm(choice.llm)
-        llms.append(PlannedLlm(spec.name, models[choice.llm] or spec.model, choice.gpu_type, choice.tp, choice.share,
+        model = (models or {}).get(choice.llm) or spec.model
+        llms.append(PlannedLlm(spec.name, model, choice.gpu_type, choice.tp, choice.share,
                                choice.replicas, spec.memory_need_gib, spec.weights_gib))
-    workflows = _workflows(source, document, {m.name for m in llms})
+    if workflows is None:
+        workflows = tuple(PlannedWorkflow(w.name, tuple(stage.llm for stage in w.stages)) for w in instance.workflows)
     replicas = tuple(sorted(placement.replicas, key=lambda r: (r.llm, r.replica)))
     return PlacedPlan(source, raw, instance, instance.cluster.fractions_per_gpu, tuple(llms), workflows, replicas)

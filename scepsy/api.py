@@ -73,12 +73,12 @@ PathLike = str | Path
 OPERATIONS = (
     "plan", "place", "predict", "whatif", "simulate", "simulate_rates", "sweep", "synthesize_profile",
     "import_profile", "replay_profile", "aggregate_traces", "export_traces", "proxy", "emulate", "topology",
-    "manifests", "deploy", "status", "simulate_control",
+    "manifests", "deploy", "status", "control", "simulate_control",
 )
 __all__ = [
     "plan", "place", "predict", "whatif", "simulate", "simulate_rates", "sweep", "synthesize_profile",
     "import_profile", "replay_profile", "aggregate_traces", "export_traces", "proxy", "emulate", "topology",
-    "manifests", "deploy", "status", "simulate_control",
+    "manifests", "deploy", "status", "control", "simulate_control",
     # their inputs
     "load", "allocation_of", "placement_settings", "simulation_settings", "replay_settings", "emulator_config",
     "SimulationSettings", "SynthesisSettings",
@@ -1024,3 +1024,105 @@ def simulate_control(
         with writing(plot, "plot"):
             written = plot_runs(runs, plot)
     return ControlSimulation(tuple(runs), written)
+
+
+@dataclass(frozen=True)
+class ControlRun:
+    """What a live `control` run did: its periods and the actions decided (the JSONL log has each)."""
+
+    periods: int
+    actions: Mapping[str, int]
+    log: str
+
+    def document(self) -> dict:
+        return {"periods": self.periods, "actions": dict(sorted(self.actions.items())), "log": self.log}
+
+
+def control(
+    instance: InstanceLike,
+    plan: PathLike,
+    *,
+    prometheus_url: str,
+    namespace: str = "scepsy",
+    kubeconfig: PathLike | None = None,
+    context: str | None = None,
+    act: str = "apply",
+    log: PathLike = "scepsy-control.jsonl",
+    period_s: float = 60.0,
+    startup_s: float = 180.0,
+    predictor: str = "kalman",
+    ready_timeout_s: float = 900.0,
+    selector: str = "",
+    engine: str = "vllm",
+    gpu_sharing: str = "hami",
+    router: str = "sglang",
+    image: str | None = None,
+    gauges_port: int | None = None,
+    periods: int | None = None,
+    say: Callable[[str], None] | None = None,
+    show: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ControlRun:
+    """`scepsy control` live: every `period_s` read the LLMs' request rates from Prometheus
+    (`prometheus_url`, the engines' metrics, `selector` narrowing them, e.g. 'namespace="scepsy"'),
+    decide (control/policy.py, the function the simulation runs) and act on the cluster
+    (`namespace` of `kubeconfig`/`context`): `act` "apply" (server-side apply of what changed),
+    "dry-run" (print the diff) or "gauges" (serve the target as Prometheus gauges on
+    `gauges_port` for KEDA). What runs is read from the cluster; `plan` (the plan JSON that was
+    deployed) gives the SLOs where the instance has none (twice its predicted latency). The
+    manifest settings (`engine`, `gpu_sharing`, `router`, `image`) must be those the plan was
+    deployed with. Each period is one JSON line appended to `log`; `periods` None runs until
+    interrupted. docs/control.md, "Running it live"."""
+    from scepsy.control.act import KubeCluster
+    from scepsy.control.gauges import DesiredGauges
+    from scepsy.control.live import LiveLoop, LiveSettings
+    from scepsy.control.policy import ControlSettings, make_context
+    from scepsy.control.prometheus import PrometheusClient, PrometheusSettings
+    from scepsy.k8s.apply import connect
+    from scepsy.k8s.engines import ENGINES
+    from scepsy.k8s.manifests import ManifestSettings, check_settings
+    from scepsy.models.plan.document import deployable_plan, read_document
+
+    check_choice(engine, ENGINES, "engine", "engine")
+    check_finite(period_s, "period_s")
+    check_finite(startup_s, "startup_s")
+    if period_s <= 0:
+        raise InputError(None, "period_s", f"{period_s:g} is not > 0", "give the control period in seconds, e.g. 60")
+    if startup_s < 0:
+        raise InputError(None, "startup_s", f"{startup_s:g} is negative", "give the seconds a replica takes to serve, >= 0")
+    if periods is not None and periods < 1:
+        raise InputError(None, "periods", f"{periods} is below 1", "give the number of periods to run, or none to run until interrupted")
+    if not prometheus_url.startswith(("http://", "https://")):
+        raise InputError(None, "prometheus_url", f"{prometheus_url!r} is not an http(s) URL", "give e.g. http://prometheus.monitoring:9090")
+    live_settings = LiveSettings(act=act, ready_timeout_s=ready_timeout_s)
+    manifest_settings = ManifestSettings(engine=engine, gpu_sharing=gpu_sharing, namespace=namespace, router=router, image=image)
+    check_settings(manifest_settings)
+    if act == "gauges" and gauges_port is None:
+        raise InputError(None, "gauges_port", "act gauges serves the target replicas, but no port was given", "give the port to serve /metrics on, e.g. 9464")
+    loaded = load(instance)
+    source = str(plan)
+    _, plan_doc = read_document(plan)
+    allocation, _ = deployable_plan(source, plan_doc, loaded)
+    try:
+        policy = ControlSettings(period_s=period_s, startup_s=startup_s, predictor=predictor)
+    except ValueError as exc:
+        raise InputError(None, "predictor", str(exc), "use constant, ewma or kalman") from None
+    policy_context = make_context(loaded, policy, allocation=allocation)  # InputError where an SLO cannot be had
+    log_path = check_output(log, [instance if not isinstance(instance, Instance) else None, plan], "log")
+    cluster = KubeCluster(connect(None if kubeconfig is None else Path(kubeconfig), context), namespace)
+    prometheus = PrometheusClient(PrometheusSettings(prometheus_url, selector=selector, engine=engine))
+    gauges = DesiredGauges() if act == "gauges" else None
+    if gauges is not None and gauges_port is not None:
+        gauges.serve(gauges_port)
+    try:
+        with open(log_path, "a", encoding="utf-8") as stream:
+            loop = LiveLoop(policy_context, cluster, prometheus, manifest_settings, live_settings, stream,
+                            say or (lambda line: None), show or (lambda line: None), clock,
+                            instance_file=loaded.source, gauges=gauges)
+            loop.run(sleep, periods)
+    except OSError as exc:
+        raise InputError(str(log_path), "log", f"cannot write ({exc.strerror})", "give `log` a writable path") from None
+    finally:
+        prometheus.close()
+    return ControlRun(loop.periods, dict(loop.actions), str(log_path))

@@ -48,6 +48,10 @@ COMMANDS: dict[str, tuple[str, list[str]]] = {
     "traces export": ("export_traces", ["{tmp}/t.db", "--out", "{tmp}/t.jsonl"]),
     "control": ("simulate_control", [DEFAULT, "--plan", "{tmp}/alloc.yaml", "--simulate", "--arrivals", "{tmp}/alloc.yaml"]),
 }
+# A command with modes calls one function per mode: its other modes (function, arguments that reach it)
+MODES = {
+    "control": [("control", [DEFAULT, "--plan", "{tmp}/alloc.yaml", "--prometheus-url", "http://127.0.0.1:9"])],
+}
 # What a command may use besides its one function: the documents and views it prints, and the
 # settings it passes (built and checked by the API).
 HELPERS = {
@@ -118,7 +122,8 @@ def _dedented(function: Any) -> str:
 def test_the_code_of_a_command_calls_one_api_function(path):
     function = inspect.unwrap(commands()[path].callback)
     calls = [name for name in _api_calls(function) if name not in HELPERS]
-    assert calls == [COMMANDS[path][0]], f"{path} calls {calls} of scepsy.api besides its documents and views"
+    expected = sorted([COMMANDS[path][0], *(name for name, _ in MODES.get(path, []))])
+    assert sorted(calls) == expected, f"{path} calls {calls} of scepsy.api besides its documents and views"
     tree = ast.parse(_dedented(function))
     imports = [node for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))]
     assert all(isinstance(node, ast.ImportFrom) and node.module == "scepsy" and [a.name for a in node.names] == ["api"]
@@ -149,10 +154,10 @@ def files(tmp_path):
     return tmp_path
 
 
-@pytest.mark.parametrize("path", sorted(COMMANDS))
-def test_running_a_command_calls_its_api_function_first(path, files, monkeypatch):
+@pytest.mark.parametrize("path, mode", [(path, 0) for path in sorted(COMMANDS)] + [(path, k + 1) for path, modes in sorted(MODES.items()) for k in range(len(modes))])
+def test_running_a_command_calls_its_api_function_first(path, mode, files, monkeypatch):
     """Every API function is replaced by a stand-in that records its name and stops the command:
-    the first (and so only) one reached is the command's own."""
+    the first (and so only) one reached is the command's own (in each of its modes)."""
     called: list[str] = []
     for name in operations():
         def stand_in(*args: object, _name: str = name, **kwargs: object) -> None:
@@ -160,7 +165,7 @@ def test_running_a_command_calls_its_api_function_first(path, files, monkeypatch
             raise Reached(_name)
 
         monkeypatch.setattr(api, name, stand_in)
-    function, arguments = COMMANDS[path]
+    function, arguments = COMMANDS[path] if mode == 0 else MODES[path][mode - 1]
     result = runner.invoke(app, path.split() + [a.format(tmp=files) for a in arguments])
     assert called == [function], f"{path}: {called}; output: {result.output}"
     assert result.exit_code == 1 and "internal error: Reached" in result.output

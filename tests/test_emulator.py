@@ -235,7 +235,7 @@ def test_kv_capacity_queues_requests():
     modelled = _relative([first_token_s(r) for r in requests], modelled_origin) + _relative([finish_s(r) for r in requests], modelled_origin)
     for got, want in zip(measured, modelled):
         assert within(got, want, ORIGIN_LATENESS_S), (measured, modelled)
-    assert 'vllm:num_requests_running{model_name="gen"} 0' in metrics
+    assert 'vllm:num_requests_running{engine="0",model_name="gen"} 0.0' in metrics
 
 
 def test_decodes_that_outgrow_the_kv_cache_preempt_and_still_finish():

@@ -208,9 +208,9 @@ def _healthy_workers(gateway_url: str) -> set[str]:
 
 
 def _served(url: str) -> int:
+    """Requests the engine answered in full (vLLM's counter has one series per finish reason)."""
     text = httpx.get(url + "/metrics", timeout=10.0).text
-    line = next(row for row in text.splitlines() if row.startswith("vllm:request_success_total"))
-    return int(float(line.rsplit(" ", 1)[1]))
+    return int(sum(float(row.rsplit(" ", 1)[1]) for row in text.splitlines() if row.partition("{")[0] == "vllm:request_success_total"))
 
 
 def _send(gateway_url: str, llm: str, task: str, engine: str) -> int:

@@ -9,8 +9,8 @@ approximation of a BPE tokenizer; the `usage` of every response is exact for wha
 
 Endpoints (the request and response shapes of vLLM's OpenAI-compatible server):
 
-    GET  /health, /v1/models, /metrics (Prometheus text, vLLM metric names; with the sglang
-                                 personality SGLang's too)
+    GET  /health, /v1/models, /metrics (Prometheus text, vLLM's metric names and labels; with
+                                 the sglang personality SGLang's too: metrics.py)
     POST /v1/chat/completions, /v1/completions   decoders; streamed (SSE, one token per event,
                                                  a final usage chunk with stream_options.
                                                  include_usage) or not; n choices; list prompts
@@ -58,7 +58,7 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from scepsy.models.catalog import catalog
@@ -69,6 +69,7 @@ from scepsy.models.performance.engine import DEFAULT_SETTINGS, Engine, EngineSet
 from scepsy.models.errors import InputError
 from scepsy.models.arguments import check_fraction
 
+from scepsy.tracing.emulation import metrics
 from scepsy.tracing.emulation.livereplica import BLOCK_TOKENS, LiveReplica, LiveSequence
 from scepsy.tracing.emulation.tokenizer import (
     apply_stop,
@@ -326,8 +327,24 @@ class Emulator:
         self._live: LiveReplica | None = None  # started with the app's lifespan
         self.started_s = int(time.time())
         self.requests_ok = 0
+        self.finished: dict[str, int] = {}  # requests answered in full, by the finish reason of their first choice
+        self.registry = metrics.registry(self.snapshot)
 
     # -- plumbing -------------------------------------------------------------------------------
+
+    def snapshot(self) -> metrics.Snapshot:
+        """The numbers `GET /metrics` exposes (tracing/emulation/metrics.py)."""
+        live, config = self.live, self.config
+        stats = live.stats
+        return metrics.Snapshot(
+            config.names[0], config.personality, live.running, live.waiting, live.kv_usage, live.replica.preemptions,
+            stats.prompt_tokens, stats.generation_tokens, stats.cached_tokens, dict(self.finished), stats.iterations,
+            live.busy_s, stats.aborted_sequences, stats.lag_s_max, stats.lag_s_mean, config.speedup)
+
+    def finish(self, reason: str) -> None:
+        """Count a request answered in full (vLLM's `vllm:request_success_total{finished_reason}`)."""
+        self.requests_ok += 1
+        self.finished[reason] = self.finished.get(reason, 0) + 1
 
     @property
     def live(self) -> LiveReplica:
@@ -449,7 +466,7 @@ class Emulator:
             for choice in choices:
                 self.live.abort(choice.sequence)
             return Response(status_code=499)
-        self.requests_ok += 1
+        self.finish(choices[0].finish_reason)
         return JSONResponse(self._final(choices, header, chat))
 
     def _final(self, choices: list[_Choice], header: dict, chat: bool) -> dict:
@@ -485,7 +502,7 @@ class Emulator:
             for sequence in sequences:
                 self.live.abort(sequence)
             raise _Disconnected()
-        self.requests_ok += 1
+        self.finish("stop")
         return sequences
 
     async def embeddings(self, request: Request) -> Response:
@@ -594,7 +611,7 @@ class Emulator:
         return Response(status_code=200)
 
     async def metrics(self, request: Request) -> Response:
-        return PlainTextResponse(prometheus_text(self), media_type="text/plain; version=0.0.4")
+        return Response(metrics.exposition(self.registry), media_type=metrics.CONTENT_TYPE)
 
 
 class _Disconnected(Exception):
@@ -677,7 +694,7 @@ class _EventStream:
         if self.include_usage:
             tail += self._event([], usage=self.emulator._usage(choices))
         await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n", "more_body": False})
-        self.emulator.requests_ok += 1
+        self.emulator.finish(choices[0].finish_reason)
 
     async def __call__(self, scope, receive, send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
@@ -726,43 +743,6 @@ def _unit(vector: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------------
 # Metrics, app, server
-
-
-def prometheus_text(emulator: Emulator) -> str:
-    """Prometheus exposition of the replica's state, under vLLM's metric names where one exists."""
-    live, config = emulator.live, emulator.config
-    label = f'model_name="{config.names[0]}"'
-    stats = live.stats
-    rows = [
-        ("vllm:num_requests_running", "gauge", "Sequences in the running batch.", live.running),
-        ("vllm:num_requests_waiting", "gauge", "Sequences waiting to be scheduled.", live.waiting),
-        ("vllm:gpu_cache_usage_perc", "gauge", "KV-cache usage, 1 = full.", live.kv_usage),
-        ("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 = full.", live.kv_usage),
-        ("vllm:num_preemptions_total", "counter", "Recompute preemptions.", live.replica.preemptions),
-        ("vllm:prompt_tokens_total", "counter", "Prompt tokens submitted.", stats.prompt_tokens),
-        ("vllm:generation_tokens_total", "counter", "Tokens generated.", stats.generation_tokens),
-        ("vllm:prefix_cache_hits_total", "counter", "Prompt tokens served from the prefix cache.", stats.cached_tokens),
-        ("vllm:request_success_total", "counter", "HTTP requests answered in full.", emulator.requests_ok),
-        ("scepsy_emulator_iterations_total", "counter", "Engine iterations run.", stats.iterations),
-        ("scepsy_emulator_busy_seconds_total", "counter", "Modelled seconds spent in iterations.", live.busy_s),
-        ("scepsy_emulator_aborted_sequences_total", "counter", "Sequences dropped because their client left.", stats.aborted_sequences),
-        ("scepsy_emulator_lag_seconds_max", "gauge", "Largest wall-clock lateness of an iteration end.", stats.lag_s_max),
-        ("scepsy_emulator_lag_seconds_mean", "gauge", "Mean wall-clock lateness of iteration ends.", stats.lag_s_mean),
-        ("scepsy_emulator_speedup", "gauge", "Modelled seconds per wall-clock second.", config.speedup),
-    ]
-    if config.personality == "sglang":
-        # SGLang's names for the same quantities (sglang/srt/metrics/collector.py; SGLang serves them
-        # with --enable-metrics), which the drain hook and the controller read from SGLang engines
-        rows += [
-            ("sglang:num_running_reqs", "gauge", "The number of running requests.", live.running),
-            ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", live.waiting),
-            ("sglang:token_usage", "gauge", "The token usage.", live.kv_usage),
-            ("sglang:num_requests_total", "counter", "Number of requests processed.", emulator.requests_ok),
-        ]
-    lines = []
-    for name, kind, text, value in rows:
-        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}", f"{name}{{{label}}} {float(value):.9g}"]
-    return "\n".join(lines) + "\n"
 
 
 def _guard(handler):

@@ -1,0 +1,283 @@
+"""The live loop of `scepsy control`: every period it observes (Prometheus, Kubernetes), decides
+(control/policy.py `decide`, the same function the closed-loop simulation runs) and acts
+(control/act.py), and logs one JSON line per period with the decision and its inputs.
+
+Start, and restart: the running state is read from the cluster, never from the controller's memory
+(there is none across processes): the engine Deployments' labels and annotations give the
+placement that runs and each replica's readiness (act.py `read_cluster`). Replicas of a second
+shape of one LLM (a restart in the middle of a change of shape) are reconciled away once the
+others are ready. A HorizontalPodAutoscaler or KEDA ScaledObject on one of the engine Deployments
+refuses the start (`AutoscalerConflict`, exit code 2).
+
+Each period, in this order:
+1. observe: per-LLM rates through the Prometheus HTTP API (retried with backoff inside the
+   client), readiness through the Kubernetes API; a rate that is missing (unreachable, slow, no
+   series, NaN, stale) is None, and the policy then holds: the last good plan stays and nothing
+   scales down on missing data. Each missing rate is said on stderr and in the log;
+2. act on a change in progress: the actuation continues (new replicas must be Ready before the
+   replicas they replace are deleted; while a rate is missing, no replica is deleted); while it
+   runs, the policy is not asked for another target;
+3. otherwise decide, and on `replan` start an actuation to the target (or, with `act` "dry-run",
+   print the diff and change nothing; with "gauges", publish the target for KEDA).
+An apply that the API server refuses or does not answer in time is retried in a later period with
+exponential backoff (`retry_s`, doubled up to `max_retry_s`); the plan that runs stays meanwhile.
+A replica not Ready within `ready_timeout_s` ends its actuation as stuck: the replicas it added are
+removed, those it would have replaced keep running, and the policy continues from what runs.
+
+Time comes from an injected clock (`clock()`, seconds) and waiting from an injected `sleep`, so
+tests order events without wall-clock bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import IO, Any
+
+from scepsy.control.act import (
+    Actuation,
+    ApplyFailed,
+    Change,
+    Cluster,
+    ClusterState,
+    dry_run,
+    is_engine,
+    keep_running_names,
+    read_cluster,
+    refuse_autoscalers,
+)
+from scepsy.control.gauges import DesiredGauges
+from scepsy.control.observe import missing_llms, observation
+from scepsy.control.policy import ControllerState, Decision, PolicyContext, decide
+from scepsy.control.prometheus import PrometheusClient, read_llms
+from scepsy.k8s.manifests import ManifestSettings, build_objects
+from scepsy.k8s.plan_input import placed_plan
+from scepsy.models.errors import InputError
+from scepsy.models.instance.allocation import Allocation, Placement
+from scepsy.models.plan.document import plan_document
+
+ACT_MODES = ("apply", "dry-run", "gauges")
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """The live loop's knobs (the policy's are in ControlSettings); docs/control.md gives reasons."""
+
+    act: str = "apply"  # apply | dry-run | gauges
+    ready_timeout_s: float = 900.0  # a new replica not Ready after 15 minutes is stuck (a 70B model loads in 5-10)
+    retry_s: float = 30.0  # first wait after a failed apply: API server hiccups clear in seconds
+    max_retry_s: float = 600.0  # the longest wait between retries: ten periods at the default period
+
+    def __post_init__(self) -> None:
+        if self.act not in ACT_MODES:
+            raise InputError(None, "act", f"unknown mode {self.act!r}", f"use one of: {', '.join(ACT_MODES)}")
+        for name in ("ready_timeout_s", "retry_s", "max_retry_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise InputError(None, name, f"{value!r} is not a positive number of seconds", "give e.g. 60")
+
+
+def _replicas(allocation: Allocation) -> dict[str, int]:
+    return {c.llm: c.replicas for c in allocation.llms}
+
+
+@dataclass
+class LiveLoop:
+    context: PolicyContext
+    cluster: Cluster
+    prometheus: PrometheusClient
+    manifests: ManifestSettings
+    settings: LiveSettings
+    log: IO[str]  # one JSON object per line
+    say: Callable[[str], None]  # stderr
+    show: Callable[[str], None]  # stdout (the dry run's diff)
+    clock: Callable[[], float]
+    instance_file: str | None = None  # recorded in the plan ConfigMap
+    gauges: DesiredGauges | None = None
+    state: ControllerState | None = None
+    running: ClusterState | None = None
+    actuation: Actuation | None = None
+    failures: int = 0  # consecutive failed attempts of the current actuation
+    retry_at_s: float | None = None
+    periods: int = 0
+    actions: dict[str, int] = field(default_factory=dict)  # periods by action
+    _objects_cache: dict[tuple, list[dict]] = field(default_factory=dict)
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    @property
+    def llms(self) -> list[str]:
+        return [m.name for m in self.context.instance.llms]
+
+    def _write(self, record: dict[str, Any]) -> None:
+        if record.get("event") == "period":
+            action = str(record.get("action"))
+            self.actions[action] = self.actions.get(action, 0) + 1
+        self.log.write(json.dumps(record, sort_keys=True, allow_nan=False, default=str) + "\n")
+        self.log.flush()
+
+    def objects(self, allocation: Allocation, placement: Placement) -> list[dict]:
+        """The manifests writer's objects of a plan (k8s/manifests.py), with the plan document the
+        plan ConfigMap records."""
+        key = (allocation, placement)
+        if key not in self._objects_cache:
+            raw = plan_document(self.instance_file, allocation, placement)
+            plan = placed_plan("scepsy control", raw, self.context.instance, allocation, placement)
+            self._objects_cache = {key: build_objects(plan, self.manifests)}
+        return self._objects_cache[key]
+
+    # -- start -----------------------------------------------------------------------------------
+
+    def start(self) -> dict:
+        """Read what runs (the cluster, not memory) and begin from it; refuses to run beside
+        another autoscaler of the same Deployments."""
+        now = self.clock()
+        try:
+            engines = {d["metadata"]["name"] for d in self.cluster.deployments() if is_engine(d)}
+            refuse_autoscalers(self.cluster, engines)
+            running = read_cluster(self.cluster)
+        except ApplyFailed as exc:
+            raise InputError(f"namespace {self.cluster.namespace}", None, f"cannot read what runs: {exc}",
+                             "check that the cluster is up and that `kubeconfig`, `context` and `namespace` point at the deployment") from None
+        allocation, placement, odd = running.running(self.context.instance)
+        absent = sorted(set(self.llms) - {c.llm for c in allocation.llms})
+        if absent:
+            raise InputError(f"namespace {self.cluster.namespace}", None,
+                             f"no replica of {', '.join(absent)} runs (engine Deployments with scepsy's labels and annotations)",
+                             "deploy a plan first (`scepsy manifests` and `scepsy deploy`), with the namespace the controller watches")
+        self.running = running
+        self.state = ControllerState.initial(allocation, placement)
+        recorded = not odd and running.plan is not None and running.plan.get("placement") == plan_document(None, allocation, placement).get("placement")
+        record = {"event": "start", "time_s": now, "replicas": _replicas(allocation),
+                  "ready": {m: running.ready(m) for m in self.llms}, "starting": {m: running.starting(m) for m in self.llms},
+                  "plan_configmap_matches": recorded, "left_out": list(odd), "unreadable": list(running.unreadable)}
+        if odd:
+            self.say(f"scepsy control: {', '.join(odd)} do not fit the plan that runs (a change was interrupted): "
+                     "removing them once the others are ready")
+            self.actuation = Actuation(self.cluster, self.objects(allocation, placement), now, self.settings.ready_timeout_s,
+                                       baseline=self.objects(allocation, placement))
+            record["reconcile"] = True
+        if running.unreadable:
+            self.say(f"scepsy control: ignoring {', '.join(running.unreadable)}: not labelled and annotated as scepsy's engines")
+        self._write(record)
+        return record
+
+    # -- one period --------------------------------------------------------------------------------
+
+    def period(self) -> dict:
+        """One period (module docstring); returns the JSON record it logged."""
+        if self.state is None:
+            self.start()
+        assert self.state is not None
+        now = self.clock()
+        self.periods += 1
+        record: dict[str, Any] = {"event": "period", "period": self.periods, "time_s": now}
+        samples = read_llms(self.prometheus, self.llms)
+        missing = missing_llms(samples)
+        for llm, why in missing.items():
+            self.say(f"scepsy control: no rate for {llm} ({why}); holding the last good plan")
+        if self.gauges is not None:
+            self.gauges.observed({m: m in missing for m in self.llms})
+        try:
+            self.running = read_cluster(self.cluster)
+        except ApplyFailed as exc:
+            self.say(f"scepsy control: cannot read the cluster ({exc}); nothing changes this period")
+            record.update(action="hold", reason=f"cannot read the cluster: {exc}", missing=missing)
+            self._write(record)
+            return record
+        record["missing"] = missing
+        if self.actuation is not None and not self.actuation.finished:
+            record.update(action="acting", reason="a change is in progress" + ("; its deletions wait for the missing rates" if missing else ""))
+            record["act"] = self._act(now, allow_removals=not missing)
+            self._write(record)
+            return record
+        seen = observation(now, self.llms, samples, self.running)
+        state, decision = decide(self.state, seen, self.context)
+        record.update(decision.to_json())
+        record["time_s"] = now
+        if self.gauges is not None:
+            self.gauges.decided(decision.action)
+        self.state = state
+        if decision.action == "replan":
+            try:
+                record["act"] = self._begin(decision, now)
+            except ApplyFailed as exc:  # the dry run's reads; an apply's failures are handled in _act
+                self.say(f"scepsy control: could not read the cluster for the change ({exc}); the plan that runs stays")
+                record["act"] = {"mode": self.settings.act, "phase": "failed", "problem": str(exc)}
+                self._revert()
+        self._write(record)
+        return record
+
+    def _begin(self, decision: Decision, now: float) -> dict:
+        assert self.state is not None and self.running is not None
+        assert decision.allocation is not None and decision.placement is not None
+        allocation, placement, _ = self.running.running(self.context.instance)
+        renamed = keep_running_names(decision.placement, placement)
+        self.state = replace(self.state, placement=renamed, last_good=(decision.allocation, renamed))
+        target = self.objects(decision.allocation, renamed)
+        baseline = self.objects(allocation, placement)
+        if self.settings.act == "dry-run":
+            found = dry_run(self.cluster, target, baseline)
+            self._show(found)
+            self._revert()  # nothing changed in the cluster: the policy goes on from what runs
+            return {"mode": "dry-run", "changes": [f"{c.action} {c.ref}" for c in found]}
+        if self.settings.act == "gauges":
+            if self.gauges is not None:
+                running = [(r.llm, r.deployment, r.node) for r in self.running.replicas]
+                self.gauges.publish(renamed, running)
+            return {"mode": "gauges", "published": _replicas(decision.allocation)}
+        self.actuation = Actuation(self.cluster, target, now, self.settings.ready_timeout_s, baseline=baseline)
+        self.failures, self.retry_at_s = 0, None
+        return self._act(now)
+
+    def _revert(self) -> None:
+        """The policy goes on from what runs (nothing of the decision was done)."""
+        assert self.state is not None and self.running is not None
+        allocation, placement, _ = self.running.running(self.context.instance)
+        self.state = replace(self.state, allocation=allocation, placement=placement, last_good=(allocation, placement))
+
+    def _show(self, found: list[Change]) -> None:
+        if not found:
+            self.show("dry run: nothing would change")
+        for change in found:
+            self.show(f"dry run: {change.action} {change.ref}")
+            text = change.diff()
+            if text:
+                self.show(text.rstrip("\n"))
+
+    def _act(self, now: float, allow_removals: bool = True) -> dict:
+        actuation = self.actuation
+        assert actuation is not None and self.state is not None
+        if self.retry_at_s is not None and now < self.retry_at_s:
+            return {"mode": "apply", "phase": "backoff", "retry_at_s": self.retry_at_s, "failures": self.failures}
+        try:
+            phase = actuation.step(now, allow_removals)
+        except ApplyFailed as exc:
+            self.failures += 1
+            wait = min(self.settings.max_retry_s, self.settings.retry_s * 2 ** (self.failures - 1))
+            self.retry_at_s = now + wait
+            self.say(f"scepsy control: could not apply ({exc}); the plan that runs stays, retrying in {wait:g} s")
+            return {"mode": "apply", "phase": "failed", "problem": str(exc), "failures": self.failures, "retry_at_s": self.retry_at_s}
+        self.failures, self.retry_at_s = 0, None
+        out: dict[str, Any] = {"mode": "apply", "phase": phase, "applied": [f"{r.action} {r.ref}" for r in actuation.applied],
+                               "deleted": list(actuation.deleted), "waiting_for": list(actuation.waiting_for)}
+        if phase == "stuck":
+            self.say(f"scepsy control: {actuation.problem}")
+            out["problem"] = actuation.problem
+            running = read_cluster(self.cluster)
+            allocation, placement, _ = running.running(self.context.instance)
+            self.state = replace(self.state, allocation=allocation, placement=placement, last_good=(allocation, placement))
+        return out
+
+    def run(self, sleep: Callable[[float], None], periods: int | None = None) -> None:
+        """Periods until `periods` have run (None: until interrupted), one every period_s."""
+        self.start()
+        period_s = self.context.settings.period_s
+        while periods is None or self.periods < periods:
+            began = self.clock()
+            self.period()
+            if periods is not None and self.periods >= periods:
+                break
+            sleep(max(0.0, began + period_s - self.clock()))

@@ -1,0 +1,51 @@
+"""One period's observation for the policy: the engines' metrics (through Prometheus) and the
+replicas' readiness (through Kubernetes) as the policy's `Observation`.
+
+Per LLM: the request rate is the rate of finished requests (vLLM `vllm:request_success_total`,
+SGLang `sglang:num_requests_total`) summed over its replicas, or None where Prometheus could not
+give it (unreachable, slow, no series, NaN, stale: control/prometheus.py), never 0 in its place;
+queued requests per ready replica and KV-cache usage where known; `llm_rates_rps` is None
+as a whole when Prometheus itself did not answer. Ready and starting replicas come from the cluster
+(control/act.py `read_cluster`): a replica counts as capacity only once its pod is Ready, and a
+draining one not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from scepsy.control.act import ClusterState
+from scepsy.control.policy import Observation
+from scepsy.control.prometheus import LlmSamples, Missing
+
+UNANSWERED = ("unreachable", "timeout", "error")  # Prometheus itself gave nothing
+
+
+def _value(value: float | Missing) -> float | None:
+    return None if isinstance(value, Missing) else value
+
+
+def _unanswered(value: float | Missing) -> bool:
+    return isinstance(value, Missing) and value.reason in UNANSWERED
+
+
+def observation(time_s: float, llms: Sequence[str], samples: LlmSamples, cluster: ClusterState) -> Observation:
+    """The policy's input for one period at `time_s` (the controller's clock)."""
+    ready = {llm: cluster.ready(llm) for llm in llms}
+    rates = {llm: _value(samples.rates_rps[llm]) for llm in llms}
+    down = all(_unanswered(samples.rates_rps[llm]) for llm in llms)
+    queue = {llm: w / ready[llm] for llm in llms if (w := _value(samples.waiting[llm])) is not None and ready[llm] > 0}
+    kv = {llm: v for llm in llms if (v := _value(samples.kv_usage[llm])) is not None}
+    return Observation(
+        time_s=time_s,
+        llm_rates_rps=None if down and llms else rates,
+        ready_replicas=ready,
+        starting_replicas={llm: cluster.starting(llm) for llm in llms},
+        queue_per_replica=queue or None,
+        kv_usage=kv or None,
+    )
+
+
+def missing_llms(samples: LlmSamples) -> dict[str, str]:
+    """LLM -> why its rate is missing (for stderr and the decision log)."""
+    return {llm: value.text() for llm, value in sorted(samples.rates_rps.items()) if isinstance(value, Missing)}

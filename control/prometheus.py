@@ -1,0 +1,236 @@
+"""A client of the Prometheus HTTP API for the controller: instant queries, each answered with its
+samples or with a typed reason why there are none, never with a made-up zero.
+
+`GET <url>/api/v1/query?query=<PromQL>` (Prometheus docs, "HTTP API", instant queries) answers
+`{"status": "success", "data": {"resultType": "vector", "result": [{"metric": {labels}, "value":
+[<unix time>, "<value>"]}]}}`; values are strings and may be "NaN", "+Inf" or "-Inf". Each query
+is tried `attempts` times with exponential backoff (`backoff_s`, doubled each retry) when
+Prometheus cannot be reached, times out (`timeout_s` per try) or answers 5xx or 429; a 4xx (a bad
+query) is not retried.
+
+What the controller reads, per LLM, is grouped by the engines' `model_name` label (vLLM and SGLang
+both label every metric with the served model name, which the manifests set to the LLM's name;
+`selector` narrows to one namespace, e.g. `namespace="scepsy"`):
+
+    rate of finished requests    sum by (model_name) (rate(<finished counter>[window]))
+    freshness                    max by (model_name) (timestamp(<finished counter>))
+    queue, running               sum by (model_name) (<gauge>)
+    KV-cache usage               max by (model_name) (<gauge>)
+
+A value is `Missing` with a reason: `unreachable`, `timeout`, `error` (Prometheus answered an
+error), `no series` (nothing matched: no target up, no LLM of that name, fewer than two samples in
+the window), `nan` (NaN or infinite) or `stale` (the newest sample is older than `max_age_s`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import httpx
+
+from scepsy.k8s.engines import METRICS
+
+MISSING_REASONS = ("unreachable", "timeout", "error", "no series", "nan", "stale")
+LLM_LABEL = "model_name"
+
+
+@dataclass(frozen=True)
+class Missing:
+    """Why a query or an LLM's value has no usable number."""
+
+    reason: str  # one of MISSING_REASONS
+    detail: str
+
+    def __post_init__(self) -> None:
+        if self.reason not in MISSING_REASONS:
+            raise ValueError(f"unknown reason {self.reason!r}")
+
+    def text(self) -> str:
+        return f"{self.reason}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class Sample:
+    labels: Mapping[str, str]
+    value: float  # may be NaN or infinite: checked by the reader that uses it
+    time_s: float  # the evaluation time Prometheus reports
+
+
+@dataclass(frozen=True)
+class Answer:
+    """An instant query's samples, or why there are none (`missing`)."""
+
+    query: str
+    samples: tuple[Sample, ...] = ()
+    missing: Missing | None = None
+    attempts: int = 1
+
+    def by(self, label: str) -> dict[str, float]:
+        return {s.labels.get(label, ""): s.value for s in self.samples}
+
+
+@dataclass(frozen=True)
+class PrometheusSettings:
+    url: str
+    timeout_s: float = 5.0  # per try; a Prometheus slower than this counts as unreachable for the period
+    attempts: int = 3  # tries per query: a restart of Prometheus or a dropped connection is retried
+    backoff_s: float = 0.5  # wait before the second try, doubled before each further one
+    window_s: float = 60.0  # rate window: 4 scrapes at the PodMonitors' 15 s interval
+    max_age_s: float = 60.0  # a newest sample older than this is stale (4 missed scrapes)
+    selector: str = ""  # extra label matchers, e.g. 'namespace="scepsy"'
+    engine: str = "vllm"  # whose metric names to read (k8s/engines.py METRICS)
+
+
+@dataclass
+class PrometheusClient:
+    """Instant queries against one Prometheus; `sleep` is injected (tests record the backoff)."""
+
+    settings: PrometheusSettings
+    sleep: Callable[[float], None] = time.sleep
+    transport: httpx.BaseTransport | None = None
+    _client: httpx.Client | None = field(default=None, init=False, repr=False)
+
+    def _http(self) -> httpx.Client:
+        if self._client is None:
+            self._client = httpx.Client(base_url=self.settings.url.rstrip("/"), timeout=self.settings.timeout_s,
+                                        transport=self.transport)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def query(self, promql: str) -> Answer:
+        """An instant query at Prometheus' now, retried with backoff on transport failures."""
+        missing: Missing | None = None
+        attempts = max(1, self.settings.attempts)
+        for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                self.sleep(self.settings.backoff_s * 2 ** (attempt - 2))
+            answer, retry = self._once(promql, attempt)
+            if not retry:
+                return answer
+            missing = answer.missing
+        return Answer(promql, missing=missing, attempts=attempts)
+
+    def _once(self, promql: str, attempt: int) -> tuple[Answer, bool]:
+        where = self.settings.url
+        try:
+            response = self._http().get("/api/v1/query", params={"query": promql})
+        except httpx.TimeoutException:
+            return Answer(promql, missing=Missing("timeout", f"no answer from {where} within {self.settings.timeout_s:g} s"), attempts=attempt), True
+        except httpx.HTTPError as exc:
+            return Answer(promql, missing=Missing("unreachable", f"cannot reach {where} ({type(exc).__name__})"), attempts=attempt), True
+        retry = response.status_code >= 500 or response.status_code == 429
+        try:
+            body = response.json()
+        except ValueError:
+            return Answer(promql, missing=Missing("error", f"{where} answered HTTP {response.status_code}, not JSON"), attempts=attempt), retry
+        if response.status_code != 200 or not isinstance(body, dict) or body.get("status") != "success":
+            error = body.get("error") if isinstance(body, dict) else None
+            return Answer(promql, missing=Missing("error", f"{where} answered HTTP {response.status_code}: {error or 'no error text'}"), attempts=attempt), retry
+        data = body.get("data")
+        if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+            kind = data.get("resultType") if isinstance(data, dict) else type(data).__name__
+            return Answer(promql, missing=Missing("error", f"expected a vector, got {kind!r}"), attempts=attempt), False
+        samples = []
+        for item in data["result"]:
+            try:
+                stamp, text = item["value"]
+                samples.append(Sample(dict(item.get("metric") or {}), float(text), float(stamp)))
+            except (KeyError, TypeError, ValueError):
+                return Answer(promql, missing=Missing("error", f"unreadable sample {item!r}"), attempts=attempt), False
+        if not samples:
+            return Answer(promql, missing=Missing("no series", f"nothing matched {promql}"), attempts=attempt), False
+        return Answer(promql, tuple(samples), attempts=attempt), False
+
+
+# ---------------------------------------------------------------------------------------------
+# What the controller reads
+
+
+def _matchers(selector: str) -> str:
+    return "{" + selector + "}" if selector else ""
+
+
+def _window(seconds: float) -> str:
+    return f"{max(1, round(seconds))}s"
+
+
+def rate_query(settings: PrometheusSettings) -> str:
+    counter = METRICS[settings.engine].requests_finished
+    return f"sum by ({LLM_LABEL}) (rate({counter}{_matchers(settings.selector)}[{_window(settings.window_s)}]))"
+
+
+def freshness_query(settings: PrometheusSettings) -> str:
+    counter = METRICS[settings.engine].requests_finished
+    return f"max by ({LLM_LABEL}) (timestamp({counter}{_matchers(settings.selector)}))"
+
+
+def gauge_query(settings: PrometheusSettings, metric: str, how: str = "sum") -> str:
+    return f"{how} by ({LLM_LABEL}) ({metric}{_matchers(settings.selector)})"
+
+
+@dataclass(frozen=True)
+class LlmSamples:
+    """One period's reading of every LLM: a number or why there is none."""
+
+    time_s: float | None  # Prometheus' evaluation time of the rates (None: no answer)
+    rates_rps: Mapping[str, float | Missing]
+    waiting: Mapping[str, float | Missing]
+    running: Mapping[str, float | Missing]
+    kv_usage: Mapping[str, float | Missing]
+    queries: tuple[Answer, ...]
+
+    def problems(self) -> list[str]:
+        """One line per LLM whose rate is missing (what the loop says on stderr)."""
+        return [f"{llm}: {value.text()}" for llm, value in sorted(self.rates_rps.items()) if isinstance(value, Missing)]
+
+
+def _per_llm(answer: Answer, llms: list[str]) -> dict[str, float | Missing]:
+    out: dict[str, float | Missing] = {}
+    values = answer.by(LLM_LABEL)
+    for llm in llms:
+        if answer.missing is not None and answer.missing.reason != "no series":
+            out[llm] = answer.missing
+        elif llm not in values:
+            out[llm] = Missing("no series", f"no {llm} series in {answer.query}")
+        elif not math.isfinite(values[llm]):
+            out[llm] = Missing("nan", f"{llm}: {values[llm]} from {answer.query}")
+        else:
+            out[llm] = values[llm]
+    return out
+
+
+def read_llms(client: PrometheusClient, llms: list[str]) -> LlmSamples:
+    """The per-LLM rates (finished requests per second over the window), queue, running and KV
+    usage; a rate whose newest sample is older than `max_age_s` is `stale`."""
+    settings = client.settings
+    names = METRICS[settings.engine]
+    rates = client.query(rate_query(settings))
+    down = rates.missing is not None and rates.missing.reason != "no series"  # do not wait on it four more times
+
+    def ask(promql: str) -> Answer:
+        return rates if down else client.query(promql)
+
+    fresh = ask(freshness_query(settings))
+    rates_rps = _per_llm(rates, llms)
+    now = next((s.time_s for s in rates.samples), None)
+    ages = _per_llm(fresh, llms)
+    for llm in llms:
+        newest = ages[llm]
+        if isinstance(rates_rps[llm], Missing) or now is None:
+            continue
+        if isinstance(newest, Missing):
+            rates_rps[llm] = Missing(newest.reason, f"no sample time for {llm}: {newest.detail}")
+        elif now - newest > settings.max_age_s:
+            rates_rps[llm] = Missing("stale", f"{llm}: newest sample is {now - newest:.0f} s old (limit {settings.max_age_s:g} s)")
+    waiting = ask(gauge_query(settings, names.waiting))
+    running = ask(gauge_query(settings, names.running))
+    kv = ask(gauge_query(settings, names.kv_cache_usage, "max"))
+    return LlmSamples(now, rates_rps, _per_llm(waiting, llms), _per_llm(running, llms), _per_llm(kv, llms),
+                      (rates, fresh, waiting, running, kv))

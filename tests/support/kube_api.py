@@ -1,0 +1,267 @@
+"""A loopback stand-in for the part of the Kubernetes API the controller uses, for the real
+kubernetes client: discovery, GET, LIST (with label selectors), server-side apply PATCH and DELETE
+of namespaced objects, and the Deployment controller's and kubelet's part the test plays.
+
+No kube-apiserver can run here (docs/deploy.md, "Testing without a cluster"). This double is not a
+Kubernetes implementation: it stores what is applied, answers 200/201/404 with `Status` bodies as
+the API server does, and:
+- creates one Pending, not-Ready pod for each applied Deployment (the Deployment and ReplicaSet
+  controllers; the manifests' engine Deployments have one replica), which the test makes Ready with
+  `ready(deployment)` (the kubelet's readiness probe);
+- on DELETE of a Deployment removes it at once and gives its pod a deletionTimestamp (background
+  propagation: the pod drains through its preStop hook); `drained(deployment)` removes the pod;
+- refuses the applies the test names (`refuse`: 422 Invalid, as admission would) and leaves the
+  applies unanswered while `hang` is set (the client times out);
+- records every write and readiness change in `events`, in order, for the tests to check.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import yaml
+
+from support.kube_pods import send_json
+
+# group/version -> (plural, kind, namespaced)
+RESOURCES: dict[str, list[tuple[str, str, bool]]] = {
+    "v1": [("namespaces", "Namespace", False), ("configmaps", "ConfigMap", True), ("services", "Service", True),
+           ("serviceaccounts", "ServiceAccount", True), ("pods", "Pod", True), ("secrets", "Secret", True)],
+    "apps/v1": [("deployments", "Deployment", True)],
+    "rbac.authorization.k8s.io/v1": [("roles", "Role", True), ("rolebindings", "RoleBinding", True)],
+    "resource.k8s.io/v1": [("resourceclaims", "ResourceClaim", True), ("resourceclaimtemplates", "ResourceClaimTemplate", True)],
+    "scheduling.k8s.io/v1": [("priorityclasses", "PriorityClass", False)],
+    "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget", True)],
+    "autoscaling/v2": [("horizontalpodautoscalers", "HorizontalPodAutoscaler", True)],
+    "keda.sh/v1alpha1": [("scaledobjects", "ScaledObject", True)],
+}
+PLURALS = {kind: (gv, plural, namespaced) for gv, rows in RESOURCES.items() for plural, kind, namespaced in rows}
+
+
+def _prefix(group_version: str) -> str:
+    return "/api/v1" if group_version == "v1" else f"/apis/{group_version}"
+
+
+def path_of(kind: str, name: str, namespace: str | None) -> str:
+    gv, plural, namespaced = PLURALS[kind]
+    where = f"/namespaces/{namespace}" if namespaced else ""
+    return f"{_prefix(gv)}{where}/{plural}/{name}"
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code}
+
+
+def _matches(labels: dict, selector: str | None) -> bool:
+    if not selector:
+        return True
+    for term in selector.split(","):
+        key, _, value = term.partition("=")
+        if labels.get(key) != value:
+            return False
+    return True
+
+
+class KubeApi:
+    def __init__(self, namespace: str, keda: bool = True):
+        self.namespace = namespace
+        self.keda = keda
+        self.store: dict[str, dict] = {}
+        self.events: list[tuple] = []
+        self.refuse: set[tuple[str, str]] = set()  # (kind, name) whose apply admission refuses
+        self.hang = threading.Event()
+        self.release = threading.Event()
+        self.lock = threading.Lock()
+        self.version = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> KubeApi:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def kubeconfig(self, directory: Path) -> Path:
+        config = {
+            "apiVersion": "v1", "kind": "Config",
+            "clusters": [{"name": "loopback", "cluster": {"server": self.url}}],
+            "users": [{"name": "controller", "user": {"token": "test"}}],
+            "contexts": [{"name": "loopback", "context": {"cluster": "loopback", "user": "controller"}}],
+            "current-context": "loopback",
+        }
+        path = directory / "kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    # -- what the test and the cluster's controllers do ----------------------------------------
+
+    def _stamp(self, obj: dict) -> dict:
+        self.version += 1
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        obj["metadata"].setdefault("uid", f"uid-{obj['kind']}-{obj['metadata']['name']}")
+        obj["metadata"].setdefault("creationTimestamp", "2026-01-01T00:00:00Z")
+        return obj
+
+    def put(self, obj: dict) -> None:
+        """Store an object as if created by someone else (kubectl): a Deployment gets its pod."""
+        with self.lock:
+            self._put(copy.deepcopy(obj))
+
+    def _put(self, obj: dict) -> None:
+        meta = obj["metadata"]
+        self.store[path_of(obj["kind"], meta["name"], meta.get("namespace"))] = self._stamp(obj)
+        if obj["kind"] == "Deployment":
+            self._pod_for(obj)
+
+    def _pod_for(self, deployment: dict) -> None:
+        name = deployment["metadata"]["name"]
+        template = deployment["spec"]["template"]
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": f"{name}-pod", "namespace": deployment["metadata"]["namespace"],
+                            "labels": dict(template["metadata"]["labels"])},
+               "spec": copy.deepcopy(template["spec"]),
+               "status": {"phase": "Pending"}}
+        path = path_of("Pod", pod["metadata"]["name"], self.namespace)
+        old = self.store.get(path)
+        if old is None or old["spec"] != pod["spec"]:  # a changed template replaces the pod (Recreate)
+            self.store[path] = self._stamp(pod)
+
+    def ready(self, deployment: str, ready: bool = True) -> None:
+        """The pod of the Deployment runs and its readiness probe passes (or fails)."""
+        with self.lock:
+            pod = self.store[path_of("Pod", f"{deployment}-pod", self.namespace)]
+            pod["status"] = {"phase": "Running", "podIP": "10.0.0.1",
+                             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                             "containerStatuses": [{"name": "engine", "ready": ready, "restartCount": 0, "image": "engine",
+                                                    "imageID": "", "started": True}]}
+            self.events.append(("ready" if ready else "not ready", deployment))
+
+    def drained(self, deployment: str) -> None:
+        """The deleted pod's preStop hook returned and its containers ended."""
+        with self.lock:
+            self.store.pop(path_of("Pod", f"{deployment}-pod", self.namespace), None)
+            self.events.append(("gone", deployment))
+
+    def objects(self, kind: str) -> dict[str, dict]:
+        with self.lock:
+            return {o["metadata"]["name"]: copy.deepcopy(o) for o in self.store.values() if o["kind"] == kind}
+
+    def pod(self, deployment: str) -> dict | None:
+        with self.lock:
+            found = self.store.get(path_of("Pod", f"{deployment}-pod", self.namespace))
+            return copy.deepcopy(found) if found else None
+
+    # -- the HTTP side ---------------------------------------------------------------------------
+
+    def _list(self, prefix: str, query: dict) -> dict | None:
+        for gv, rows in RESOURCES.items():
+            for plural, kind, namespaced in rows:
+                if prefix in (f"{_prefix(gv)}/namespaces/{self.namespace}/{plural}", f"{_prefix(gv)}/{plural}"):
+                    if kind == "ScaledObject" and not self.keda:
+                        return None
+                    selector = query.get("labelSelector", [None])[0]
+                    items = [copy.deepcopy(o) for o in self.store.values()
+                             if o["kind"] == kind and _matches(o["metadata"].get("labels") or {}, selector)]
+                    items.sort(key=lambda o: o["metadata"]["name"])
+                    return {"apiVersion": gv, "kind": f"{kind}List", "metadata": {"resourceVersion": str(self.version)}, "items": items}
+        return None
+
+    def _handler(self):
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format, *args):
+                pass
+
+            def _send(self, code: int, body: dict) -> None:
+                send_json(self, code, body)
+
+            def do_GET(self):
+                url = urlparse(self.path)
+                path = url.path.rstrip("/")
+                if path == "/version":
+                    return self._send(200, {"major": "1", "minor": "34", "gitVersion": "v1.34.0", "gitCommit": "0", "gitTreeState": "clean",
+                                            "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"})
+                if path == "/api":
+                    return self._send(200, {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+                if path == "/apis":
+                    groups = []
+                    for gv in RESOURCES:
+                        if "/" in gv and (api.keda or not gv.startswith("keda.sh")):
+                            group, version = gv.split("/")
+                            entry = {"groupVersion": gv, "version": version}
+                            groups.append({"name": group, "versions": [entry], "preferredVersion": entry})
+                    return self._send(200, {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+                for gv, rows in RESOURCES.items():
+                    if path == _prefix(gv) and (api.keda or not gv.startswith("keda.sh")):
+                        resources = [{"name": plural, "singularName": "", "namespaced": namespaced, "kind": kind,
+                                      "verbs": ["get", "list", "patch", "create", "update", "delete"]} for plural, kind, namespaced in rows]
+                        return self._send(200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources})
+                with api.lock:
+                    listed = api._list(path, parse_qs(url.query))
+                    if listed is not None:
+                        return self._send(200, listed)
+                    if path in api.store:
+                        return self._send(200, copy.deepcopy(api.store[path]))
+                return self._send(404, _status(404, "NotFound", f"{path} not found"))
+
+            def do_PATCH(self):
+                url = urlparse(self.path)
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                obj: dict = yaml.safe_load(body)
+                kind, name = obj["kind"], obj["metadata"]["name"]
+                if api.hang.is_set():
+                    api.release.wait()
+                    return
+                if (kind, name) in api.refuse:
+                    with api.lock:
+                        api.events.append(("refused", kind, name))
+                    return self._send(422, _status(422, "Invalid", f'{kind} "{name}" is invalid: refused by admission'))
+                dry = "dryRun" in parse_qs(url.query)
+                with api.lock:
+                    existed = url.path in api.store
+                    if not dry:
+                        api._put(copy.deepcopy(obj))
+                        api.events.append(("apply", kind, name))
+                    answer = copy.deepcopy(api.store.get(url.path, obj))
+                return self._send(200 if existed else 201, answer)
+
+            def do_DELETE(self):
+                path = urlparse(self.path).path
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                with api.lock:
+                    obj = api.store.pop(path, None)
+                    if obj is None:
+                        return self._send(404, _status(404, "NotFound", f"{path} not found"))
+                    name = obj["metadata"]["name"]
+                    api.events.append(("delete", obj["kind"], name))
+                    if obj["kind"] == "Deployment":
+                        pod = api.store.get(path_of("Pod", f"{name}-pod", api.namespace))
+                        if pod is not None:
+                            pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:10:00Z"
+                            pod["metadata"]["deletionGracePeriodSeconds"] = 640
+                return self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200})
+
+        return Handler
+
+
+def dump_events(events: list[tuple]) -> str:
+    return json.dumps(events)

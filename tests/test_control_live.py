@@ -1,0 +1,592 @@
+"""Acting and the live loop of `scepsy control`, against the Kubernetes API as the apply tests are:
+the real kubernetes client talking to a loopback API double (tests/support/kube_api.py) that plays
+the Deployment controller and the kubelet, and a loopback double of the Prometheus HTTP API for the
+rates. Time is an injected clock: every test orders events (applied, ready, deleted, drained),
+none bounds a wall-clock time.
+
+Faults, each with a test: Prometheus unreachable, slow, no series, NaN, stale (the loop holds and
+never scales down); the API server refusing or not answering an apply (retried with backoff, the
+plan that runs stays); a replica that never becomes ready (the change is abandoned, the replicas it
+would have replaced keep serving); the controller restarted in the middle of a change (the new one
+reads the running state from the cluster).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import httpx
+from pathlib import Path
+
+import pytest
+
+from support import prometheus_server
+from support.kube_api import KubeApi
+from support.prometheus_double import PrometheusDouble, vector
+from support.prometheus_server import PrometheusServer
+
+from scepsy.control.act import Actuation, ApplyFailed, AutoscalerConflict, KubeCluster, dry_run, read_cluster
+from scepsy.control.gauges import DesiredGauges
+from scepsy.control.live import LiveLoop, LiveSettings
+from scepsy.control.policy import ControlSettings, make_context
+from scepsy.control.prometheus import PrometheusClient, PrometheusSettings, freshness_query, rate_query
+from scepsy.k8s.apply import connect
+from scepsy.k8s.manifests import ManifestSettings, build_objects
+from scepsy.k8s.plan_input import placed_plan
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.plan.document import plan_document
+
+from conftest import INSTANCES
+
+INSTANCE_FILE = INSTANCES / "beam-4xa6000.yaml"
+NAMESPACE = "scepsy"
+SETTINGS = ManifestSettings(namespace=NAMESPACE)
+
+
+def _plan(gen: list[tuple[int, int]], ver: list[tuple[int, int]], share: int = 5) -> tuple[Allocation, Placement]:
+    """gen replicas (replica index, gpu) with `share` tenths of a GPU each; ver replicas whole GPUs."""
+    allocation = Allocation(10, (LlmAllocation("gen", "A6000", 1, share, len(gen)), LlmAllocation("ver", "A6000", 1, 10, len(ver))))
+    replicas = [ReplicaPlacement("gen", k, "a6000-0", (Shard(g, share),)) for k, g in gen]
+    replicas += [ReplicaPlacement("ver", k, "a6000-0", (Shard(g, 10),)) for k, g in ver]
+    return allocation, Placement(10, tuple(replicas))
+
+
+@pytest.fixture(scope="module")
+def instance():
+    return load_instance(INSTANCE_FILE)
+
+
+def _objects(instance, plan: tuple[Allocation, Placement]) -> list[dict]:
+    allocation, placement = plan
+    raw = plan_document(str(INSTANCE_FILE), allocation, placement)
+    return build_objects(placed_plan("test", raw, instance, allocation, placement), SETTINGS)
+
+
+@pytest.fixture()
+def api(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # the dynamic client caches discovery under ~/.kube
+    with KubeApi(NAMESPACE) as double:
+        yield double
+
+
+def _cluster(api: KubeApi, tmp_path: Path, timeout_s: float = 10.0) -> KubeCluster:
+    return KubeCluster(connect(api.kubeconfig(tmp_path)), NAMESPACE, timeout_s=timeout_s)
+
+
+def _deploy(api: KubeApi, instance, plan, ready: bool = True) -> list[dict]:
+    """What `scepsy deploy` of the plan left running: every object, every engine pod Ready."""
+    objects = _objects(instance, plan)
+    for obj in objects:
+        api.put(obj)
+    for name in api.objects("Deployment"):
+        if ready and name.rsplit("-", 1)[-1].startswith("r"):
+            api.ready(name)
+    api.events.clear()
+    return objects
+
+
+def _writes(api: KubeApi) -> list[tuple]:
+    return [e for e in api.events if e[0] in ("apply", "delete")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Acting
+
+
+def test_read_cluster_gives_the_placement_that_runs(api, tmp_path, instance):
+    running = _plan([(0, 0), (1, 1)], [(0, 2)])
+    _deploy(api, instance, running)
+    api.ready("gen-r1", ready=False)
+    state = read_cluster(_cluster(api, tmp_path))
+    allocation, placement, odd = state.running(instance)
+    assert (allocation, placement, odd) == (*running, ())
+    assert state.ready("gen") == 1 and state.starting("gen") == 1 and state.ready("ver") == 1
+    assert state.plan is not None and state.plan["placement"] == plan_document(None, *running)["placement"]
+
+
+def test_scale_up_applies_only_the_new_replica_and_records_the_plan_last(api, tmp_path, instance):
+    before = _plan([(0, 0)], [(0, 2)])
+    after = _plan([(0, 0), (1, 1)], [(0, 2)])
+    baseline = _deploy(api, instance, before)
+    cluster = _cluster(api, tmp_path)
+    actuation = Actuation(cluster, _objects(instance, after), 0.0, 900.0, baseline=baseline)
+    assert actuation.step(0.0) == "waiting" and actuation.waiting_for == ("gen-r1",)
+    # the new replica and, gen having two replicas now, its disruption budget; no gateway, Service or other replica
+    added = [("apply", "Deployment", "gen-r1"), ("apply", "PodDisruptionBudget", "gen")]
+    assert _writes(api) == added
+    assert actuation.step(60.0) == "waiting"
+    assert _writes(api) == added  # nothing re-sent while it starts
+    api.ready("gen-r1")
+    assert actuation.step(120.0) == "done"
+    assert api.events == [*added, ("ready", "gen-r1"), ("apply", "ConfigMap", "scepsy-plan")]
+    assert set(api.objects("Deployment")) == {"gen-gateway", "ver-gateway", "gen-r0", "gen-r1", "ver-r0"}
+
+
+def test_a_replaced_replica_is_deleted_only_after_its_replacement_is_ready_and_then_drains(api, tmp_path, instance):
+    before = _plan([(0, 0), (1, 1)], [(0, 2)])
+    after = _plan([(0, 0), (2, 3)], [(0, 2)])  # gen-r1 on GPU 1 goes, gen-r2 on GPU 3 comes
+    baseline = _deploy(api, instance, before)
+    actuation = Actuation(_cluster(api, tmp_path), _objects(instance, after), 0.0, 900.0, baseline=baseline)
+    assert actuation.step(0.0) == "waiting"
+    assert "gen-r1" in api.objects("Deployment")  # still serving
+    api.ready("gen-r2")
+    assert actuation.step(30.0) == "done"
+    assert api.events == [("apply", "Deployment", "gen-r2"), ("ready", "gen-r2"), ("delete", "Deployment", "gen-r1"),
+                          ("apply", "ConfigMap", "scepsy-plan")]
+    # the removed replica's pod drains (deletionTimestamp: the gateways drop it, its preStop hook waits for its requests)
+    pod = api.pod("gen-r1")
+    assert pod is not None and pod["metadata"]["deletionTimestamp"]
+    api.drained("gen-r1")
+    state = read_cluster(_cluster(api, tmp_path))
+    assert state.running(instance)[:2] == after
+
+
+def test_a_removal_whose_gpus_a_new_replica_needs_goes_first(api, tmp_path, instance):
+    before = _plan([(0, 0)], [(0, 2)])
+    after = _plan([(0, 0)], [(1, 1)])  # ver moves from GPU 2 to GPU 1: nothing blocks, the new one waits
+    baseline = _deploy(api, instance, before)
+    Actuation(_cluster(api, tmp_path), _objects(instance, after), 0.0, 900.0, baseline=baseline).step(0.0)
+    assert _writes(api) == [("apply", "Deployment", "ver-r1")]
+    api.events.clear()
+    moved = _plan([(0, 0)], [(1, 2)])  # ver-r1 needs GPU 2, where ver-r0 runs: ver-r0 leaves first
+    baseline = _objects(instance, before)
+    api.store.pop(next(p for p in api.store if p.endswith("/deployments/ver-r1")))
+    Actuation(_cluster(api, tmp_path), _objects(instance, moved), 0.0, 900.0, baseline=baseline).step(0.0)
+    assert _writes(api) == [("apply", "Deployment", "ver-r1"), ("delete", "Deployment", "ver-r0")]
+
+
+def test_dry_run_prints_the_diff_and_changes_nothing(api, tmp_path, instance):
+    before = _plan([(0, 0), (1, 1)], [(0, 2)])
+    after = _plan([(0, 0)], [(0, 2), (1, 3)])
+    baseline = _deploy(api, instance, before)
+    found = dry_run(_cluster(api, tmp_path), _objects(instance, after), baseline)
+    assert [f"{c.action} {c.ref}" for c in found] == ["create deployment/ver-r1", "create poddisruptionbudget/ver",
+                                                      "delete deployment/gen-r1", "update configmap/scepsy-plan"]
+    created = found[0].diff()
+    assert "+++ target/deployment/ver-r1" in created and "+  name: ver-r1" in created
+    assert "-  name: gen-r1" in found[2].diff()
+    assert api.events == []
+
+
+@pytest.mark.parametrize("kind", ["HorizontalPodAutoscaler", "ScaledObject"])
+def test_refuses_when_another_autoscaler_targets_the_deployments(api, tmp_path, instance, kind):
+    baseline = _deploy(api, instance, _plan([(0, 0)], [(0, 2)]))
+    api_version = "autoscaling/v2" if kind == "HorizontalPodAutoscaler" else "keda.sh/v1alpha1"
+    spec = {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "gen-r0"}, "maxReplicas": 3}
+    if kind == "ScaledObject":
+        spec = {"scaleTargetRef": {"name": "gen-r0"}, "triggers": []}
+    api.put({"apiVersion": api_version, "kind": kind, "metadata": {"name": "gen-scaler", "namespace": NAMESPACE}, "spec": spec})
+    actuation = Actuation(_cluster(api, tmp_path), _objects(instance, _plan([(0, 0), (1, 1)], [(0, 2)])), 0.0, 900.0, baseline=baseline)
+    with pytest.raises(AutoscalerConflict, match=f"{kind}/gen-scaler -> deployment/gen-r0"):
+        actuation.step(0.0)
+    assert _writes(api) == []
+
+
+def test_a_replica_that_never_becomes_ready_is_abandoned_and_the_old_ones_keep_serving(api, tmp_path, instance):
+    before = _plan([(0, 0), (1, 1)], [(0, 2)])
+    after = _plan([(0, 0), (2, 3)], [(0, 2)])
+    baseline = _deploy(api, instance, before)
+    actuation = Actuation(_cluster(api, tmp_path), _objects(instance, after), 0.0, 600.0, baseline=baseline)
+    assert actuation.step(0.0) == "waiting"
+    api.ready("gen-r2", ready=False)  # its readiness probe keeps failing
+    assert actuation.step(599.0) == "waiting"
+    assert actuation.step(600.0) == "stuck"
+    assert "gen-r2 not ready after 600 s" in (actuation.problem or "")
+    assert _writes(api) == [("apply", "Deployment", "gen-r2"), ("delete", "Deployment", "gen-r2")]
+    assert {"gen-r0", "gen-r1"} <= set(api.objects("Deployment"))  # never deleted
+
+
+def test_an_apply_the_api_server_refuses_or_does_not_answer_fails_typed(api, tmp_path, instance):
+    baseline = _deploy(api, instance, _plan([(0, 0)], [(0, 2)]))
+    target = _objects(instance, _plan([(0, 0), (1, 1)], [(0, 2)]))
+    api.refuse.add(("Deployment", "gen-r1"))
+    with pytest.raises(ApplyFailed, match="refused Deployment/gen-r1"):
+        Actuation(_cluster(api, tmp_path), target, 0.0, 900.0, baseline=baseline).step(0.0)
+    api.refuse.clear()
+    api.hang.set()
+    with pytest.raises(ApplyFailed, match="gen-r1"):
+        Actuation(_cluster(api, tmp_path, timeout_s=0.5), target, 0.0, 900.0, baseline=baseline).step(0.0)
+    assert _writes(api) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# The live loop
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def prometheus():
+    double = PrometheusDouble()
+    yield double
+    double.close()
+
+
+def _rates(prometheus: PrometheusDouble, gen: float | str, ver: float | str, at: float = 1000.0, age_s: float = 1.0) -> None:
+    settings = PrometheusSettings(prometheus.url)
+    prometheus.answers[rate_query(settings)] = [(200, vector([("gen", at, str(gen)), ("ver", at, str(ver))]))]
+    prometheus.answers[freshness_query(settings)] = [(200, vector([("gen", at, str(at - age_s)), ("ver", at, str(at - age_s))]))]
+
+
+def _loop(api, tmp_path, instance, prometheus, clock, said, act: str = "apply", client: PrometheusClient | None = None,
+          **live) -> tuple[LiveLoop, io.StringIO]:
+    log = io.StringIO()
+    settings = ControlSettings(period_s=60.0, startup_s=60.0, stabilization_s=0.0, predictor="constant")
+    allocation, _ = _plan([(0, 0)], [(0, 2)])
+    context = make_context(instance, settings, slos_s={"beam": 60.0}, allocation=allocation, plan_time_limit_s=10.0)
+    client = client or PrometheusClient(PrometheusSettings(prometheus.url, timeout_s=0.5, attempts=2, backoff_s=1.0), sleep=lambda s: None)
+    loop = LiveLoop(context, _cluster(api, tmp_path), client, SETTINGS, LiveSettings(act=act, **live), log, said.append,
+                    said.append, clock, str(INSTANCE_FILE), gauges=DesiredGauges())
+    return loop, log
+
+
+def _records(log: io.StringIO) -> list[dict]:
+    return [json.loads(line) for line in log.getvalue().splitlines()]
+
+
+def test_the_loop_holds_on_missing_data_and_never_scales_down(api, tmp_path, instance, prometheus):
+    """Over-provisioned for a tiny load: with rates it scales down; without (unreachable, slow, no
+    series, NaN, stale) it holds, writes nothing, and says why on stderr and in the log."""
+    _deploy(api, instance, _plan([(0, 0), (1, 1)], [(0, 2), (1, 3)]))
+    said: list[str] = []
+    clock = Clock()
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said)
+    loop.start()
+    faults = {
+        "unreachable": lambda: prometheus.close(),
+        "no series": lambda: _rates(prometheus, 0.01, 0.01) or prometheus.answers.pop(rate_query(PrometheusSettings(prometheus.url))),
+        "nan": lambda: _rates(prometheus, "NaN", 0.01),
+        "stale": lambda: _rates(prometheus, 0.01, 0.01, age_s=3600.0),
+        "timeout": lambda: prometheus.hang.set(),
+    }
+    for reason in ("no series", "nan", "stale", "timeout", "unreachable"):
+        faults[reason]()
+        clock.now += 60.0
+        record = loop.period()
+        assert record["action"] == "hold", record
+        assert any(reason in line for line in said), (reason, said)
+        said.clear()
+    assert _writes(api) == []
+    records = _records(log)
+    assert records[0]["event"] == "start" and records[0]["replicas"] == {"gen": 2, "ver": 2}
+    assert [r["action"] for r in records[1:]] == ["hold"] * 5
+    assert records[2]["missing"]["gen"].startswith("nan")
+
+
+def test_the_loop_scales_down_on_good_data_and_logs_the_inputs(api, tmp_path, instance, prometheus):
+    _deploy(api, instance, _plan([(0, 0), (1, 1)], [(0, 2), (1, 3)]))
+    said: list[str] = []
+    clock = Clock()
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said)
+    _rates(prometheus, 0.05, 0.03)
+    clock.now = 60.0
+    record = loop.period()
+    assert record["action"] == "replan" and record["reason"].startswith("scale down"), record
+    assert record["inputs"]["llm_rates_rps"] == {"gen": 0.05, "ver": 0.03}
+    act = record["act"]
+    if act["phase"] == "waiting":  # new replicas start; the ones they replace serve meanwhile
+        for name in act["waiting_for"]:
+            api.ready(name)
+        clock.now = 120.0
+        record = loop.period()
+        assert record["action"] == "acting" and record["act"]["phase"] == "done"
+    assert api.events[-1] == ("apply", "ConfigMap", "scepsy-plan")
+    assert [r["event"] for r in _records(log)] == ["start"] + ["period"] * loop.periods
+    state = read_cluster(loop.cluster)
+    assert state.running(instance)[0].units < _plan([(0, 0), (1, 1)], [(0, 2), (1, 3)])[0].units
+
+
+def test_a_refused_apply_is_retried_with_backoff_and_the_plan_that_runs_stays(api, tmp_path, instance, prometheus):
+    _deploy(api, instance, _plan([(0, 0)], [(0, 2)], share=1))
+    said: list[str] = []
+    clock = Clock()
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said, retry_s=30.0, max_retry_s=600.0)
+    _rates(prometheus, 50.0, 30.0)  # far more than one tenth of a GPU serves: scale up
+    api.refuse.update({("Deployment", f"gen-r{k}") for k in range(8)} | {("Deployment", f"ver-r{k}") for k in range(8)})
+    clock.now = 60.0
+    first = loop.period()
+    assert first["action"] == "replan" and first["act"]["phase"] == "failed" and first["act"]["retry_at_s"] == 90.0
+    assert any("could not apply" in line for line in said)
+    clock.now = 80.0
+    assert loop.period()["act"]["phase"] == "backoff"  # not before 90 s
+    clock.now = 90.0
+    second = loop.period()
+    assert second["act"]["phase"] == "failed" and second["act"]["retry_at_s"] == 150.0  # 30 s, then 60 s
+    assert _writes(api) == [] and {"gen-r0", "ver-r0"} <= set(api.objects("Deployment"))
+    api.refuse.clear()
+    clock.now = 150.0
+    third = loop.period()
+    assert third["act"]["phase"] == "waiting" and third["act"]["applied"]
+
+
+def test_a_restarted_controller_reads_the_change_in_progress_from_the_cluster(api, tmp_path, instance, prometheus):
+    """The first controller starts a scale-up and dies before the new replicas are Ready. The
+    second reads the cluster: the old replica serves, the new ones start (they count, as starting),
+    the plan ConfigMap still records the old plan; it keeps them, and once they are Ready it decides
+    from them, never deleting what the first one started."""
+    _deploy(api, instance, _plan([(0, 0)], [(0, 2)], share=1))
+    said: list[str] = []
+    clock = Clock()
+    first, _ = _loop(api, tmp_path, instance, prometheus, clock, said)
+    _rates(prometheus, 50.0, 30.0)  # far more than a tenth of a GPU serves: scale up
+    clock.now = 60.0
+    record = first.period()
+    assert record["action"] == "replan" and record["act"]["phase"] == "waiting"
+    added = record["act"]["waiting_for"]
+    assert added and "gen-r0" not in added and "ver-r0" not in added
+    del first  # the controller dies here: its memory is gone
+
+    api.events.clear()
+    clock.now = 120.0
+    second, log = _loop(api, tmp_path, instance, prometheus, clock, said)
+    start = second.start()
+    assert start["plan_configmap_matches"] is False  # the change never completed
+    assert sum(start["replicas"].values()) == 2 + len(added)
+    assert sum(start["starting"].values()) == len(added) and start["ready"] == {"gen": 1, "ver": 1}
+    assert start["left_out"] == [] and "reconcile" not in start
+    for name in added:
+        api.ready(name)
+    clock.now = 180.0
+    again = second.period()
+    assert again["inputs"]["ready_replicas"] == start["replicas"]
+    assert not [e for e in api.events if e[0] == "delete" and e[2] in added]
+
+
+def test_a_restart_in_the_middle_of_a_change_of_shape_rolls_it_back(api, tmp_path, instance, prometheus):
+    """gen-r1 (half a GPU) was being replaced by gen-r2 (a whole GPU) when the controller died: the
+    new one keeps the shape most replicas have, removes gen-r2 once the others are Ready, and
+    decides again from what serves."""
+    _deploy(api, instance, _plan([(0, 0), (1, 1)], [(0, 2)]))
+    half = _objects(instance, _plan([(0, 0), (1, 1)], [(0, 2)]))
+    whole = _objects(instance, (Allocation(10, (LlmAllocation("gen", "A6000", 1, 10, 1), LlmAllocation("ver", "A6000", 1, 10, 1))),
+                                Placement(10, (ReplicaPlacement("gen", 2, "a6000-0", (Shard(3, 10),)),
+                                               ReplicaPlacement("ver", 0, "a6000-0", (Shard(2, 10),))))))
+    api.put(next(o for o in whole if o["metadata"]["name"] == "gen-r2"))
+    api.events.clear()
+    said: list[str] = []
+    clock = Clock()
+    _rates(prometheus, 1.0, 0.7)
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said)
+    start = loop.start()
+    assert start["replicas"] == {"gen": 2, "ver": 1} and start["left_out"] == ["gen-r2"] and start["reconcile"] is True
+    assert start["plan_configmap_matches"] is False
+    assert any("interrupted" in line for line in said)
+    clock.now = 60.0
+    record = loop.period()
+    assert record["action"] == "acting" and record["act"]["phase"] == "done"
+    assert _writes(api) == [("delete", "Deployment", "gen-r2"), ("apply", "ConfigMap", "scepsy-plan")]
+    assert {o["metadata"]["name"] for o in half if o["kind"] == "Deployment"} <= set(api.objects("Deployment"))
+    clock.now = 120.0
+    assert loop.period()["action"] in ("keep", "replan")  # the policy decides again
+
+
+# ---------------------------------------------------------------------------------------------
+# The API (what the CLI calls)
+
+
+def _plan_file(tmp_path: Path, instance, plan: tuple[Allocation, Placement]) -> Path:
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_document(str(INSTANCE_FILE), *plan)))
+    return path
+
+
+def test_api_control_dry_run_prints_the_diff_logs_each_period_and_writes_nothing(api, tmp_path, instance, prometheus):
+    from scepsy import api as scepsy_api
+
+    running = _plan([(0, 0)], [(0, 2)])
+    _deploy(api, instance, running)
+    _rates(prometheus, 90.0, 60.0)  # far more than the instance's rates: scale up
+    shown: list[str] = []
+    clock = Clock()
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    log = tmp_path / "decisions.jsonl"
+    run = scepsy_api.control(INSTANCE_FILE, _plan_file(tmp_path, instance, running), prometheus_url=prometheus.url,
+                             kubeconfig=api.kubeconfig(tmp_path), act="dry-run", log=log, periods=2, predictor="constant",
+                             show=shown.append, clock=clock, sleep=sleep)
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert run.periods == 2 and [r["event"] for r in records] == ["start", "period", "period"]
+    assert [r["time_s"] for r in records[1:]] == [0.0, 60.0]  # one period every period_s of the injected clock
+    assert records[1]["action"] == "replan" and records[1]["act"]["mode"] == "dry-run"
+    creates = [c for c in records[1]["act"]["changes"] if c.startswith("create deployment/")]
+    assert creates and f"dry run: {creates[0]}" in shown
+    assert any(line.startswith("--- live/") and "+++ target/" in line for line in shown)  # the diffs
+    assert _writes(api) == []  # nothing applied or deleted
+    # nothing changed, so the next period decides the same from what runs
+    assert records[2]["action"] == "replan" and records[2]["act"]["changes"] == records[1]["act"]["changes"]
+    assert run.document()["actions"] == {"replan": 2}
+
+
+def test_api_control_refuses_beside_an_hpa_with_one_line(api, tmp_path, instance, prometheus):
+    from scepsy import api as scepsy_api
+    from scepsy.models.errors import InputError
+
+    running = _plan([(0, 0)], [(0, 2)])
+    _deploy(api, instance, running)
+    spec = {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "ver-r0"}, "maxReplicas": 3}
+    api.put({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "ver", "namespace": NAMESPACE}, "spec": spec})
+    with pytest.raises(InputError, match="HorizontalPodAutoscaler/ver -> deployment/ver-r0"):
+        scepsy_api.control(INSTANCE_FILE, _plan_file(tmp_path, instance, running), prometheus_url=prometheus.url,
+                           kubeconfig=api.kubeconfig(tmp_path), log=tmp_path / "log.jsonl", periods=1, sleep=lambda s: None)
+    assert _writes(api) == []
+
+
+def test_api_control_refuses_slos_it_cannot_derive(api, tmp_path, instance, prometheus):
+    """The instance has no latency_slo_s; twice the predicted latency of an overloaded plan is no SLO."""
+    from scepsy import api as scepsy_api
+    from scepsy.models.errors import InputError
+
+    overloaded = _plan([(0, 0)], [(0, 2)], share=1)
+    with pytest.raises(InputError, match="latency_slo_s"):
+        scepsy_api.control(INSTANCE_FILE, _plan_file(tmp_path, instance, overloaded), prometheus_url=prometheus.url,
+                           kubeconfig=api.kubeconfig(tmp_path), log=tmp_path / "log.jsonl", periods=1, sleep=lambda s: None)
+
+
+@pytest.mark.skipif(not prometheus_server.available(), reason="the Debian package prometheus is not installed (.ci/run installs it)")
+def test_the_loop_reads_a_real_prometheus_scraping_emulated_vllm_replicas(api, tmp_path, instance, prometheus):
+    """The whole observe path with real parts: `scepsy emulate` replicas export vLLM's metrics, a
+    real Prometheus scrapes them, the loop reads the rates through its HTTP API and the policy gets
+    them (the decision log's inputs)."""
+    from contextlib import ExitStack
+
+    from scepsy.tracing.capture.proxy import ServerThread
+    from scepsy.tracing.emulation.emulator import create_app, emulator_config
+
+    _deploy(api, instance, _plan([(0, 0)], [(0, 2)]))
+    with ExitStack() as stack:
+        replicas = {llm: stack.enter_context(ServerThread(create_app(emulator_config(model, "A6000", served_model_names=[llm], speedup=1000.0))))
+                    for llm, model in (("gen", "llama-3.2-1b"), ("ver", "llama-3.1-8b"))}
+        server = stack.enter_context(PrometheusServer(tmp_path / "prometheus", {llm: [r.url.removeprefix("http://")] for llm, r in replicas.items()}))
+        server.wait_for_targets(2)
+        server.wait_for("vllm:request_success_total", lambda found: len(found) == 2 * 3)  # scraped at 0 before any request
+        for llm, count in (("gen", 6), ("ver", 3)):
+            for i in range(count):
+                body = {"model": llm, "messages": [{"role": "user", "content": f"step {i}"}], "max_tokens": 2}
+                assert httpx.post(replicas[llm].url + "/v1/chat/completions", json=body, timeout=60.0).status_code == 200
+        server.wait_for("sum by (model_name) (vllm:request_success_total)",
+                        lambda found: {s["metric"]["model_name"]: float(s["value"][1]) for s in found} == {"gen": 6.0, "ver": 3.0})
+        client = PrometheusClient(PrometheusSettings(server.url, window_s=600.0, max_age_s=600.0))
+        said: list[str] = []
+        loop, log = _loop(api, tmp_path, instance, prometheus, Clock(), said, client=client)
+        record = loop.period()
+    assert record["missing"] == {} and said == []
+    rates = record["inputs"]["llm_rates_rps"]
+    assert rates["gen"] > rates["ver"] > 0  # 6 against 3 finished requests over the same scrapes
+    assert record["inputs"]["ready_replicas"] == {"gen": 1, "ver": 1}
+
+
+def test_cli_live_path_dry_run_and_its_errors(api, tmp_path, instance, prometheus):
+    from typer.testing import CliRunner
+
+    from scepsy.cli import app
+
+    running = _plan([(0, 0)], [(0, 2)])
+    _deploy(api, instance, running)
+    _rates(prometheus, 90.0, 60.0)
+    plan = _plan_file(tmp_path, instance, running)
+    log = tmp_path / "decisions.jsonl"
+    runner = CliRunner()
+    result = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan), "--prometheus-url", prometheus.url,
+                                 "--kubeconfig", str(api.kubeconfig(tmp_path)), "--act", "dry-run", "--periods", "1",
+                                 "--log", str(log), "--predictor", "constant"])
+    assert result.exit_code == 0, result.output
+    assert "dry run: create deployment/" in result.output and "1 periods (1 replan)" in result.output
+    assert [json.loads(line)["event"] for line in log.read_text().splitlines()] == ["start", "period"]
+    assert _writes(api) == []
+
+    missing = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan)])
+    assert missing.exit_code == 2 and "--prometheus-url" in missing.output and "Traceback" not in missing.output
+    bad = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan), "--prometheus-url", prometheus.url,
+                              "--kubeconfig", str(api.kubeconfig(tmp_path)), "--act", "maybe", "--log", str(log)])
+    assert bad.exit_code == 2 and "--act" in bad.output and "unknown mode 'maybe'" in bad.output
+    gauges = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan), "--prometheus-url", prometheus.url,
+                                 "--kubeconfig", str(api.kubeconfig(tmp_path)), "--act", "gauges", "--log", str(log)])
+    assert gauges.exit_code == 2 and "--gauges-port" in gauges.output
+
+
+def test_gauges_publish_the_target_for_keda_and_write_nothing(api, tmp_path, instance, prometheus):
+    running = _plan([(0, 0)], [(0, 2)], share=1)
+    _deploy(api, instance, running)
+    said: list[str] = []
+    clock = Clock()
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said, act="gauges")
+    _rates(prometheus, 50.0, 30.0)
+    clock.now = 60.0
+    record = loop.period()
+    assert record["action"] == "replan" and record["act"]["mode"] == "gauges"
+    assert loop.gauges is not None
+    text = loop.gauges.exposition().decode()
+    wanted = {line.split("deployment=\"")[1].split("\"")[0]: line.rsplit(" ", 1)[1]
+              for line in text.splitlines() if line.startswith("scepsy_desired_replica{")}
+    assert loop.state is not None
+    target = {f"{r.llm}-r{r.replica}" for r in loop.state.placement.replicas}
+    assert sum(record["act"]["published"].values()) == len(target)
+    assert wanted == {name: "1.0" if name in target else "0.0" for name in target | {"gen-r0", "ver-r0"}}
+    assert len(target) > 2  # a scale-up: KEDA starts the new Deployments
+    assert 'scepsy_decisions_total{action="replan"} 1.0' in text
+    assert 'scepsy_observation_missing{llm="gen"} 0.0' in text
+    assert _writes(api) == []
+
+
+def test_a_change_in_progress_deletes_nothing_while_rates_are_missing(api, tmp_path, instance, prometheus):
+    """A replacement decided on good data: its new replica starts; then Prometheus gives NaN. The
+    old replica is not deleted, even once the new one is Ready, until the rates are back."""
+    _deploy(api, instance, _plan([(0, 0)], [(0, 2)], share=1))
+    said: list[str] = []
+    clock = Clock()
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said)
+    loop.start()
+    before = set(api.objects("Deployment"))
+    target = _objects(instance, _plan([(0, 0)], [(1, 3)], share=1))  # ver-r0 on GPU 2 is replaced by ver-r1 on GPU 3
+    loop.actuation = Actuation(loop.cluster, target, 0.0, 900.0, baseline=_objects(instance, _plan([(0, 0)], [(0, 2)], share=1)))
+    _rates(prometheus, "NaN", 0.5)
+    clock.now = 60.0
+    first = loop.period()
+    assert first["action"] == "acting" and first["act"]["phase"] == "waiting"
+    for name in first["act"]["waiting_for"]:
+        api.ready(name)
+    clock.now = 120.0
+    second = loop.period()
+    assert second["action"] == "acting" and second["act"]["phase"] == "waiting" and "missing rates" in second["reason"]
+    assert not [e for e in api.events if e[0] == "delete"] and before <= set(api.objects("Deployment"))
+    _rates(prometheus, 0.5, 0.5)
+    clock.now = 180.0
+    third = loop.period()
+    assert third["act"]["phase"] == "done"
+    assert [e for e in api.events if e[0] == "delete"] == [("delete", "Deployment", "ver-r0")]
+    assert api.events.index(("ready", "ver-r1")) < api.events.index(("delete", "Deployment", "ver-r0"))
+
+
+def test_the_loop_abandons_a_replica_that_never_becomes_ready_and_says_so(api, tmp_path, instance, prometheus):
+    _deploy(api, instance, _plan([(0, 0)], [(0, 2)], share=1))
+    said: list[str] = []
+    clock = Clock()
+    loop, log = _loop(api, tmp_path, instance, prometheus, clock, said, ready_timeout_s=120.0)
+    _rates(prometheus, 50.0, 30.0)
+    clock.now = 60.0
+    first = loop.period()
+    assert first["action"] == "replan" and first["act"]["phase"] == "waiting"
+    added = first["act"]["waiting_for"]
+    for name in added:
+        api.ready(name, ready=False)  # their readiness probes keep failing
+    clock.now = 120.0
+    assert loop.period()["act"]["phase"] == "waiting"
+    clock.now = 180.0
+    stuck = loop.period()
+    assert stuck["action"] == "acting" and stuck["act"]["phase"] == "stuck" and "not ready after 120 s" in stuck["act"]["problem"]
+    assert any("not ready after 120 s" in line for line in said)
+    assert sorted(e[2] for e in api.events if e[0] == "delete") == sorted(added)  # only what it added
+    assert {"gen-r0", "ver-r0"} <= set(api.objects("Deployment"))
+    assert loop.state is not None and {c.llm: c.replicas for c in loop.state.allocation.llms} == {"gen": 1, "ver": 1}
+    clock.now = 240.0
+    assert loop.period()["action"] == "replan"  # the policy decides again from what serves

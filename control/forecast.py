@@ -21,6 +21,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from filterpy.common import Q_discrete_white_noise  # the `control` extra, imported with the module so
+from filterpy.kalman import KalmanFilter  # that a missing extra is named before any work starts
 
 PREDICTORS = ("constant", "ewma", "kalman")
 
@@ -64,9 +66,6 @@ class Forecaster:
         return self._kalman(state, value, dt_s)
 
     def _kalman(self, state: ForecastState, value: float, dt_s: float) -> ForecastState:
-        from filterpy.common import Q_discrete_white_noise
-        from filterpy.kalman import KalmanFilter
-
         kf = KalmanFilter(dim_x=2, dim_z=1)
         kf.x = np.array([[state.level], [state.slope]])
         kf.P = np.array(state.covariance, dtype=float).reshape(2, 2)

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Mapping
 
 import numpy as np
+from scipy.optimize import nnls  # the `control` extra
 
 from scepsy.models.instance.instance import Instance
 
@@ -34,8 +35,6 @@ def workflow_rates(instance: Instance, llm_rates_rps: Mapping[str, float]) -> di
     """lambda_w (requests/s) per workflow from the observed lambda_m of the LLMs given (module
     docstring); LLMs the instance does not call are ignored, a workflow none of whose LLMs is
     observed gets 0."""
-    from scipy.optimize import nnls
-
     called = {s.llm for w in instance.workflows for s in w.stages}
     llms = sorted(m for m in llm_rates_rps if m in called)
     if not llms:

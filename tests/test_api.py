@@ -137,14 +137,24 @@ def test_a_missing_extra_is_one_line_naming_the_extra():
     assert "Traceback" not in result.stderr and "pip install 'scepsy[k8s]'" in result.stderr
 
 
+def test_the_controller_without_its_extra_is_one_line_naming_it(tmp_path):
+    plan = tmp_path / "plan.json"
+    assert runner.invoke(app, ["plan", str(REPO / "instances" / "rag-4xa6000.yaml"), "--out", str(plan)]).exit_code == 0
+    args = ["scepsy", "control", str(REPO / "instances" / "rag-4xa6000.yaml"), "--plan", str(plan), "--simulate", "--arrivals", "azure:conv"]
+    code = f"import sys; sys.modules['scipy'] = None; sys.modules['filterpy'] = None; from scepsy.cli import main; sys.argv = {args!r}; main()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "pip install 'scepsy[control]'" in result.stderr
+
+
 def test_the_core_install_leaves_the_optional_dependencies_out():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     core = " ".join(project["dependencies"]).lower()
-    for optional in ("langgraph", "openai", "kubernetes", "llama-cpp-python"):
+    for optional in ("langgraph", "openai", "kubernetes", "llama-cpp-python", "filterpy", "scipy"):
         assert optional not in core
     extras = project["optional-dependencies"]
-    assert {"tracing", "k8s", "examples", "dask", "engine", "test"} <= set(extras)
-    assert "scepsy[tracing,k8s,examples,dask]" in extras["test"]  # the README's test command sets up everything
+    assert {"tracing", "k8s", "examples", "dask", "control", "engine", "test"} <= set(extras)
+    assert "scepsy[tracing,k8s,examples,dask,control]" in extras["test"]  # the README's test command sets up everything
 
 
 def test_the_api_is_typed_for_static_tools():

@@ -162,6 +162,7 @@ EXTRAS = {
     "langgraph": "examples", "openai": "examples",
     "llama_cpp": "engine",
     "dask": "dask", "distributed": "dask",
+    "filterpy": "control", "scipy": "control",
 }
 
 

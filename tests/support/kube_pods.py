@@ -28,7 +28,7 @@ import yaml
 
 
 def send_json(handler: BaseHTTPRequestHandler, code: int, body: dict) -> None:
-    """One JSON answer of a loopback Kubernetes API double (with its length: HTTP/1.1 keep-alive)."""
+    """One JSON answer of a loopback API double (Kubernetes, Prometheus), with its length: HTTP/1.1 keep-alive."""
     data = json.dumps(body).encode()
     handler.send_response(code)
     handler.send_header("Content-Type", "application/json")

@@ -7,10 +7,11 @@ sample times. Answers follow the API's shape (Prometheus docs, "HTTP API": `{"st
 
 from __future__ import annotations
 
-import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
+
+from support.kube_pods import send_json
 
 
 def vector(samples: list[tuple[str, float, str]]) -> dict:
@@ -62,11 +63,6 @@ class PrometheusDouble:
                     return
                 turns = double.answers.get(query)
                 code, body = (turns.pop(0) if len(turns) > 1 else turns[0]) if turns else double.default
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, body)
 
         return Handler

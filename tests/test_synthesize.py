@@ -267,6 +267,57 @@ def test_the_steep_part_of_the_curve_is_measured_not_drawn_as_a_line():
     assert float(bare.latency_s(rate)) / truth - 1 > 0.2
 
 
+def test_the_capacity_is_confirmed_over_long_windows_in_every_draw():
+    """A replica that keeps up over a short window up to 100 req/s but holds only up to 90 over a
+    long one (its queue grows slowly, or its prefix cache thrashes late): the confirmed capacity
+    lies within one bisection step below 90, short rows above it are left out, the long rows that
+    collapsed are kept (unstable, as the loader reads them), one that completes 96% (stable by the
+    short rows' ratio, not held over the long window) is not written, and the fill rows are placed
+    under the confirmed capacity."""
+    from scepsy.models.profiles.synthesize import CONFIRM_RATIO, FILL_POINTS, FILL_TOLERANCE, confirm, sweep
+
+    settings = SynthesisSettings(confirm_window_s=200.0)
+    rows = sweep(queue_row(100.0), 95.0, settings)
+    asked: list[float] = []
+
+    def long_row(rate: float) -> dict:
+        asked.append(rate)
+        completed = 1.0 if rate <= 90.0 else (0.96 if rate <= 92.0 else 0.5)
+        return {"arrival_rate": rate, "throughput": rate * completed, "latency_mean": 1.0}
+
+    confirmed = confirm(rows, long_row, queue_row(100.0), settings)
+    held = [r["arrival_rate"] for r in confirmed if r["throughput"] >= CONFIRM_RATIO * r["arrival_rate"]]
+    capacity = max(held)
+    assert 90.0 * 0.95 <= capacity <= 90.0 and capacity in asked
+    stable = [r for r in confirmed if r["throughput"] >= 0.95 * r["arrival_rate"]]
+    assert max(r["arrival_rate"] for r in stable) == capacity  # the loader reads the confirmed capacity
+    assert not any(90.0 < r["arrival_rate"] <= 92.0 for r in confirmed)  # 96%: neither held nor a collapse mark
+    assert any(r["arrival_rate"] > 92.0 and r["throughput"] < 0.5 * r["arrival_rate"] + 1e-9 for r in confirmed)
+    for point in FILL_POINTS:
+        assert min(abs(r["arrival_rate"] - point * capacity) for r in confirmed) <= FILL_TOLERANCE * capacity
+    # where the long windows hold at the short rows' capacity, it stands and one long row is measured
+    asked.clear()
+    same = confirm(rows, lambda rate: (asked.append(rate), {**queue_row(100.0)(rate), "latency_mean": 1.0})[1],
+                   queue_row(100.0), settings)
+    assert len(asked) == 1 and max(r["arrival_rate"] for r in same if r["throughput"] >= 0.95 * r["arrival_rate"]) == asked[0]
+
+
+def test_a_confirmation_draw_that_falls_behind_decides_the_rate():
+    """Long draws are measured in turn; the first that completes under 99% is the row (the draws
+    after it are not measured), else the pooled row carries the worst draw's throughput."""
+    from scepsy.models.performance.engine import Engine
+    from scepsy.models.profiles.synthesize import CONFIRM_RATIO, confirmation_row, saturation_rps
+
+    engine = Engine(catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), 1, 0.3)
+    source = load_request_source("fixed:256,32")
+    settings = SynthesisSettings(confirm_window_s=20.0, confirm_calls=400, confirm_draws=2)
+    capacity = saturation_rps(engine, [RequestShape(256, 32)] * 400)
+    light = confirmation_row(engine, source, settings, 0.3 * capacity)
+    assert light["throughput"] >= CONFIRM_RATIO * light["arrival_rate"]
+    heavy = confirmation_row(engine, source, settings, 2.0 * capacity)
+    assert heavy["throughput"] < CONFIRM_RATIO * heavy["arrival_rate"]
+
+
 def test_replications_pool_independent_draws_at_every_rate():
     """One replication is the single-draw sweep, row for row; three pool the first draw's rows
     with two other draws of requests and gaps at the same rates (their mean, as written)."""

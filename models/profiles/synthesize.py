@@ -50,7 +50,7 @@ import io
 import json
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -309,9 +309,26 @@ class SynthesisSettings:
     # curves where one draw moved most (the reranker on one H100 at f = 0.1: 24% -> 9.5%); the
     # shipped verifier and generator profiles pool ten (docs/evidence.md, section 4)
     replications: int = 1
+    # the capacity must hold over a long window in every draw (`confirm`): the largest stable rate
+    # of the rows is measured again on `confirm_draws` new draws whose measured window holds
+    # `confirm_window_s` of arrivals (0: not confirmed), and stepped down by CONFIRM_STEP until
+    # every draw keeps up, then bisected `confirm_steps` times between the two. Near its capacity
+    # a replica holds tens of calls in flight, and one draw of 400 calls neither reaches the
+    # queue's level nor sees the prefix cache thrash (docs/model.md, "Capacity that holds")
+    confirm_window_s: float = 0.0
+    confirm_calls: int = 4000  # and at least this many calls in each long window
+    confirm_draws: int = 3
+    confirm_steps: int = 3
 
 
 DEFAULT_REQUESTS_PER_POINT = 400
+CONFIRM_STEP = 0.95  # the next rate tried below one that did not hold (a 5% step down)
+# a long window holds where this share of its arrivals completes in it. A stable replica completes
+# all of them but the change in the calls in flight between the window's ends, a small share of
+# CONFIRM_CALLS or more; a queue that grows by 1% of the arrivals over the window does not hold.
+# Stricter than the 97% the workflow simulator checks a plan's claims by (planner/studies/claims.py):
+# a workflow request waits on several calls in a row, so a replica's slow queue growth compounds
+CONFIRM_RATIO = 0.99
 
 
 def check_context(source: RequestSource, model: ModelCard) -> None:
@@ -503,7 +520,70 @@ def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisS
         # one draw's pooled row is its own row (its values are already rounded as written)
         return pooled_row([row_at(rate) for row_at, _ in draws])
 
-    return sweep(measure, draws[0][1](), settings)
+    def long_row(rate: float) -> dict:
+        return confirmation_row(engine, source, settings, rate)
+
+    rows = sweep(measure, draws[0][1](), settings)
+    return confirm(rows, long_row, measure, settings) if settings.confirm_window_s > 0 else rows
+
+
+def confirmation_row(engine: Engine, source: RequestSource, settings: SynthesisSettings, rate: float) -> dict:
+    """The row at `rate` measured over long windows: `confirm_draws` new draws (their own seeds),
+    each with enough requests that its measured window holds `confirm_window_s` of arrivals and
+    `confirm_calls` calls,
+    measured one after the other until one completes less than CONFIRM_RATIO of its arrivals in
+    the window (then the rate does not hold, and that draw's row is the row). Otherwise the draws'
+    pooled row, with the throughput of the worst draw: the rate holds only where every draw keeps
+    up."""
+    measured = max(rate * settings.confirm_window_s, settings.confirm_calls)
+    calls = math.ceil(measured / (1 - settings.warmup_fraction))
+    long = replace(settings, requests_per_point=max(requests_per_point(source, engine, settings), calls))
+    rows: list[dict] = []
+    for draw in range(settings.confirm_draws):
+        row_at, _ = _workload(engine, source, long, random.Random(f"{settings.seed}:confirm:{draw}"))
+        row = row_at(rate)
+        if not _held(row):
+            return row
+        rows.append(row)
+    return {**pooled_row(rows), "throughput": min(row["throughput"] for row in rows)}
+
+
+def confirm(rows: list[dict], long_row: Callable[[float], dict], measure: Callable[[float], dict],
+            settings: SynthesisSettings) -> list[dict]:
+    """`rows` with their capacity confirmed over long windows (`confirmation_row`): the largest
+    stable rate, else CONFIRM_STEP of the last rate tried, until one holds (at most
+    `max_extensions` steps down), then `confirm_steps` bisections between the largest rate that
+    held and the smallest that did not. The long rows replace the short ones at their rates; short
+    rows above the confirmed capacity are left out (they were stable only over a short window),
+    and the long rows that did not hold are kept: they mark where the replica collapses. Then the
+    fill rows below the confirmed capacity that the rows lack (`fill_rates`)."""
+    stable = [r["arrival_rate"] for r in rows if _stable(r)]
+    if not stable:
+        return rows
+    long: dict[float, dict] = {}
+    rate = max(stable)
+    for _ in range(settings.max_extensions + 1):
+        long[rate] = long_row(rate)
+        if _held(long[rate]):
+            break
+        rate = as_written(rate * CONFIRM_STEP)
+    held = [r for r, row in long.items() if _held(row)]
+    # a long row that did not hold is written only where the loader reads it as unstable too
+    collapsed = [row for row in long.values() if not _stable(row)]
+    if not held:
+        return collapsed
+    for _ in range(settings.confirm_steps):
+        failed = [r for r, row in long.items() if not _held(row) and r > max(held)]
+        if not failed:
+            break
+        rate = as_written((max(held) + min(failed)) / 2)
+        long[rate] = long_row(rate)
+        held = [r for r, row in long.items() if _held(row)]
+    capacity = max(held)
+    kept = [row for row in rows if row["arrival_rate"] < capacity and row["arrival_rate"] not in long]
+    kept += [row for row in long.values() if _held(row) or not _stable(row)]
+    kept += [measure(rate) for rate in fill_rates(kept, settings.fill_points)]
+    return sorted(kept, key=lambda r: r["arrival_rate"])
 
 
 def _workload(engine: Engine, source: RequestSource, settings: SynthesisSettings,
@@ -537,6 +617,11 @@ def pooled_row(rows: Sequence[dict]) -> dict:
 
 def _stable(row: dict) -> bool:
     return row["throughput"] >= STABLE_THROUGHPUT_RATIO * row["arrival_rate"]
+
+
+def _held(row: dict) -> bool:
+    """A long row's rate holds (`confirm`)."""
+    return row["throughput"] >= CONFIRM_RATIO * row["arrival_rate"]
 
 
 def sweep(measure: Callable[[float], dict], saturation_rps_: float, settings: SynthesisSettings) -> list[dict]:

@@ -5,6 +5,13 @@
     python instances/generate_profiles.py --stats    # only print the traced statistics (n, p, f, latency_ratios)
     python instances/generate_profiles.py --only ensemble   # only the judge ensemble's profiles
     python instances/generate_profiles.py --out DIR  # write the CSVs to DIR (tests/shipped.py --check)
+    python instances/generate_profiles.py --jobs 2 --resume build/profile-parts   # a run that can stop and go on
+
+A whole run takes hours on two cores (the generator's and the verifier's curves replay ten draws
+of at least 300 traced requests at every rate). With `--resume DIR` every finished (profile, GPU
+type, TP degree) is kept in DIR as it finishes and a later run with the same DIR measures only
+the rest; the CSVs are the same bytes either way. Empty DIR after changing the engine model, the
+synthesis or this file: a kept part is not measured again.
 
 Deterministic (fixed seeds; the output does not depend on --jobs). Documented in
 instances/README.md. The pipeline is the paper's, run on the simulator instead of a GPU cluster:
@@ -29,7 +36,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 
@@ -105,12 +112,53 @@ def profile_rows(name: str, gpu_type: str, tp: int, calls, model_name: str, min_
     return frame
 
 
+def _part_name(job) -> str:
+    name, gpu_type, tp = job[:3]
+    return f"{name}.{gpu_type}.tp{tp}.csv"
+
+
+def _measure(jobs: list, workers: int, keep: Path | None, run=None) -> dict[str, pd.DataFrame]:
+    """Every job's rows by its part name: read from `keep` where a run kept them, else measured
+    (on `workers` processes) and, with `keep`, written there as each finishes. `run(job)` measures
+    one job, returning (name, rows) (default: `_job`)."""
+    run = run or _job
+    from scepsy.models.instance.profile import read_profile_frame, write_profile
+
+    parts: dict[str, pd.DataFrame] = {}
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        for job in jobs:
+            if (keep / _part_name(job)).exists():
+                parts[_part_name(job)] = read_profile_frame(keep / _part_name(job))
+    todo = [job for job in jobs if _part_name(job) not in parts]
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} (profile, GPU type, TP) parts kept, {len(todo)} to measure", flush=True)
+
+    def finished(job, frame: pd.DataFrame) -> None:
+        if keep is not None:
+            write_profile(frame, keep / _part_name(job))
+            frame = read_profile_frame(keep / _part_name(job))  # the values as kept, for the same bytes on resume
+        parts[_part_name(job)] = frame
+        print(f"measured {_part_name(job)} ({len(parts)} of {len(jobs)})", flush=True)
+
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            futures = {pool.submit(run, job): job for job in todo}
+            for future in as_completed(futures):
+                finished(futures[future], future.result()[1])
+    else:
+        for job in todo:
+            finished(job, run(job)[1])
+    return parts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--stats", action="store_true", help="only trace and print n and p")
     parser.add_argument("--only", default=None, help="only the profiles whose name starts with this")
     parser.add_argument("--out", type=Path, default=HERE / "profiles", help="folder of the profile CSVs")
+    parser.add_argument("--resume", type=Path, default=None,
+                        help="keep each finished (profile, GPU type, TP) here; skip those already kept")
     options = parser.parse_args()
     if options.only:
         for name in [n for n in PROFILES if not n.startswith(options.only)]:
@@ -142,14 +190,10 @@ def main() -> None:
         for gpu_type, degrees in tps.items():
             for tp in degrees:
                 jobs.append((name, gpu_type, tp, calls, model_name, min_kv))
+    parts = _measure(jobs, options.jobs, options.resume)
     frames: dict[str, list[pd.DataFrame]] = {name: [] for name in PROFILES}
-    if options.jobs > 1:
-        with ProcessPoolExecutor(options.jobs) as pool:
-            results = list(pool.map(_job, jobs))
-    else:
-        results = [_job(job) for job in jobs]
-    for name, frame in results:
-        frames[name].append(frame)
+    for job in jobs:  # in the jobs' order, whatever order they finished in
+        frames[job[0]].append(parts[_part_name(job)])
     for name, parts in frames.items():
         options.out.mkdir(parents=True, exist_ok=True)
         path = options.out / f"{name}.csv"

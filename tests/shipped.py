@@ -10,7 +10,7 @@ temporary folder laid out like it). `--check` compares the two: JSON files after
 fields (TIMING_KEYS: solver wall times, which differ from run to run), every other file byte for
 byte, and a file only on one side is a difference. Exit code 1 lists the differences. The
 expensive targets (EXPENSIVE: the shipped instances' profiles and the evidence figures, tens of
-minutes on two cores) run only when named with `--only`. docs/regenerating.md says when to run
+minutes to hours on two cores) run only when named with `--only`. docs/regenerating.md says when to run
 which.
 """
 
@@ -124,8 +124,9 @@ TARGETS = (
     Target("golden-plans", golden_plans, ("tests/golden/plans",), "minutes (nine CP-SAT solves)"),
     Target("config-aic", config_aic, (f"{EXAMPLE}/profiles", f"{EXAMPLE}/plan.json", f"{EXAMPLE}/manifests"),
            "about a minute", needs="aiconfigurator_core"),
-    Target("instance-profiles", instance_profiles, ("instances/profiles",), "about 40 minutes on two cores"),
-    Target("figures", figures, ("docs/figures",), "about 45 minutes on two cores", pattern="*.csv"),
+    Target("instance-profiles", instance_profiles, ("instances/profiles",),
+           "hours on two cores (instances/generate_profiles.py --resume DIR can stop and go on)"),
+    Target("figures", figures, ("docs/figures",), "over an hour (one process after another)", pattern="*.csv"),
 )
 EXPENSIVE = ("instance-profiles", "figures")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
+
 import shipped
 from conftest import REPO
 
@@ -42,3 +44,41 @@ def test_the_cheap_targets_reproduce(capsys):
     """The CLI reference and the golden manifests (the golden plans: tests/test_golden_plans.py;
     the config-aic example, a minute: .ci/run runs `python tests/shipped.py --check`)."""
     assert shipped.main(["--check", "--only", "cli-reference,golden-manifests"]) == 0, capsys.readouterr().out
+
+
+def _cheap_job(job):
+    """One (profile, GPU type, TP) part measured for real, small: a fixed request shape, two rates."""
+    from scepsy.models.catalog import catalog
+    from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
+
+    name, gpu_type, tp = job[:3]
+    settings = SynthesisSettings(requests_per_point=40, rate_points=(0.3, 0.8), max_extensions=0, refine_steps=0,
+                                 fill_points=())
+    frame, _ = synthesize(catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), [tp], (1.0,),
+                          load_request_source("fixed:128,16"), settings, gpu_type=gpu_type)
+    return name, frame
+
+
+def test_a_profile_regeneration_that_stopped_goes_on_where_it_stopped(tmp_path):
+    """generate_profiles.py --resume keeps each finished part; a later run measures only the rest
+    and writes the same bytes as a run without stops."""
+    import importlib.util
+
+    from scepsy.models.instance.profile import write_profile
+
+    spec = importlib.util.spec_from_file_location("generate_profiles", REPO / "instances" / "generate_profiles.py")
+    assert spec is not None and spec.loader is not None
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    jobs = [("p", "A6000", 1), ("p", "A6000", 2), ("q", "A6000", 1)]
+    whole = generate._measure(jobs, 1, None, run=_cheap_job)
+    keep = tmp_path / "parts"
+    generate._measure(jobs[:2], 1, keep, run=_cheap_job)  # the run that stopped after two parts
+    measured: list = []
+    resumed = generate._measure(jobs, 1, keep, run=lambda job: (measured.append(job), _cheap_job(job))[1])
+    assert measured == [jobs[2]] and sorted(p.name for p in keep.iterdir()) == sorted(generate._part_name(j) for j in jobs)
+    for name in ("p", "q"):
+        a, b = tmp_path / f"whole-{name}.csv", tmp_path / f"resumed-{name}.csv"
+        write_profile(pd.concat([whole[generate._part_name(j)] for j in jobs if j[0] == name], ignore_index=True), a)
+        write_profile(pd.concat([resumed[generate._part_name(j)] for j in jobs if j[0] == name], ignore_index=True), b)
+        assert a.read_bytes() == b.read_bytes()

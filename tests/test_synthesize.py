@@ -270,7 +270,7 @@ def test_the_steep_part_of_the_curve_is_measured_not_drawn_as_a_line():
 def test_the_capacity_is_confirmed_over_long_windows_in_every_draw():
     """A replica that keeps up over a short window up to 100 req/s but holds only up to 90 over a
     long one (its queue grows slowly, or its prefix cache thrashes late): the confirmed capacity
-    lies within one bisection step below 90, short rows above it are left out, the long rows that
+    lies within one 5% step below 90, short rows above it are left out, the long rows that
     collapsed are kept (unstable, as the loader reads them), one that completes 96% (stable by the
     short rows' ratio, not held over the long window) is not written, and the fill rows are placed
     under the confirmed capacity."""
@@ -295,11 +295,13 @@ def test_the_capacity_is_confirmed_over_long_windows_in_every_draw():
     assert any(r["arrival_rate"] > 92.0 and r["throughput"] < 0.5 * r["arrival_rate"] + 1e-9 for r in confirmed)
     for point in FILL_POINTS:
         assert min(abs(r["arrival_rate"] - point * capacity) for r in confirmed) <= FILL_TOLERANCE * capacity
-    # where the long windows hold at the short rows' capacity, it stands and one long row is measured
+    # where short draws fell behind by chance below what long ones sustain (up to 120), the
+    # capacity goes up: 1.25x steps above the short rows' capacity until one fails, then bisections
     asked.clear()
-    same = confirm(rows, lambda rate: (asked.append(rate), {**queue_row(100.0)(rate), "latency_mean": 1.0})[1],
-                   queue_row(100.0), settings)
-    assert len(asked) == 1 and max(r["arrival_rate"] for r in same if r["throughput"] >= 0.95 * r["arrival_rate"]) == asked[0]
+    higher = confirm(rows, lambda rate: (asked.append(rate), {**queue_row(120.0)(rate), "latency_mean": 1.0})[1],
+                     queue_row(100.0), settings)
+    capacity = max(r["arrival_rate"] for r in higher if r["throughput"] >= 0.95 * r["arrival_rate"])
+    assert asked[0] < 100.0 < asked[1] and 120.0 * (1 - 0.25 / 8) <= capacity < 120.0
 
 
 def test_a_confirmation_draw_that_falls_behind_decides_the_rate():

@@ -551,9 +551,11 @@ def confirmation_row(engine: Engine, source: RequestSource, settings: SynthesisS
 def confirm(rows: list[dict], long_row: Callable[[float], dict], measure: Callable[[float], dict],
             settings: SynthesisSettings) -> list[dict]:
     """`rows` with their capacity confirmed over long windows (`confirmation_row`): the largest
-    stable rate, else CONFIRM_STEP of the last rate tried, until one holds (at most
-    `max_extensions` steps down), then `confirm_steps` bisections between the largest rate that
-    held and the smallest that did not. The long rows replace the short ones at their rates; short
+    stable rate; where it holds, rates EXTENSION_FACTOR apart above it until one does not, else
+    CONFIRM_STEP of the last rate tried until one holds (at most `max_extensions` steps either
+    way); then `confirm_steps` bisections between the largest rate that held and the smallest
+    that did not. The capacity is so the largest rate at which every long draw keeps up, above or
+    below the short rows' one. The long rows replace the short ones at their rates; short
     rows above the confirmed capacity are left out (they were stable only over a short window),
     and the long rows that did not hold are kept: they mark where the replica collapses. Then the
     fill rows below the confirmed capacity that the rows lack (`fill_rates`)."""
@@ -562,11 +564,15 @@ def confirm(rows: list[dict], long_row: Callable[[float], dict], measure: Callab
         return rows
     long: dict[float, dict] = {}
     rate = max(stable)
-    for _ in range(settings.max_extensions + 1):
-        long[rate] = long_row(rate)
-        if _held(long[rate]):
+    long[rate] = long_row(rate)
+    # the short rows' capacity holds: rates EXTENSION_FACTOR apart above it until one does not
+    # (a short draw can fall behind by chance where long ones keep up); else steps down
+    step = EXTENSION_FACTOR if _held(long[rate]) else CONFIRM_STEP
+    for _ in range(settings.max_extensions):
+        if _held(long[rate]) != (step > 1):
             break
-        rate = as_written(rate * CONFIRM_STEP)
+        rate = as_written(rate * step)
+        long[rate] = long_row(rate)
     held = [r for r, row in long.items() if _held(row)]
     # a long row that did not hold is written only where the loader reads it as unstable too
     collapsed = [row for row in long.values() if not _stable(row)]

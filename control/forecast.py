@@ -47,7 +47,7 @@ class Forecaster:
 
     name: str = "kalman"
     alpha: float = 0.5  # ewma: weight of the newest sample
-    slope_noise: float = 1e-8  # kalman: process noise of the slope, (requests/s per s)^2 per s
+    slope_noise: float = 1e-6  # kalman: process noise of the slope, (requests/s per s)^2 per s
     burst_cv: float = 0.1  # kalman: measurement noise beyond Poisson, as a fraction of the rate
     trend_cap: float = 0.25  # kalman: the trend moves a forecast at most this fraction of the level
 

@@ -301,9 +301,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     history = {w: (tuple(state.history.get(w, ())) + (r,))[-keep_n:] for w, r in rates.items()}
     confirmed = {w: float(statistics.median(h)) for w, h in history.items()}
     variability = {}
-    for w in rates:
+    for w, r in rates.items():
         prior = state.forecasts.get(w)
-        deviation = 0.0 if prior is None else confirmed[w] - prior.level
+        deviation = 0.0 if prior is None else r - prior.level
         variability[w] = (1 - VARIABILITY_WEIGHT) * state.variability.get(w, 0.0) + VARIABILITY_WEIGHT * deviation ** 2
     # the measurement noise is the variability seen before this sample: a first step is followed at once
     forecasts = {w: context.forecaster.update(state.forecasts.get(w), confirmed[w], dt, state.variability.get(w, 0.0))

@@ -343,7 +343,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     def guarded(direction: int) -> dict[str, float]:
         """LLMs whose last change went the other way within the flap window: name -> seconds since."""
         return {m: now - t for m, (t, d) in state.last_direction.items()
-                if d == -direction and now - t < s.flap_window_s - 1e-9}
+                if d == -direction and now - t <= s.flap_window_s + 1e-9}
 
     # 3. decide: scale up at once when the running plan breaks a planning SLO at the sustained rate
     if not _meets(current, slos):

@@ -216,7 +216,7 @@ def _reversals(changes: list[tuple[float, str, int, bool]], window_s: float) -> 
     out = []
     for llm in sorted({m for _, m, _, _ in changes}):
         own = [c for c in changes if c[1] == llm]
-        out += [c1 for c0, c1 in zip(own, own[1:]) if c0[2] != c1[2] and c1[0] - c0[0] < window_s]
+        out += [c1 for c0, c1 in zip(own, own[1:]) if c0[2] != c1[2] and c1[0] - c0[0] <= window_s]
     return out
 
 

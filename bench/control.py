@@ -165,11 +165,11 @@ def main() -> None:
             placement = context.replanner.place(start, None)
             assert placement is not None
             if options.plans_only:
-                result = plan_level(instance, arrivals, context, start, placement, options.minutes)
+                level = plan_level(instance, arrivals, context, start, placement, options.minutes)
                 cpu = time.process_time() - cpu
                 console.print(f"startup {startup:g} s, peak {peak:g}: {cpu:.0f} s CPU")
-                console.print(json.dumps({k: v for k, v in result.items() if k != "units_per_minute"}))
-                console.print(" ".join(str(u) for u in result["units_per_minute"]))
+                console.print(json.dumps({k: v for k, v in level.items() if k != "units_per_minute"}))
+                console.print(" ".join(str(u) for u in level["units_per_minute"]))
                 continue
             runs = run_systems(instance, start, placement, arrivals, systems, settings, slos)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu

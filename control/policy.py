@@ -258,7 +258,7 @@ def _directions(old: Allocation, new: Allocation) -> dict[str, int]:
     """Per LLM that changes: +1 where its replica count grows (its share units, where the count
     stays), -1 where it shrinks; LLMs whose count and units stay are left out."""
     before = {c.llm: c for c in old.llms}
-    out = {}
+    out: dict[str, int] = {}
     for c in new.llms:
         b = before.get(c.llm)
         replicas, units = (c.replicas, c.units) if b is None else (c.replicas - b.replicas, c.units - b.units)
@@ -300,7 +300,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     keep_n = 2 * s.confirm_periods - 1
     history = {w: (tuple(state.history.get(w, ())) + (r,))[-keep_n:] for w, r in rates.items()}
     confirmed = {w: float(statistics.median(h)) for w, h in history.items()}
-    variability = {}
+    variability: dict[str, float] = {}
     for w, r in rates.items():
         prior = state.forecasts.get(w)
         deviation = 0.0 if prior is None else r - prior.level

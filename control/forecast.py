@@ -9,10 +9,9 @@ Predictors (`ControlSettings.predictor`):
               the forecast is level + slope * horizon, the trend term bounded to `trend_cap` (50%)
               of the level (a step in the rate is not a trend to extrapolate), never below 0.
               Measurement noise: a Poisson count's rate / period plus (burst_cv * rate)^2 for
-              burstiness (requests/s squared), or the caller's `noise_var` where larger (the
-              policy passes the observed variability of the series, so a bursty series moves
-              the level little per sample and a steady one follows a step at once); process noise
-              white on the slope.
+              burstiness (requests/s squared), or the caller's `noise_var` where larger (a
+              caller that knows its series to be noisier damps each sample's pull on the level);
+              process noise white on the slope.
 
 A forecaster's state is a frozen value (ForecastState), so that the decision function stays pure:
 `update(state, value, dt_s)` returns the next state and `predict(state, horizon_s)` reads it.

@@ -16,8 +16,8 @@ does no I/O and reads no clock. Each period:
    rate over the window a replica asked for now would serve, [now + startup_s, now + startup_s +
    sustain_s] (for a linear trend: the forecast at its middle, `horizon_s`). The rate to be ready
    for is up_w = sustained_w + margin_w, the burst margin max(headroom * sustained_w, burst_z *
-   sigma_w / sqrt(sustain_s / period_s)): sigma_w the observed period-to-period deviation of the
-   workflow's rate from its forecast level (an exponentially weighted RMS), so the margin is one
+   sigma_w / sqrt(sustain_s / period_s)): sigma_w the observed deviation of the workflow's rate
+   from its running median, the bursts the median removed (an exponentially weighted RMS), so the margin is one
    standard error of the window's mean rate, never below the Poisson headroom.
 3. Decide. The planning rate is the highest up_w of the last `stabilization_s` (a scale-down is
    thus taken only when it was right for the whole window).
@@ -135,7 +135,7 @@ class ControllerState:
     last_scale_s: Mapping[str, float] = field(default_factory=dict)  # per LLM: when its replica count last changed
     last_direction: Mapping[str, tuple[float, int]] = field(default_factory=dict)  # per LLM: (time_s, +1 / -1) of its last change
     history: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # per workflow: the last observed rates (the median's)
-    variability: Mapping[str, float] = field(default_factory=dict)  # per workflow: EW mean square deviation from the level, (req/s)^2
+    variability: Mapping[str, float] = field(default_factory=dict)  # per workflow: EW mean square deviation from the median, (req/s)^2
     last_up_s: float | None = None  # the last scale-up
     observed_since_s: float | None = None  # the first good observation since the last hold
     last_time_s: float | None = None  # the last good observation
@@ -302,12 +302,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     confirmed = {w: float(statistics.median(h)) for w, h in history.items()}
     variability: dict[str, float] = {}
     for w, r in rates.items():
-        prior = state.forecasts.get(w)
-        deviation = 0.0 if prior is None else r - prior.level
+        deviation = r - confirmed[w]  # a burst the median removed; zero once a step is confirmed
         variability[w] = (1 - VARIABILITY_WEIGHT) * state.variability.get(w, 0.0) + VARIABILITY_WEIGHT * deviation ** 2
-    # the measurement noise is the variability seen before this sample: a first step is followed at once
-    forecasts = {w: context.forecaster.update(state.forecasts.get(w), confirmed[w], dt, state.variability.get(w, 0.0))
-                 for w in rates}
+    forecasts = {w: context.forecaster.update(state.forecasts.get(w), confirmed[w], dt) for w in rates}
     sustained = {w: context.forecaster.predict(f, s.horizon) for w, f in forecasts.items()}
     margin = {w: max(s.headroom * sustained[w], s.burst_z * math.sqrt(variability[w] / s.margin_samples)) for w in rates}
     up = {w: sustained[w] + margin[w] for w in rates}

@@ -343,8 +343,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
                 if d == -direction and now - t <= s.flap_window_s + 1e-9}
 
     # 3. decide: scale up at once when the running plan breaks a planning SLO at the sustained rate
-    if not _meets(current, slos):
-        target = _choose(context, state.allocation, window)
+    target = _choose(context, state.allocation, window) if not _meets(current, slos) else None
+    # a plan that frees share units is a scale-down, whatever triggered it: its rules below apply
+    if not _meets(current, slos) and (target is None or target.units >= state.allocation.units):
         if target is None:
             return keep("the forecast breaks the SLO and no plan meets it: keeping the plan that runs")
         if target == state.allocation:

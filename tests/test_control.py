@@ -379,15 +379,16 @@ def test_the_closed_loop_is_deterministic_for_a_seed(rag, rag_plan):
 
 
 def test_a_closed_loop_step_recovers_and_every_baseline_runs(rag, rag_plan):
-    """Rate x2 at minute 3 from the plan for 4 req/s: scepsy-control's replicas serve within
-    start-up + 2 periods of the step and the SLO holds after it; every system reports its fields."""
+    """Rate x3 at minute 3 from the plan for 4 req/s (x2 that plan still serves within the planning
+    SLO): scepsy-control's replicas serve within start-up + 2 periods of the step and the SLO holds
+    after it; every system reports its fields."""
     slo = 2 * predict(rag, rag_plan.allocation).workflow("rag").latency_s
     own = make_context(rag, ControlSettings(), allocation=rag_plan.allocation).replanner
     start = own.allocation({"rag": 4.4})
     assert start is not None
     placement = own.place(start, None)
     assert placement is not None
-    arrivals = _step_arrivals(4.0, 2.0)
+    arrivals = _step_arrivals(4.0, 3.0)
     settings = ClosedLoopSettings(ControlSettings(startup_s=60.0, period_s=60.0))
     runs = run_systems(rag, start, placement, arrivals, list(SYSTEMS), settings, slos_s={"rag": slo})
     assert [r.name for r in runs] == list(SYSTEMS)

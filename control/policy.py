@@ -23,7 +23,8 @@ does no I/O and reads no clock. Each period:
    thus taken only when it was right for the whole window).
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
      breaks a workflow's planning SLO (latency_slo_s * slo_margin) or overloads an LLM, re-plan at
-     once at the planning rate. A burst the median and the forecast absorb never gets here. The
+     once at the planning rate (a plan that frees share units is a scale-down, whatever
+     triggered it). A burst the median and the forecast absorb never gets here. The
      plan (control/replan.py) keeps
      the running shapes and changes replica counts only, unless a re-shaped plan (fewest GPUs that
      meet the planning SLOs) needs fewer share units by more than the hysteresis and saves more

@@ -1,16 +1,19 @@
 """The controller against its baselines on the shipped Azure traces (docs/control.md, "Measured").
 
-    python bench/control.py [--peaks 0.8,1.0] [--startups 60,180,420] [--start-min 35] [--minutes 15]
+    python bench/control.py [--peaks 0.8,1.0] [--startups 60,180,420] [--start-min 0] [--minutes 60]
                             [--systems scepsy-control,static-peak,...] [--out bench/control.jsonl]
+    python bench/control.py --table [--out bench/control.jsonl]
 
 Scenario: instances/combined-8xh100.yaml planned at its rates (beam 20, rag 40 req/s); the conv
 trace drives beam search and the code trace drives RAG, both cut to [start-min, start-min +
-minutes) and scaled (control/simulation.py scale_arrivals) so that each workflow's peak 5-minute
-rate is PEAK times its planned rate; every workflow's SLO is twice its planned latency. Every system
-starts from the plan for the trace's peak 5-minute rate (static-peak's; `static`, the same plan, is
-left out by default, as is `oracle`, for CPU time). One line of
-JSON per scenario goes to --out (the systems' documents, the scenario, the wall and CPU time), and
-the checks of docs/control.md are printed per scenario.
+minutes) (default: the whole shipped hour) and scaled (control/simulation.py scale_arrivals) so
+that each workflow's peak 5-minute rate is PEAK times its planned rate; every workflow's SLO is
+twice its planned latency. Every system starts from the plan for the trace's peak 5-minute rate
+(static-peak's; `static`, the same plan, is left out by default, as is `oracle`, for CPU time).
+One line of JSON per scenario and run goes to --out (the systems' documents, the scenario, the
+wall and CPU time); systems of one scenario may run in separate invocations (--systems picks
+them): --table merges the lines of a scenario and prints the table and the checks of
+docs/control.md.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 
-from scepsy.control.policy import ControlSettings
+from scepsy.control.policy import ControllerState, ControlSettings, Observation, PolicyContext, decide, make_context
 from scepsy.control.report import control_document, control_table
-from scepsy.control.policy import make_context
-from scepsy.control.simulation import ClosedLoopSettings, SystemRun, peak_rates, run_systems, trace_arrivals
-from scepsy.models.instance.instance import load_instance
+from scepsy.control.simulation import ClosedLoopSettings, peak_rates, rate_bins, run_systems, trace_arrivals
+from scepsy.models.instance.allocation import Allocation, Placement
+from scepsy.models.instance.instance import Instance, load_instance
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.planner.allocation.search import PlanSettings
 
@@ -35,57 +39,108 @@ INSTANCE = REPO / "instances" / "combined-8xh100.yaml"
 DRIVERS = {"beam": "conv", "rag": "code"}  # which shipped Azure trace drives which workflow (azure:conv, azure:code)
 
 
-def checks(runs: list[SystemRun]) -> dict[str, bool | None]:
-    """The measured claims of docs/control.md, for one scenario (None: a system was not run)."""
-    by = {r.name: r for r in runs}
+def checks(systems: list[dict], minutes: float) -> dict[str, bool | None]:
+    """The measured claims of docs/control.md for one scenario, from the systems' JSON documents
+    (control/report.py); None where a system was not run."""
+    by = {system["name"]: system for system in systems}
     ours = by.get("scepsy-control")
     if ours is None:
         return {}
 
-    def misses(run: SystemRun) -> int:
-        return sum(w.slo_miss_minutes for w in run.workflows)
+    def misses(system: dict) -> int:
+        return sum(w["slo_miss_minutes"] for w in system["workflows"])
 
     out: dict[str, bool | None] = {}
     hpa, peak, sat = by.get("k8s-hpa"), by.get("static-peak"), by.get("saturation")
     out["half the SLO-miss minutes of k8s-hpa at no more GPU-hours"] = None if hpa is None else (
-        misses(ours) <= 0.5 * misses(hpa) and ours.gpu_hours <= hpa.gpu_hours + 1e-9)
+        misses(ours) <= 0.5 * misses(hpa) and ours["gpu_hours"] <= hpa["gpu_hours"] + 1e-9)
     out["20% fewer GPU-hours than static-peak, at most 1 more SLO-miss minute"] = None if peak is None else (
-        ours.gpu_hours <= 0.8 * peak.gpu_hours and misses(ours) <= misses(peak) + 1)
+        ours["gpu_hours"] <= 0.8 * peak["gpu_hours"] and misses(ours) <= misses(peak) + 1)
     out["dominates saturation"] = None if sat is None else (
-        misses(ours) <= misses(sat) and ours.gpu_hours <= sat.gpu_hours + 1e-9
-        and (misses(ours) < misses(sat) or ours.gpu_hours < sat.gpu_hours - 1e-9))
-    minutes = max((s.time_s for s in ours.timeline), default=0.0) / 60
-    out["at most one flap per LLM per 10 minutes"] = ours.flaps_max_per_llm <= max(minutes / 10, 1)
-    out["moves within 1.2x of the lower bound"] = ours.replicas_moved <= 1.2 * ours.replicas_moved_lower_bound + 1e-9
+        misses(ours) <= misses(sat) and ours["gpu_hours"] <= sat["gpu_hours"] + 1e-9
+        and (misses(ours) < misses(sat) or ours["gpu_hours"] < sat["gpu_hours"] - 1e-9))
+    out["at most one flap per LLM per 10 minutes"] = ours["flaps_max_per_llm"] <= max(minutes / 10, 1)
+    out["moves within 1.2x of the lower bound"] = ours["replicas_moved"] <= 1.2 * ours["replicas_moved_lower_bound"] + 1e-9
     return out
 
 
-def markdown(path: Path) -> str:
-    """The scenarios of a --out file as a markdown table (docs/control.md, "Measured")."""
-    lines = ["| start-up | peak | system | GPU-hours | SLO-miss minutes (beam, rag) | unfinished | moved / bound | flaps (max per LLM) | decision p99 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+def scenarios(path: Path) -> list[tuple[dict, list[dict], list[dict]]]:
+    """The lines of a --out file merged per scenario: (scenario, systems, the runs' scenario
+    records with their CPU time), in the order first seen; a system run twice keeps its last run."""
+    merged: dict[tuple, tuple[dict, dict[str, dict], list[dict]]] = {}
     for line in path.read_text().splitlines():
         record = json.loads(line)
         scenario = record["scenario"]
+        key = tuple(scenario.get(k) for k in ("startup_s", "peak", "start_min", "minutes", "seed"))
+        entry = merged.setdefault(key, (scenario, {}, []))
         for system in record["systems"]:
+            entry[1][system["name"]] = system
+        entry[2].append(scenario)
+    return [(scenario, list(systems.values()), runs) for scenario, systems, runs in merged.values()]
+
+
+def markdown(path: Path) -> str:
+    """The scenarios of a --out file as a markdown table, and their checks (docs/control.md, "Measured")."""
+    lines = ["| start-up | peak | minutes | system | GPU-hours | SLO-miss minutes (beam, rag) | unfinished | moved / bound | flaps (max per LLM) | decision p99 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for scenario, systems, runs in scenarios(path):
+        head = f"| {scenario['startup_s']:g} s | {scenario['peak']:g} | {scenario['start_min']:g}-{scenario['start_min'] + scenario['minutes']:g} |"
+        for system in systems:
             misses = ", ".join(str(w["slo_miss_minutes"]) for w in system["workflows"])
             unfinished = sum(w["requests_unfinished"] for w in system["workflows"])
-            lines.append(f"| {scenario['startup_s']:g} s | {scenario['peak']:g} | {system['name']} | {system['gpu_hours']:.3f} | "
+            lines.append(f"{head} {system['name']} | {system['gpu_hours']:.3f} | "
                          f"{misses} | {unfinished} | {system['replicas_moved']} / {system['replicas_moved_lower_bound']} | "
                          f"{system['flaps']} ({system['flaps_max_per_llm']}) | {system['decision_p99_s']:.2f} s |")
-    return "\n".join(lines)
+        cpu = sum(r.get("cpu_s", 0.0) for r in runs)
+        notes.append(f"start-up {scenario['startup_s']:g} s, peak {scenario['peak']:g}: {cpu:.0f} s CPU")
+        for claim, ok in checks(systems, scenario["minutes"]).items():
+            notes.append(f"  {'n/a ' if ok is None else ('PASS' if ok else 'FAIL')}  {claim}")
+    return "\n".join(lines + [""] + notes)
+
+
+def plan_level(instance: Instance, arrivals: dict[str, list[float]], context: PolicyContext, start: Allocation,
+               placement: Placement, minutes: float) -> dict:
+    """The policy on the trace's 1-minute rates without the simulator (--plans-only): each minute's
+    workflow rates become exact per-LLM observations, the replicas the target's; the share units
+    of the targets per minute against the start plan's (static-peak's). `bound`: per minute the
+    fewest units of a plan for the centered 5-minute mean rate plus headroom, the least any
+    controller that plans for a 5-minute rate holds with free, instant changes."""
+    bins = rate_bins(arrivals, minutes * 60, 60.0)
+    state = ControllerState.initial(start, placement)
+    units: list[int] = []
+    bound: list[int] = []
+    changes: list[dict] = []
+    count = len(next(iter(bins.values())))
+    for k in range(count):
+        rates = {w: float(r[k]) for w, r in bins.items()}
+        at = instance.with_arrival_rates(rates)
+        observed: dict[str, float | None] = {m.name: at.offered_rate_rps(m.name) for m in instance.llms}
+        ready = {c.llm: c.replicas for c in state.allocation.llms}
+        state, decision = decide(state, Observation(60.0 * (k + 1), observed, ready), context)
+        units.append(state.allocation.units)
+        if decision.action == "replan":
+            changes.append({"minute": k + 1, "reason": decision.reason, "units": state.allocation.units})
+        centered = {w: float(np.mean(r[max(k - 2, 0):k + 3])) * (1 + context.settings.headroom) for w, r in bins.items()}
+        best = context.replanner.allocation(centered)
+        bound.append(best.units if best is not None else start.units)
+    return {"static_peak_units": start.units, "mean_units": float(np.mean(units)), "bound_mean_units": float(np.mean(bound)),
+            "ratio": float(np.mean(units)) / start.units, "bound_ratio": float(np.mean(bound)) / start.units,
+            "units_per_minute": units, "changes": changes}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--peaks", default="0.8,1.0")
     parser.add_argument("--startups", default="180,60,420")
-    parser.add_argument("--start-min", type=float, default=35.0)
-    parser.add_argument("--minutes", type=float, default=15.0)
+    parser.add_argument("--start-min", type=float, default=0.0)
+    parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--systems", default="scepsy-control,static-peak,k8s-hpa,saturation")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "control.jsonl")
     parser.add_argument("--table", action="store_true", help="only print the markdown table of --out's scenarios")
+    parser.add_argument("--plans-only", action="store_true",
+                        help="run the policy on the trace's 1-minute rates without the simulator; print share units against static-peak")
     options = parser.parse_args()
     if options.table:
         print(markdown(options.out))
@@ -109,13 +164,21 @@ def main() -> None:
             assert start is not None, "no plan meets the SLOs at the peak"
             placement = context.replanner.place(start, None)
             assert placement is not None
+            if options.plans_only:
+                level = plan_level(instance, arrivals, context, start, placement, options.minutes)
+                cpu = time.process_time() - cpu
+                console.print(f"startup {startup:g} s, peak {peak:g}: {cpu:.0f} s CPU")
+                console.print(json.dumps({k: v for k, v in level.items() if k != "units_per_minute"}))
+                console.print(" ".join(str(u) for u in level["units_per_minute"]))
+                continue
             runs = run_systems(instance, start, placement, arrivals, systems, settings, slos)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             scenario = {"startup_s": startup, "peak": peak, "start_min": options.start_min, "minutes": options.minutes,
                         "seed": options.seed, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
-            result = checks(runs)
+            document = control_document(runs)
+            result = checks(document["systems"], options.minutes)
             with options.out.open("a") as handle:
-                handle.write(json.dumps({"scenario": scenario, **control_document(runs), "checks": result}) + "\n")
+                handle.write(json.dumps({"scenario": scenario, **document, "checks": result}) + "\n")
             console.print(f"startup {startup:g} s, peak {peak:g}: {wall:.0f} s wall, {cpu:.0f} s CPU")
             console.print(control_table(runs))
             for claim, ok in result.items():

@@ -9,7 +9,9 @@ Predictors (`ControlSettings.predictor`):
               the forecast is level + slope * horizon, the trend term bounded to `trend_cap` (50%)
               of the level (a step in the rate is not a trend to extrapolate), never below 0.
               Measurement noise: a Poisson count's rate / period plus (burst_cv * rate)^2 for
-              burstiness (requests/s squared); process noise white on the slope.
+              burstiness (requests/s squared), or the caller's `noise_var` where larger (a
+              caller that knows its series to be noisier damps each sample's pull on the level);
+              process noise white on the slope.
 
 A forecaster's state is a frozen value (ForecastState), so that the decision function stays pure:
 `update(state, value, dt_s)` returns the next state and `predict(state, horizon_s)` reads it.
@@ -46,14 +48,15 @@ class Forecaster:
     alpha: float = 0.5  # ewma: weight of the newest sample
     slope_noise: float = 1e-6  # kalman: process noise of the slope, (requests/s per s)^2 per s
     burst_cv: float = 0.1  # kalman: measurement noise beyond Poisson, as a fraction of the rate
-    trend_cap: float = 0.5  # kalman: the trend moves a forecast at most this fraction of the level
+    trend_cap: float = 0.25  # kalman: the trend moves a forecast at most this fraction of the level
 
     def __post_init__(self) -> None:
         if self.name not in PREDICTORS:
             raise ValueError(f"unknown predictor {self.name!r}; use one of {', '.join(PREDICTORS)}")
 
-    def update(self, state: ForecastState | None, value: float, dt_s: float) -> ForecastState:
-        """The state after observing `value` (requests/s over the last `dt_s` seconds)."""
+    def update(self, state: ForecastState | None, value: float, dt_s: float, noise_var: float = 0.0) -> ForecastState:
+        """The state after observing `value` (requests/s over the last `dt_s` seconds); `noise_var`:
+        the measurement noise where the series is known to vary more than Poisson (kalman)."""
         value = max(float(value), 0.0)
         if state is None:
             noise = max(value, 1e-3) / max(dt_s, 1e-9)
@@ -63,9 +66,9 @@ class Forecaster:
         if self.name == "ewma":
             level = self.alpha * value + (1 - self.alpha) * state.level
             return ForecastState(level, 0.0, state.covariance, state.samples + 1)
-        return self._kalman(state, value, dt_s)
+        return self._kalman(state, value, dt_s, noise_var)
 
-    def _kalman(self, state: ForecastState, value: float, dt_s: float) -> ForecastState:
+    def _kalman(self, state: ForecastState, value: float, dt_s: float, noise_var: float) -> ForecastState:
         kf = KalmanFilter(dim_x=2, dim_z=1)
         kf.x = np.array([[state.level], [state.slope]])
         kf.P = np.array(state.covariance, dtype=float).reshape(2, 2)
@@ -73,7 +76,7 @@ class Forecaster:
         kf.H = np.array([[1.0, 0.0]])
         kf.Q = np.asarray(Q_discrete_white_noise(dim=2, dt=dt_s, var=self.slope_noise), dtype=np.float64).reshape(2, 2)
         rate = max(value, state.level, 1e-3)
-        kf.R = np.array([[rate / max(dt_s, 1e-9) + (self.burst_cv * rate) ** 2]])
+        kf.R = np.array([[max(rate / max(dt_s, 1e-9) + (self.burst_cv * rate) ** 2, noise_var)]])
         kf.predict()
         kf.update(np.array([[value]]))
         level, slope = float(kf.x[0, 0]), float(kf.x[1, 0])

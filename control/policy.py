@@ -9,14 +9,23 @@ does no I/O and reads no clock. Each period:
    over the instance's n (control/rates.py). Where a rate the policy needs is missing (no series,
    NaN, stale: the observer passes None), the decision is `hold`: the last good plan stays, nothing
    scales down on missing data, and the forecasters are not fed.
-2. Forecast. One forecaster per workflow (control/forecast.py: constant, ewma, kalman), `horizon_s`
-   ahead (default: start-up time + one period, the earliest a replica started now can serve).
-   The rate to be ready for is up_w = max(observed_w, forecast_w).
+2. Sustained rate. A rise or fall counts once it held for `confirm_periods` periods: each
+   workflow's rate goes through a running median of its last 2 * confirm_periods - 1 observations
+   (default 3: a one-period burst never reaches the forecast, a step does in its second period).
+   One forecaster per workflow (control/forecast.py: constant, ewma, kalman) forecasts the mean
+   rate over the window a replica asked for now would serve, [now + startup_s, now + startup_s +
+   sustain_s] (for a linear trend: the forecast at its middle, `horizon_s`). The rate to be ready
+   for is up_w = sustained_w + margin_w, the burst margin max(headroom * sustained_w, burst_z *
+   sigma_w / sqrt(sustain_s / period_s)): sigma_w the observed deviation of the workflow's rate
+   from its running median, the bursts the median removed (an exponentially weighted RMS), so the margin is one
+   standard error of the window's mean rate, never below the Poisson headroom.
 3. Decide. The planning rate is the highest up_w of the last `stabilization_s` (a scale-down is
-   thus taken only when it was right for the whole window), times 1 + `headroom`.
-   - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at
-     up_w * (1 + headroom) breaks a workflow's planning SLO (latency_slo_s * slo_margin) or
-     overloads an LLM, re-plan at once at the planning rate. The plan (control/replan.py) keeps
+   thus taken only when it was right for the whole window).
+   - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
+     breaks a workflow's planning SLO (latency_slo_s * slo_margin) or overloads an LLM, re-plan at
+     once at the planning rate (a plan that frees share units is a scale-down, whatever
+     triggered it). A burst the median and the forecast absorb never gets here. The
+     plan (control/replan.py) keeps
      the running shapes and changes replica counts only, unless a re-shaped plan (fewest GPUs that
      meet the planning SLOs) needs fewer share units by more than the hysteresis and saves more
      over a stabilization window than its relocations hold twice while they start; either is
@@ -25,6 +34,11 @@ does no I/O and reads no clock. Each period:
      the window covers `stabilization_s` of observations and no scale-up happened within it;
      at most `max_moves_per_period` replica moves per period (a larger scale-down is taken in
      steps that only stop replicas, each step checked to meet the planning SLO);
+   - flap guard: an LLM's replica count (its share units where the count stays) does not reverse
+     direction within `flap_window_s` of its last change. A scale-down leaves such LLMs as they
+     are (and is dropped where nothing else is cheaper); a scale-up that would reverse one is taken
+     only when the SLO is at risk: the running plan breaks the SLO itself (latency_slo_s, no
+     margin) at the sustained rate, no burst margin added;
    - keep otherwise. Scale-ups are not capped: meeting the SLO comes before churn.
    Every target is a placement the cluster can run (placed, or a subset of the running one).
    Replicas that are starting count as capacity only once ready: the simulation and the live loop
@@ -34,6 +48,7 @@ does no I/O and reads no clock. Each period:
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -46,6 +61,7 @@ from scepsy.models.instance.instance import Instance
 from scepsy.models.performance.alp import AllocationError, predict
 
 ACTIONS = ("keep", "replan", "hold")
+VARIABILITY_WEIGHT = 0.2  # the burst variability's exponential weight on the newest period: about 5 periods of memory
 
 
 @dataclass(frozen=True)
@@ -55,8 +71,12 @@ class ControlSettings:
     period_s: float = 60.0  # one decision a minute: the WVA's cycle, Prometheus' usual rate window
     startup_s: float = 180.0  # a replica's time to serve: pod start, image pull, weights, warm-up
     predictor: str = "kalman"  # constant, ewma or kalman (control/forecast.py)
-    horizon_s: float | None = None  # None: startup_s + period_s
-    headroom: float = 0.1  # plan for 10% above the forecast: a minute's Poisson count is that noisy
+    sustain_s: float = 300.0  # size for the mean rate over this window after a new replica's start-up
+    horizon_s: float | None = None  # None: startup_s + sustain_s / 2, the middle of that window
+    headroom: float = 0.1  # the least burst margin: a minute's Poisson count at tens of req/s is 10% off
+    burst_z: float = 1.0  # burst margin: this many standard errors of the sustained window's mean rate
+    confirm_periods: int = 2  # a rise or fall counts once it held this many periods (running median)
+    flap_window_s: float = 600.0  # no reversal of an LLM's replica count within this, unless the SLO is at risk
     hysteresis: float = 0.15  # a cheaper plan must hold 15% above the planning rate to be taken
     stabilization_s: float = 300.0  # the Kubernetes HPA's scale-down stabilization window
     max_moves_per_period: int = 8  # replica moves a scale-down may make per period: one node's worth
@@ -70,17 +90,25 @@ class ControlSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, not {value!r}")
-        for name in ("startup_s", "headroom", "hysteresis", "stabilization_s"):
+        for name in ("startup_s", "headroom", "hysteresis", "stabilization_s", "sustain_s", "burst_z", "flap_window_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
         if self.max_moves_per_period < 1:
             raise ValueError("max_moves_per_period must be at least 1")
+        if self.confirm_periods < 1:
+            raise ValueError("confirm_periods must be at least 1")
 
     @property
     def horizon(self) -> float:
-        """How far ahead the forecast looks, s."""
-        return self.startup_s + self.period_s if self.horizon_s is None else self.horizon_s
+        """How far ahead the forecast looks, s: the middle of the window a replica asked for now
+        serves, where a linear trend's forecast is the window's mean."""
+        return self.startup_s + self.sustain_s / 2 if self.horizon_s is None else self.horizon_s
+
+    @property
+    def margin_samples(self) -> float:
+        """How many periods the sustained window's mean averages over (at least 1)."""
+        return max(self.sustain_s / self.period_s, 1.0)
 
 
 @dataclass(frozen=True)
@@ -106,6 +134,9 @@ class ControllerState:
     forecasts: Mapping[str, ForecastState] = field(default_factory=dict)  # per workflow
     recent: tuple[tuple[float, Mapping[str, float]], ...] = ()  # (time_s, up rates) within the window
     last_scale_s: Mapping[str, float] = field(default_factory=dict)  # per LLM: when its replica count last changed
+    last_direction: Mapping[str, tuple[float, int]] = field(default_factory=dict)  # per LLM: (time_s, +1 / -1) of its last change
+    history: Mapping[str, tuple[float, ...]] = field(default_factory=dict)  # per workflow: the last observed rates (the median's)
+    variability: Mapping[str, float] = field(default_factory=dict)  # per workflow: EW mean square deviation from the median, (req/s)^2
     last_up_s: float | None = None  # the last scale-up
     observed_since_s: float | None = None  # the first good observation since the last hold
     last_time_s: float | None = None  # the last good observation
@@ -224,6 +255,26 @@ def _scaled(rates: Mapping[str, float], factor: float) -> dict[str, float]:
     return {w: r * factor for w, r in rates.items()}
 
 
+def _directions(old: Allocation, new: Allocation) -> dict[str, int]:
+    """Per LLM that changes: +1 where its replica count grows (its share units, where the count
+    stays), -1 where it shrinks; LLMs whose count and units stay are left out."""
+    before = {c.llm: c for c in old.llms}
+    out: dict[str, int] = {}
+    for c in new.llms:
+        b = before.get(c.llm)
+        replicas, units = (c.replicas, c.units) if b is None else (c.replicas - b.replicas, c.units - b.units)
+        step = replicas or units
+        if step:
+            out[c.llm] = 1 if step > 0 else -1
+    return out
+
+
+def _with_choices(target: Allocation, running: Allocation, llms: Mapping[str, object]) -> Allocation:
+    """`target` with the running choice (shape and replicas) of each LLM in `llms`."""
+    keep = {c.llm: c for c in running.llms if c.llm in llms}
+    return Allocation(target.fractions_per_gpu, tuple(keep.get(c.llm, c) for c in target.llms))
+
+
 def _changed_llms(old: Allocation, new: Allocation) -> list[str]:
     before = {c.llm: (c.shape, c.replicas) for c in old.llms}
     return sorted(c.llm for c in new.llms if before.get(c.llm) != (c.shape, c.replicas))
@@ -245,20 +296,31 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     inputs["workflow_rates_rps"] = {w: round(r, 6) for w, r in rates.items()}
     inputs["rates_from"] = source
 
-    # 2. forecast
+    # 2. the sustained rate: running median, forecast of the serving window's mean, burst margin
     dt = s.period_s if state.last_time_s is None else max(now - state.last_time_s, 1e-9)
-    forecasts = {w: context.forecaster.update(state.forecasts.get(w), r, dt) for w, r in rates.items()}
-    predicted = {w: context.forecaster.predict(f, s.horizon) for w, f in forecasts.items()}
-    up = {w: max(rates[w], predicted[w]) for w in rates}
+    keep_n = 2 * s.confirm_periods - 1
+    history = {w: (tuple(state.history.get(w, ())) + (r,))[-keep_n:] for w, r in rates.items()}
+    confirmed = {w: float(statistics.median(h)) for w, h in history.items()}
+    variability: dict[str, float] = {}
+    for w, r in rates.items():
+        deviation = r - confirmed[w]  # a burst the median removed; zero once a step is confirmed
+        variability[w] = (1 - VARIABILITY_WEIGHT) * state.variability.get(w, 0.0) + VARIABILITY_WEIGHT * deviation ** 2
+    forecasts = {w: context.forecaster.update(state.forecasts.get(w), confirmed[w], dt) for w in rates}
+    sustained = {w: context.forecaster.predict(f, s.horizon) for w, f in forecasts.items()}
+    margin = {w: max(s.headroom * sustained[w], s.burst_z * math.sqrt(variability[w] / s.margin_samples)) for w in rates}
+    up = {w: sustained[w] + margin[w] for w in rates}
     recent = tuple((t, r) for t, r in state.recent if t > now - s.stabilization_s) + ((now, up),)
     window = {w: max(r[w] for _, r in recent) for w in up}
     since = now if state.observed_since_s is None else state.observed_since_s
-    inputs["forecast_rps"] = {w: round(v, 6) for w, v in predicted.items()}
-    inputs["planning_rate_rps"] = {w: round(v * (1 + s.headroom), 6) for w, v in window.items()}
-    state = replace(state, forecasts=forecasts, recent=recent, observed_since_s=since, last_time_s=now)
+    inputs["confirmed_rate_rps"] = {w: round(v, 6) for w, v in confirmed.items()}
+    inputs["forecast_rps"] = {w: round(v, 6) for w, v in sustained.items()}
+    inputs["burst_margin_rps"] = {w: round(v, 6) for w, v in margin.items()}
+    inputs["planning_rate_rps"] = {w: round(v, 6) for w, v in window.items()}
+    state = replace(state, forecasts=forecasts, recent=recent, observed_since_s=since, last_time_s=now, history=history,
+                    variability=variability)
 
     slos = context.planning_slos_s
-    current = _latencies(context, state.allocation, _scaled(up, 1 + s.headroom))
+    current = _latencies(context, state.allocation, up)
     inputs["predicted_latency_s"] = None if current is None else {w: (round(v, 6) if math.isfinite(v) else None) for w, v in current.items()}
     inputs["gpus"] = round(state.allocation.gpus(), 6)
 
@@ -268,20 +330,33 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     def adopt(allocation: Allocation, placement: Placement, reason: str, up_scale: bool) -> tuple[ControllerState, Decision]:
         changed = _changed_llms(state.allocation, allocation)
         scaled = dict(state.last_scale_s) | {m: now for m in changed}
+        turned = dict(state.last_direction) | {m: (now, d) for m, d in _directions(state.allocation, allocation).items()}
         moved = moves(state.placement, placement)
         bound = moves_lower_bound(state.allocation, allocation)
         inputs["target_gpus"] = round(allocation.gpus(), 6)
         after = replace(state, allocation=allocation, placement=placement, last_good=(allocation, placement),
-                        last_scale_s=scaled, last_up_s=now if up_scale else state.last_up_s)
+                        last_scale_s=scaled, last_direction=turned, last_up_s=now if up_scale else state.last_up_s)
         return after, Decision(now, "replan", allocation, placement, reason, moved, bound, inputs)
 
-    # 3. decide: scale up at once when the running plan breaks a planning SLO at the forecast
-    if not _meets(current, slos):
-        target = _choose(context, state.allocation, _scaled(window, 1 + s.headroom))
+    def guarded(direction: int) -> dict[str, float]:
+        """LLMs whose last change went the other way within the flap window: name -> seconds since."""
+        return {m: now - t for m, (t, d) in state.last_direction.items()
+                if d == -direction and now - t <= s.flap_window_s + 1e-9}
+
+    # 3. decide: scale up at once when the running plan breaks a planning SLO at the sustained rate
+    target = _choose(context, state.allocation, window) if not _meets(current, slos) else None
+    # a plan that frees share units is a scale-down, whatever triggered it: its rules below apply
+    if not _meets(current, slos) and (target is None or target.units >= state.allocation.units):
         if target is None:
             return keep("the forecast breaks the SLO and no plan meets it: keeping the plan that runs")
         if target == state.allocation:
             return keep("the forecast breaks the SLO; the plan that runs is already the best at the forecast")
+        reversing = sorted(set(guarded(+1)) & {m for m, d in _directions(state.allocation, target).items() if d > 0})
+        at_risk = not _meets(_latencies(context, state.allocation, sustained), context.slos_s)
+        inputs["flap_guard"] = {"reversing": reversing, "slo_at_risk": at_risk}
+        if reversing and not at_risk:
+            return keep(f"the forecast breaks the planning SLO, but {', '.join(reversing)} scaled down within "
+                        f"{s.flap_window_s:g} s and the SLO is not at risk at the sustained rate (flap guard)")
         placement = context.replanner.place(target, state.placement)
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
@@ -289,13 +364,20 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         return adopt(target, placement, f"scale up: the forecast breaks the planning SLO of {', '.join(broken)}", True)
 
     # scale down: only a cheaper plan that holds beyond the hysteresis over a full window
-    target = _choose(context, state.allocation, _scaled(window, (1 + s.headroom) * (1 + s.hysteresis)))
+    target = _choose(context, state.allocation, _scaled(window, 1 + s.hysteresis))
     if target is None or target.units >= state.allocation.units:
         return keep("the plan that runs meets the forecast; no cheaper plan holds beyond the hysteresis")
     if now - since < s.stabilization_s - 1e-9:
         return keep(f"a cheaper plan holds, but for {now - since:g} s of {s.stabilization_s:g} s (stabilization)")
     if state.last_up_s is not None and now - state.last_up_s < s.stabilization_s - 1e-9:
         return keep(f"a cheaper plan holds, but the last scale-up was {now - state.last_up_s:g} s ago (stabilization)")
+    hold = guarded(-1)
+    if hold:
+        target = _with_choices(target, state.allocation, hold)
+        inputs["flap_guard"] = {"kept": sorted(hold)}
+        if target.units >= state.allocation.units:
+            names = ", ".join(f"{m} ({hold[m]:g} s ago)" for m in sorted(hold))
+            return keep(f"a cheaper plan holds, but it scales down {names}, scaled up within {s.flap_window_s:g} s (flap guard)")
     placed = context.replanner.place(target, state.placement)
     if placed is not None and moves(state.placement, placed) <= s.max_moves_per_period:
         return adopt(target, placed, "scale down: a cheaper plan holds over the stabilization window", False)
@@ -304,7 +386,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     if step is None:
         return keep("a cheaper plan holds, but needs more moves than the cap and no stop-only step exists")
     allocation, placement = step
-    if not _meets(_latencies(context, allocation, _scaled(window, 1 + s.headroom)), slos):
+    if not _meets(_latencies(context, allocation, window), slos):
         return keep("a cheaper plan holds, but the stop-only step within the moves cap would break the planning SLO")
     return adopt(allocation, placement, f"scale down in steps: at most {s.max_moves_per_period} moves a period", False)
 

@@ -17,7 +17,7 @@ Systems (`SYSTEMS`), all on the same arrivals, seed and cluster:
                     the LLM starts; every change placed with the fewest moves
     oracle          the policy fed the true workflow rates: the highest 1-minute rate of the
                     arrivals over the next start-up time + period (constant predictor, no
-                    stabilization window)
+                    stabilization window, median, burst margin or flap guard)
 
 Actuation (plan-driven systems): a replica asked for at t starts serving at t + startup_s (it joins
 its LLM's router only then: starting replicas are no capacity); a stopped replica leaves the router
@@ -408,7 +408,8 @@ def run_system(
         state = ControllerState.initial(allocation, placement)
         oracle_ctx = context
         if name == "oracle":
-            oracle_settings = replace(control, predictor="constant", stabilization_s=0.0)
+            oracle_settings = replace(control, predictor="constant", stabilization_s=0.0, confirm_periods=1, burst_z=0.0,
+                                      flap_window_s=0.0)
             oracle_ctx = replace(context, settings=oracle_settings,
                                  forecaster=replace(context.forecaster, name="constant"))
         low_since: dict[str, float | None] = {m.name: None for m in instance.llms}

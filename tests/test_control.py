@@ -53,12 +53,24 @@ def test_the_ewma_weighs_the_newest_sample_by_alpha():
 def test_the_kalman_filter_follows_a_ramp_ahead_and_bounds_a_step():
     ramp = _feed(Forecaster("kalman"), [10.0 + 1.0 * k for k in range(30)])
     assert ramp[-1] > 39.0 + 1.0  # ahead of the last observation (39) on a rising ramp
-    assert ramp[-1] < 39.0 * 1.5 + 1e-9  # the trend moves a forecast at most trend_cap of the level
+    assert ramp[-1] < 39.0 * 1.25 + 1e-9  # the trend moves a forecast at most trend_cap of the level
     flat = _feed(Forecaster("kalman"), [20.0] * 10)
     assert all(abs(v - 20.0) < 1e-6 for v in flat)
     step = _feed(Forecaster("kalman"), [20.0] * 5 + [40.0] * 10)
     assert max(step) < 40.0 * 1.6 and abs(step[-1] - 40.0) < 4.0  # bounded overshoot, settles near the new level
     assert all(v >= 0 for v in _feed(Forecaster("kalman"), [20.0] * 5 + [0.0] * 5))
+
+
+def test_a_noisy_series_moves_the_kalman_level_less():
+    """The measurement noise the policy passes (the observed variability) damps a burst's pull."""
+    forecaster = Forecaster("kalman")
+    state = None
+    for _ in range(10):
+        state = forecaster.update(state, 20.0, 60.0)
+    quiet = forecaster.update(state, 40.0, 60.0)
+    noisy = forecaster.update(state, 40.0, 60.0, noise_var=400.0)
+    assert 20.0 < noisy.level < quiet.level <= 40.0
+    assert forecaster.predict(noisy, 240.0) < forecaster.predict(quiet, 240.0)
 
 
 def test_an_unknown_predictor_is_refused():
@@ -147,8 +159,9 @@ def test_nothing_happens_at_constant_load(rag_context):
 
 @pytest.mark.parametrize("factor", [2.0, 0.5, 0.0])
 def test_a_step_recovers_the_slo_within_startup_plus_two_periods(rag_context, factor):
-    """Rate x2: the scale-up is decided in the first period that sees it, so its replicas serve
-    within start-up + 2 periods, and the new plan meets the SLO at the new rate. x0.5 and to 0: the
+    """Rate x2: the scale-up is decided in the second period that sees it (a rise counts once it
+    held two periods), so its replicas serve within start-up + 2 periods, and the new plan meets
+    the SLO at the new rate. x0.5 and to 0: the
     plan keeps meeting the SLO throughout (scale-downs only after the stabilization window)."""
     s = rag_context.settings
     base = 6.0 if factor > 1 else 12.0  # rates where the plan for base * factor differs
@@ -159,7 +172,7 @@ def test_a_step_recovers_the_slo_within_startup_plus_two_periods(rag_context, fa
         assert d.action in ("keep", "replan")
     replans = [d for d in decisions if d.action == "replan"]
     if factor > 1:
-        assert replans and replans[0].time_s <= step_s + s.period_s  # decided at once
+        assert replans and replans[0].time_s <= step_s + 2 * s.period_s  # confirmed in its second period
         assert replans[0].time_s + s.startup_s <= step_s + s.startup_s + 2 * s.period_s
         assert replans[0].allocation is not None and _meets_slo(rag_context, replans[0].allocation, base * factor)
     else:
@@ -168,6 +181,86 @@ def test_a_step_recovers_the_slo_within_startup_plus_two_periods(rag_context, fa
         assert after.allocation.units < state.allocation.units
         assert all(c.replicas >= 1 for c in after.allocation.llms)  # never below one replica
     assert _meets_slo(rag_context, after.allocation, max(base * factor, 1e-3))
+
+
+def test_a_burst_shorter_than_startup_does_not_scale_up(rag_context):
+    """One period at three times the rate (start-up is two periods): the sustained rate, which the
+    running plan serves, does not move, so nothing is started for a burst that would be gone
+    before the replica serves. The same rate held for two periods is a step, and is answered."""
+    s = rag_context.settings
+    assert s.startup_s > s.period_s
+    state = _own_plan(rag_context, 6.0)
+    _, decisions = _run(rag_context, state, [6.0, 6.0, 18.0, 6.0, 6.0, 6.0, 18.0, 6.0, 6.0], start_s=12 * s.period_s)
+    assert [d.action for d in decisions] == ["keep"] * 9
+    assert decisions[2].inputs["confirmed_rate_rps"]["rag"] == pytest.approx(6.0, rel=1e-6)
+    _, decisions = _run(rag_context, state, [6.0, 6.0, 18.0, 18.0], start_s=12 * s.period_s)
+    assert [d.action for d in decisions] == ["keep", "keep", "keep", "replan"]
+
+
+def _changes(decisions) -> list[tuple[float, str, int, bool]]:
+    """(time, llm, +1 / -1, SLO at risk) of every change of an LLM's replica count in decisions."""
+    out, last = [], None
+    for d in decisions:
+        if d.action != "replan" or d.allocation is None:
+            continue
+        now = {c.llm: c.replicas for c in d.allocation.llms}
+        risk = bool(d.inputs.get("flap_guard", {}).get("slo_at_risk", False))
+        if last is not None:
+            out += [(d.time_s, m, 1 if now[m] > last[m] else -1, risk) for m in sorted(now) if now[m] != last.get(m, now[m])]
+        last = now
+    return out
+
+
+def _reversals(changes: list[tuple[float, str, int, bool]], window_s: float) -> list[tuple[float, str, int, bool]]:
+    """The changes that reverse their LLM's previous change within `window_s`."""
+    out = []
+    for llm in sorted({m for _, m, _, _ in changes}):
+        own = [c for c in changes if c[1] == llm]
+        out += [c1 for c0, c1 in zip(own, own[1:]) if c0[2] != c1[2] and c1[0] - c0[0] <= window_s]
+    return out
+
+
+def test_the_flap_guard_holds_a_reversal_unless_the_slo_is_at_risk(rag_context):
+    """After a scale-down, a rise that breaks only the planning SLO does not grow an LLM that shrank
+    within the flap window (the decision says so); a rise that breaks the SLO itself is answered
+    at once."""
+    s = rag_context.settings
+    state = _own_plan(rag_context, 12.0)
+    state, decisions = _run(rag_context, state, [3.0] * 10, start_s=12 * s.period_s)
+    downs = [d for d in decisions if d.action == "replan"]
+    assert downs and all(d.reason.startswith("scale down") for d in downs)
+    start = decisions[-1].time_s
+    # a moderate rise: the planning SLO (80% of the SLO) breaks, the SLO does not
+    moderate = next(r for r in (3.0 * (1 + 0.05 * k) for k in range(1, 80))
+                    if not _meets_slo_at(rag_context, state.allocation, r, rag_context.settings.slo_margin * 0.9)
+                    and _meets_slo_at(rag_context, state.allocation, r, 1.0))
+    _, held = _run(rag_context, state, [moderate] * 12, start_s=start)
+    assert any("flap guard" in d.reason for d in held)
+    reversed_ = _reversals(_changes(downs + held), s.flap_window_s)
+    assert all(risk for _, _, _, risk in reversed_)  # only where the SLO itself was at risk
+    # a rise the running plan cannot serve: the SLO is at risk, the guard gives way
+    _, urgent = _run(rag_context, state, [24.0] * 3, start_s=start)
+    assert any(d.action == "replan" and d.reason.startswith("scale up") for d in urgent)
+
+
+def test_no_reversal_within_the_flap_window_at_steady_bursty_load(rag_context):
+    """A steady mean with minute-scale bursts (a seeded gamma series, coefficient of variation
+    about 0.6, like the Azure code trace's minutes): the controller scales to it without
+    reversing an LLM within the flap window, except where the SLO itself was at risk."""
+    import random
+
+    s = rag_context.settings
+    rng = random.Random(11)
+    rates = [rng.gammavariate(3.0, 8.0 / 3.0) for _ in range(40)]  # mean 8 req/s
+    state = _own_plan(rag_context, 3.0)
+    _, decisions = _run(rag_context, state, rates, start_s=12 * s.period_s)
+    assert any(d.action == "replan" for d in decisions)  # above the start plan's rate: it scales
+    assert all(risk for _, _, _, risk in _reversals(_changes(decisions), s.flap_window_s))
+
+
+def _meets_slo_at(context: PolicyContext, allocation: Allocation, rate: float, fraction: float) -> bool:
+    prediction = predict(context.instance.with_arrival_rates({"rag": rate}), allocation)
+    return prediction.feasible and prediction.workflow("rag").latency_s <= context.slos_s["rag"] * fraction
 
 
 def test_hysteresis_keeps_a_plan_under_small_oscillations(rag_context):
@@ -286,15 +379,16 @@ def test_the_closed_loop_is_deterministic_for_a_seed(rag, rag_plan):
 
 
 def test_a_closed_loop_step_recovers_and_every_baseline_runs(rag, rag_plan):
-    """Rate x2 at minute 3 from the plan for 4 req/s: scepsy-control's replicas serve within
-    start-up + 2 periods of the step and the SLO holds after it; every system reports its fields."""
+    """Rate x3 at minute 3 from the plan for 4 req/s (x2 that plan still serves within the planning
+    SLO): scepsy-control's replicas serve within start-up + 2 periods of the step and the SLO holds
+    after it; every system reports its fields."""
     slo = 2 * predict(rag, rag_plan.allocation).workflow("rag").latency_s
     own = make_context(rag, ControlSettings(), allocation=rag_plan.allocation).replanner
     start = own.allocation({"rag": 4.4})
     assert start is not None
     placement = own.place(start, None)
     assert placement is not None
-    arrivals = _step_arrivals(4.0, 2.0)
+    arrivals = _step_arrivals(4.0, 3.0)
     settings = ClosedLoopSettings(ControlSettings(startup_s=60.0, period_s=60.0))
     runs = run_systems(rag, start, placement, arrivals, list(SYSTEMS), settings, slos_s={"rag": slo})
     assert [r.name for r in runs] == list(SYSTEMS)

@@ -139,6 +139,27 @@ def test_cli_synthesize_pools_replications(tmp_path, capsys):
     assert stopped.value.code == 2 and len(lines) == 1 and "'--replications'" in lines[0]
 
 
+def test_cli_synthesize_confirms_the_capacity_over_long_windows(tmp_path):
+    """`--confirm-window-s` writes a curve whose capacity is a long row that every draw kept up
+    at (99% of its arrivals, at least 4,000 calls each), and no stable short row above it."""
+    from scepsy.models.profiles.synthesize import CONFIRM_RATIO
+
+    runner = CliRunner()
+    out, plain = tmp_path / "confirmed.csv", tmp_path / "plain.csv"
+    common = ["profiles", "synthesize", "--model", "llama-3.2-1b", "--gpu", "A6000", "--fractions", "0.5",
+              "--requests", "fixed:256,16", "--requests-per-point", "60", "--json"]
+    result = runner.invoke(app, [*common, "--confirm-window-s", "20", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert runner.invoke(app, [*common, "--out", str(plain)]).exit_code == 0
+    rows = pd.read_csv(out)
+    # the long rows are measured at rates the short sweep has not (1.25x above its capacity, or 5% below)
+    assert set(rows["arrival_rate"]) - set(pd.read_csv(plain)["arrival_rate"])
+    stable = rows[rows["throughput"] >= 0.95 * rows["arrival_rate"]]
+    top = stable.loc[stable["arrival_rate"].idxmax()]
+    assert top["throughput"] >= CONFIRM_RATIO * top["arrival_rate"]
+    assert json.loads(result.output)["capacity_rps"]
+
+
 def test_cli_synthesize_bad_input_is_one_line_exit_2(tmp_path):
     runner = CliRunner()
     result = runner.invoke(app, ["profiles", "synthesize", "--model", "gpt-5", "--gpu", "A6000", "--out", str(tmp_path / "x.csv")])

@@ -56,6 +56,7 @@ This module is a public API: the simulator (models/simulation/simulator.py), pro
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Protocol
 
 from scepsy.models.catalog.catalog import BYTES_BF16, GpuCard, ModelCard
@@ -191,7 +192,7 @@ class Engine:
             return "nvlink"
         return "pcie"
 
-    @property
+    @cached_property  # a frozen replica's: asked once per request by profile synthesis
     def kv_capacity_gib(self) -> float:
         """KV cache of the replica: tp * f * memory * utilisation - weights (may be <= 0: no fit)."""
         usable = self.tp * self.fraction * self.gpu.memory_gib * self.settings.memory_utilization
@@ -201,7 +202,7 @@ class Engine:
     def fits(self) -> bool:
         return self.kv_capacity_gib > 0
 
-    @property
+    @cached_property
     def kv_capacity_tokens(self) -> int:
         """Tokens whose KV fits at once (encoders keep none: their batch is capped by the budget)."""
         if self.model.encoder:

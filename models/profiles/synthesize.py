@@ -599,8 +599,10 @@ def _workload(engine: Engine, source: RequestSource, settings: SynthesisSettings
     n = requests_per_point(source, engine, settings)
     if source.sessions:
         sessions: list[Session] = []
-        while sum(s.calls for s in sessions) < n or len(sessions) < settings.min_sessions:
+        calls = 0  # kept as a running total: the draws of long windows hold thousands of sessions
+        while calls < n or len(sessions) < settings.min_sessions:
             sessions.append(_fit_session(source.sessions[rng.randrange(len(source.sessions))], engine))
+            calls += sessions[-1].calls
         session_gaps = unit_gaps(rng, len(sessions))
         return (lambda rate: measure_sessions_point(engine, sessions, session_gaps, rate, settings.warmup_fraction),
                 lambda: session_saturation_rps(engine, sessions))

@@ -599,9 +599,13 @@ def _workload(engine: Engine, source: RequestSource, settings: SynthesisSettings
     n = requests_per_point(source, engine, settings)
     if source.sessions:
         sessions: list[Session] = []
+        fitted: dict[int, Session] = {}  # a traced session drawn again is fitted once
         calls = 0  # kept as a running total: the draws of long windows hold thousands of sessions
         while calls < n or len(sessions) < settings.min_sessions:
-            sessions.append(_fit_session(source.sessions[rng.randrange(len(source.sessions))], engine))
+            index = rng.randrange(len(source.sessions))
+            if index not in fitted:
+                fitted[index] = _fit_session(source.sessions[index], engine)
+            sessions.append(fitted[index])
             calls += sessions[-1].calls
         session_gaps = unit_gaps(rng, len(sessions))
         return (lambda rate: measure_sessions_point(engine, sessions, session_gaps, rate, settings.warmup_fraction),

@@ -9,8 +9,9 @@
 
 A whole run takes hours on two cores (the generator's and the verifier's curves replay ten draws
 of at least 300 traced requests at every rate). With `--resume DIR` every finished (profile, GPU
-type, TP degree) is kept in DIR as it finishes and a later run with the same DIR measures only
-the rest; the CSVs are the same bytes either way. Empty DIR after changing the engine model, the
+type, TP degree, fraction) curve is kept in DIR as it finishes (a fraction that does not fit as an
+empty `.none` marker) and a later run with the same DIR measures only the rest; the CSVs are the
+same bytes either way. Empty DIR after changing the engine model, the
 synthesis or this file: a kept part is not measured again.
 
 Deterministic (fixed seeds; the output does not depend on --jobs). Documented in
@@ -96,8 +97,8 @@ def trace(instance_file: str):
 
 
 def _job(args):
-    name, gpu_type, tp, calls, model_name, min_kv_gib = args
-    return name, profile_rows(name, gpu_type, tp, calls, model_name, min_kv_gib)
+    name, gpu_type, tp, fraction, calls, model_name, min_kv_gib = args
+    return name, profile_rows(name, gpu_type, tp, calls, model_name, min_kv_gib, fractions=(fraction,))
 
 
 def profile_rows(name: str, gpu_type: str, tp: int, calls, model_name: str, min_kv_gib: float,
@@ -118,30 +119,47 @@ def profile_rows(name: str, gpu_type: str, tp: int, calls, model_name: str, min_
 
 
 def _part_name(job) -> str:
-    name, gpu_type, tp = job[:3]
-    return f"{name}.{gpu_type}.tp{tp}.csv"
+    name, gpu_type, tp, fraction = job[:4]
+    return f"{name}.{gpu_type}.tp{tp}.f{fraction:g}.csv"
+
+
+def _read_part(path: Path) -> pd.DataFrame:
+    """A kept part: its rows, or none where the marker says the fraction does not fit."""
+    from scepsy.models.instance.profile import read_profile_frame
+
+    return pd.DataFrame() if _none_marker(path).exists() else read_profile_frame(path)
+
+
+def _none_marker(path: Path) -> Path:
+    return path.with_name(path.name + ".none")
 
 
 def _measure(jobs: list, workers: int, keep: Path | None, run=None) -> dict[str, pd.DataFrame]:
-    """Every job's rows by its part name: read from `keep` where a run kept them, else measured
-    (on `workers` processes) and, with `keep`, written there as each finishes. `run(job)` measures
-    one job, returning (name, rows) (default: `_job`)."""
+    """Every job's rows by its part name (no rows where its fraction does not fit): read from
+    `keep` where a run kept them, else measured (on `workers` processes) and, with `keep`, written
+    there as each finishes. `run(job)` measures one job, returning (name, rows) (default: `_job`)."""
     run = run or _job
-    from scepsy.models.instance.profile import read_profile_frame, write_profile
+    from scepsy.models.instance.profile import write_profile
 
     parts: dict[str, pd.DataFrame] = {}
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         for job in jobs:
-            if (keep / _part_name(job)).exists():
-                parts[_part_name(job)] = read_profile_frame(keep / _part_name(job))
+            path = keep / _part_name(job)
+            if path.exists() or _none_marker(path).exists():
+                parts[_part_name(job)] = _read_part(path)
     todo = [job for job in jobs if _part_name(job) not in parts]
-    print(f"{len(jobs) - len(todo)} of {len(jobs)} (profile, GPU type, TP) parts kept, {len(todo)} to measure", flush=True)
+    print(f"{len(jobs) - len(todo)} of {len(jobs)} (profile, GPU type, TP, fraction) parts kept, {len(todo)} to measure",
+          flush=True)
 
     def finished(job, frame: pd.DataFrame) -> None:
         if keep is not None:
-            write_profile(frame, keep / _part_name(job))
-            frame = read_profile_frame(keep / _part_name(job))  # the values as kept, for the same bytes on resume
+            path = keep / _part_name(job)
+            if frame.empty:
+                _none_marker(path).write_text("")
+            else:
+                write_profile(frame, path)
+            frame = _read_part(path)  # the values as kept, for the same bytes on resume
         parts[_part_name(job)] = frame
         print(f"measured {_part_name(job)} ({len(parts)} of {len(jobs)})", flush=True)
 
@@ -163,7 +181,7 @@ def main() -> None:
     parser.add_argument("--only", default=None, help="only the profiles whose name starts with this")
     parser.add_argument("--out", type=Path, default=HERE / "profiles", help="folder of the profile CSVs")
     parser.add_argument("--resume", type=Path, default=None,
-                        help="keep each finished (profile, GPU type, TP) here; skip those already kept")
+                        help="keep each finished (profile, GPU type, TP, fraction) curve here; skip those already kept")
     options = parser.parse_args()
     if options.only:
         for name in [n for n in PROFILES if not n.startswith(options.only)]:
@@ -194,7 +212,7 @@ def main() -> None:
         min_kv = load_instance(HERE / instance_file).llm(llm).min_kv_gib
         for gpu_type, degrees in tps.items():
             for tp in degrees:
-                jobs.append((name, gpu_type, tp, calls, model_name, min_kv))
+                jobs += [(name, gpu_type, tp, fraction, calls, model_name, min_kv) for fraction in FRACTIONS]
     parts = _measure(jobs, options.jobs, options.resume)
     frames: dict[str, list[pd.DataFrame]] = {name: [] for name in PROFILES}
     for job in jobs:  # in the jobs' order, whatever order they finished in
@@ -202,7 +220,7 @@ def main() -> None:
     for name, parts in frames.items():
         options.out.mkdir(parents=True, exist_ok=True)
         path = options.out / f"{name}.csv"
-        frame = pd.concat(parts, ignore_index=True)
+        frame = pd.concat([part for part in parts if not part.empty], ignore_index=True)
         write_profile(frame, path)
         print(f"wrote {path} ({len(frame)} rows)")
 

@@ -47,14 +47,16 @@ def test_the_cheap_targets_reproduce(capsys):
 
 
 def _cheap_job(job):
-    """One (profile, GPU type, TP) part measured for real, small: a fixed request shape, two rates."""
+    """One (profile, GPU type, TP, fraction) part measured for real, small: a fixed request shape,
+    two rates; profile "big" is a model whose weights do not fit the fraction (no rows)."""
     from scepsy.models.catalog import catalog
     from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
 
-    name, gpu_type, tp = job[:3]
+    name, gpu_type, tp, fraction = job[:4]
     settings = SynthesisSettings(requests_per_point=40, rate_points=(0.3, 0.8), max_extensions=0, refine_steps=0,
                                  fill_points=())
-    frame, _ = synthesize(catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), [tp], (1.0,),
+    model = catalog.model("llama-3.1-8b" if name == "big" else "llama-3.2-1b")
+    frame, _ = synthesize(model, catalog.gpu("A6000"), [tp], (fraction,),
                           load_request_source("fixed:128,16"), settings, gpu_type=gpu_type)
     return name, frame
 
@@ -70,13 +72,16 @@ def test_a_profile_regeneration_that_stopped_goes_on_where_it_stopped(tmp_path):
     assert spec is not None and spec.loader is not None
     generate = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generate)
-    jobs = [("p", "A6000", 1), ("p", "A6000", 2), ("q", "A6000", 1)]
+    jobs = [("p", "A6000", 1, 1.0), ("big", "A6000", 1, 0.1), ("p", "A6000", 2, 0.5), ("q", "A6000", 1, 1.0)]
     whole = generate._measure(jobs, 1, None, run=_cheap_job)
     keep = tmp_path / "parts"
-    generate._measure(jobs[:2], 1, keep, run=_cheap_job)  # the run that stopped after two parts
+    generate._measure(jobs[:3], 1, keep, run=_cheap_job)  # the run that stopped after three parts
     measured: list = []
     resumed = generate._measure(jobs, 1, keep, run=lambda job: (measured.append(job), _cheap_job(job))[1])
-    assert measured == [jobs[2]] and sorted(p.name for p in keep.iterdir()) == sorted(generate._part_name(j) for j in jobs)
+    assert all(len(whole[generate._part_name(j)]) > 0 for j in jobs if j[0] != "big")
+    assert measured == [jobs[3]] and resumed[generate._part_name(jobs[1])].empty  # kept as "does not fit"
+    kept = sorted(generate._part_name(j) + (".none" if j[0] == "big" else "") for j in jobs)
+    assert sorted(p.name for p in keep.iterdir()) == kept
     for name in ("p", "q"):
         a, b = tmp_path / f"whole-{name}.csv", tmp_path / f"resumed-{name}.csv"
         write_profile(pd.concat([whole[generate._part_name(j)] for j in jobs if j[0] == name], ignore_index=True), a)

@@ -210,42 +210,23 @@ def _chain(problems, settings: PlanSettings, placer: Placer, cache: dict, done) 
 
 class ScenarioOptions:
     """The options of each scenario of a chain (`options_at(k)` -> (options, epsilon), computed
-    once), and the certificate model's structure, built once for the chain: the allocation
-    model's variables and capacity rows over the union of every scenario's options. A certificate
-    copies it and adds its own rows; placement cuts found on the way are kept in it (they hold for
-    every scenario: placeability does not depend on the rates)."""
+    once), the chain's LLMs in the instance's order, and the allocations proven unplaceable on the
+    family's cluster: cuts for every model of every chain of the family (solo chains' cuts hold
+    for joint models and back: a cut forbids allocations with at least as many replicas of each
+    shape, at any rates, and placeability does not depend on the rates)."""
 
     def __init__(self, problems, settings: PlanSettings, cache: dict):
         self.problems, self.settings, self.cache = problems, settings, cache
         self.options: dict[int, tuple] = {}
-        self.base: cpsat.AllocationModel | None = None
-        # allocations proven unplaceable on the family's cluster: cuts for every model of every
-        # chain of the family (solo chains' cuts hold for joint models and back: a cut forbids
-        # allocations with at least as many replicas of each shape, at any rates)
         self.unplaceable: list[Allocation] = cache.setdefault("unplaceable", [])
+        first = next((p for p in problems if not isinstance(p, ScepsyError)), None)
+        self.llms = [m.name for m in first.instance.llms] if first is not None else []
 
     def __call__(self, k: int):
         if k not in self.options:
             problem = self.problems[k]
             self.options[k] = plan_options(problem.instance, self.settings, problem.objective, self.cache)
         return self.options[k]
-
-    def certificate_base(self) -> cpsat.AllocationModel:
-        if self.base is None:
-            union: dict[tuple[str, Key], Option] = {}
-            for k, problem in enumerate(self.problems):
-                if not isinstance(problem, ScepsyError):
-                    for m, opts in self(k)[0].items():
-                        for o in opts:
-                            union.setdefault((m, configuration(o)), o)
-            llms = [m.name for m in next(p for p in self.problems if not isinstance(p, ScepsyError)).instance.llms]
-            options = {m: [o for (mm, _), o in sorted(union.items(), key=lambda kv: kv[0]) if mm == m] for m in llms}
-            cluster = next(p for p in self.problems if not isinstance(p, ScepsyError)).instance.cluster
-            units_only = Objective("min_latency", (ShareUnits(),), {}, {})
-            self.base = cpsat.build_allocation_model(cluster, options, units_only, placement_counts=False)
-            for allocation in self.unplaceable:
-                cpsat.add_placement_cut(self.base, allocation)
-        return self.base
 
 
 @dataclass
@@ -385,13 +366,14 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
                     mean_gap[key] = mean_weight * extra
     cluster = problems[block[0]].instance.cluster
     placer = placer_for(objective, placer)
-    base = options_at.certificate_base()
-    options = set(union)
+    # the block's options only: a model over the whole chain's options with the others fixed off
+    # asks the same question, but CP-SAT spends its time on the fixed terms
+    options = {m: [o for (mm, _), o in sorted(union.items(), key=lambda kv: kv[0]) if mm == m] for m in options_at.llms}
     margin = ROUNDING_SAFETY * len(llms) * first_step
     # a rival ties or beats A* at stage 1 only if every row stays within the margin of z_A
     within = [(rows[r], margin + slack[r], margin) for r in sorted(rows)]
     # rivals that change an LLM of a binding row: none may stay within the margin on every row
-    if _rival_exists(base, options_at.unplaceable, cluster, options, chosen, within, [], sorted(binding), settings, placer):
+    if _rival_exists(options_at.unplaceable, cluster, options, chosen, within, [], sorted(binding), settings, placer):
         return False
     others = [m for m in llms if m not in binding]
     if not others:
@@ -401,7 +383,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     # rivals that keep the binding LLMs tie at stage 1 at best: they must lose the mean stage
     mean_margin = ROUNDING_SAFETY * len(llms) * mean_step
     within.append((mean_gap, mean_margin, mean_margin))
-    return not _rival_exists(base, options_at.unplaceable, cluster, options, chosen, within, sorted(binding), others, settings, placer)
+    return not _rival_exists(options_at.unplaceable, cluster, options, chosen, within, sorted(binding), others, settings, placer)
 
 
 def _rows(stage) -> dict[str, dict[str, float]]:
@@ -412,38 +394,43 @@ def _rows(stage) -> dict[str, dict[str, float]]:
 
 
 def _rival_exists(
-    base: cpsat.AllocationModel, unplaceable: list, cluster, block_options: set, chosen: dict[str, Key], rows: list[tuple[dict, float, float]],
+    unplaceable: list, cluster, options: dict[str, list[Option]], chosen: dict[str, Key], rows: list[tuple[dict, float, float]],
     keep: list[str], change: list[str], settings: PlanSettings, placer: Placer,
 ) -> bool:
-    """Is there a placeable B of the block's options that keeps `keep` at the candidate's choice,
-    changes at least one of `change`, and has sum_m gap[m, B_m] <= bound for every row (gap,
-    bound, margin)?
+    """Is there a placeable B of the block's `options` that keeps `keep` at the candidate's
+    choice, changes at least one of `change`, and has sum_m gap[m, B_m] <= bound for every row
+    (gap, bound, margin)?
 
-    Data (the chain's base model: x over every option of the chain, capacity rows, cuts so far) ->
-    variables (a copy's x) -> constraints (options outside the block off; keep, change; each row
-    with its gaps floor-scaled on a grid of margin / 1e4, so a scaled row above its scaled bound
-    proves the true row above the bound) -> solve for feasibility -> a rival found is checked for
-    placement, and cut off (in the base too) if it does not place."""
-    model = base.model.clone()
-    x = {key: model.get_bool_var_from_proto_index(v.index) for key, v in base.x.items()}
-    am = cpsat.AllocationModel(model, base.options, x, [], base.fractions_per_gpu)
-    keyed = [((m, configuration(o)), (m, i)) for m, opts in base.options.items() for i, o in enumerate(opts)]  # read once, not per row
-    index: dict[str, dict[Key, int]] = {m: {} for m in base.options}
-    for (m, key), (_, i) in keyed:
-        index[m][key] = i
-    inside = [(key, x[mi]) for key, mi in keyed if key in block_options]
-    outside = [x[mi] for key, mi in keyed if key not in block_options]
-    if outside:
-        model.add(sum(outside) == 0)
-    for m in keep:
-        model.add(x[(m, index[m][chosen[m]])] == 1)
-    model.add(sum(x[(m, index[m][chosen[m]])] for m in change) <= len(change) - 1)
+    Data (the block's options, each row with its gaps floor-scaled on a grid of margin / 1e4, so a
+    scaled row above its scaled bound proves the true row above the bound; the allocations proven
+    unplaceable so far) -> the options some choice meeting every row can use (`_supported`; most
+    of the block's are slower than the candidate by more than any row allows) -> variables (the
+    allocation model's x over those, its capacity rows) -> constraints (placement cuts; change;
+    the rows) -> solve for feasibility -> a rival found is checked for placement, and cut off (for
+    the whole family) if it does not place."""
+    scaled = []  # each row on its integer grid: ({(llm, option key): coefficient}, right-hand side)
     for gaps, bound, margin in rows:
         if margin <= 0:
             return True  # nothing to separate by: treat as not proven
         step = margin / DELTA_STEPS
-        terms = [(math.floor(gaps[key] / step), v) for key, v in inside]
-        model.add(cp_model.LinearExpr.weighted_sum([v for _, v in terms], [c for c, _ in terms]) <= math.floor(bound / step))
+        scaled.append(({key: math.floor(gap / step) for key, gap in gaps.items()}, math.floor(bound / step)))
+    candidates = {m: [o for o in opts if m not in keep or configuration(o) == chosen[m]] for m, opts in options.items()}
+    options = _supported(candidates, scaled)
+    if options is None or all(len(options[m]) == 1 and configuration(options[m][0]) == chosen[m] for m in change):
+        return False  # the rows alone leave no rival
+    units_only = Objective("min_latency", (ShareUnits(),), {}, {})
+    am = cpsat.build_allocation_model(cluster, options, units_only, placement_counts=False)
+    model, x = am.model, am.x
+    for allocation in unplaceable:
+        cpsat.add_placement_cut(am, allocation)
+    keyed = [((m, configuration(o)), (m, i)) for m, opts in options.items() for i, o in enumerate(opts)]
+    index = {key: mi for key, mi in keyed}
+    unchanged = [x[index[(m, chosen[m])]] for m in change if (m, chosen[m]) in index]
+    if len(unchanged) == len(change):  # else an LLM to change has lost its candidate option: it changes
+        model.add(sum(unchanged) <= len(change) - 1)
+    for coefficients, rhs in scaled:
+        terms = [(coefficients[key], x[mi]) for key, mi in keyed]
+        model.add(cp_model.LinearExpr.weighted_sum([v for _, v in terms], [c for c, _ in terms]) <= rhs)
     deadline = time.perf_counter() + settings.time_limit_s
     while True:
         # presolve and probing as in planner/allocation/cpsat.py (they cost more than they save
@@ -461,8 +448,31 @@ def _rival_exists(
         check = placer(cluster, rival)
         if check.placeable or not check.proven:
             return True  # a placeable rival (or one not proven unplaceable): not certified
-        cpsat.add_placement_cut(am, rival)
-        cpsat.add_placement_cut(base, rival)  # a cut holds for every scenario of the chain
+        cpsat.add_placement_cut(am, rival)  # a cut holds for every scenario of the family
         unplaceable.append(rival)
         if time.perf_counter() >= deadline:
             return True
+
+
+def _supported(options: dict[str, list[Option]], rows: list[tuple[dict, int]]) -> dict[str, list[Option]] | None:
+    """The options of each LLM that some choice of one option per LLM meeting every row
+    sum_m c[m, o_m] <= rhs can use (bound propagation to a fixed point: o stays when c[m, o] plus
+    the other LLMs' smallest coefficients fits); None when an LLM has none left. Removes only
+    options no such choice uses, so the feasibility question is unchanged."""
+    keys = {m: [(m, configuration(o)) for o in opts] for m, opts in options.items()}
+    alive = {m: list(range(len(opts))) for m, opts in options.items()}
+    changed = True
+    while changed:
+        changed = False
+        for coefficients, rhs in rows:
+            smallest = {m: min(coefficients[keys[m][i]] for i in alive[m]) for m in alive}
+            total = sum(smallest.values())
+            for m in alive:
+                fits = [i for i in alive[m] if coefficients[keys[m][i]] - smallest[m] + total <= rhs]
+                if not fits:
+                    return None
+                if len(fits) < len(alive[m]):
+                    alive[m], changed = fits, True
+                    total += min(coefficients[keys[m][i]] for i in fits) - smallest[m]
+                    smallest[m] = min(coefficients[keys[m][i]] for i in fits)
+    return {m: [options[m][i] for i in alive[m]] for m in options}

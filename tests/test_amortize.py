@@ -131,3 +131,62 @@ def test_objectives_outside_the_certificate_plan_independently():
     instance = replace(BEAM, objective="min_gpus").with_latency_slos({"beam": 5.0})
     answers = plan_family([instance], PlanSettings())
     assert answers[0].method == "independent"
+
+
+def _choices(options):
+    """Every choice of one option per LLM (exhaustive, for small option sets)."""
+    import itertools
+
+    llms = list(options)
+    return [dict(zip(llms, combo)) for combo in itertools.product(*(options[m] for m in llms))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(min_value=1, max_value=4), min_size=1, max_size=3),
+    data=st.data(),
+)
+def test_supported_options_keeps_every_option_of_a_feasible_choice(sizes, data):
+    """Random rows over random small option sets, against exhaustive search: every option that
+    some choice meeting all rows uses is kept, nothing outside the input is returned, None only
+    when no choice meets the rows; with one row the propagation is exact (kept = used)."""
+    from scepsy.planner.allocation.formulation import supported_options
+
+    options = {f"m{k}": [f"m{k}o{i}" for i in range(n)] for k, n in enumerate(sizes)}
+    n_rows = data.draw(st.integers(min_value=1, max_value=3))
+    rows = []
+    for _ in range(n_rows):
+        table = {o: data.draw(st.integers(min_value=-5, max_value=10)) for opts in options.values() for o in opts}
+        rows.append((lambda m, o, table=table: table[o], data.draw(st.integers(min_value=-5, max_value=20))))
+    feasible = [c for c in _choices(options) if all(sum(f(m, o) for m, o in c.items()) <= rhs for f, rhs in rows)]
+    used = {m: {c[m] for c in feasible} for m in options}
+    kept = supported_options(options, rows)
+    if kept is None:
+        assert not feasible
+        return
+    for m in options:
+        assert used[m] <= set(kept[m]) <= set(options[m])
+        assert kept[m] == [o for o in options[m] if o in kept[m]]  # the input's order
+    if n_rows == 1 and feasible:
+        assert {m: set(kept[m]) for m in options} == used
+
+
+def test_pruning_to_the_warm_start_keeps_the_plan():
+    """A plan from a neighbouring rate's optimum as the warm start, with and without dropping the
+    options no allocation as good as it can use: the same plan, from fewer options."""
+    from scepsy.planner.allocation import search
+
+    base = COMBINED.with_cluster_size(16)
+    neighbour = make_plan(base.with_total_rate(60.0)).allocation
+    instance = base.with_total_rate(64.0)
+    problem = _problem(instance)
+    options, _ = plan_options(instance, PlanSettings(), problem.objective)
+    pruned = search._within_warm_start(options, problem.objective, neighbour)
+    assert sum(map(len, pruned.values())) < sum(map(len, options.values())) / 2
+    plans = []
+    for prune in (False, True):
+        settings_ = PlanSettings(placement_counts_limit=0, prune_to_warm_start=prune)
+        plans.append(search.solve_at_load(instance, problem.objective, settings_, amortize.check_placement, 1e18, hint=neighbour))
+    assert plans[0].allocation == plans[1].allocation
+    assert plans[0].values == pytest.approx(plans[1].values, rel=1e-12)
+    assert plans[1].allocation == make_plan(instance).allocation

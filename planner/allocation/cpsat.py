@@ -193,7 +193,8 @@ def _scaled(options, x, weight_of, step: float) -> tuple[cp_model.LinearExpr, in
 
 
 def _stage_grid(options, weight_of, resolution: float = GRID_RESOLUTION) -> float:
-    return grid([min(weight_of(m) * o.latency_s for o in opts) for m, opts in options.items() if opts], resolution)
+    # w * min(L) is min(w * L) exactly for a weight w >= 0 (rounding is monotone), at a product per LLM
+    return grid([weight_of(m) * min(o.latency_s for o in opts) for m, opts in options.items() if opts], resolution)
 
 
 def latency_step(options, stage, resolution: float = GRID_RESOLUTION) -> float:

@@ -119,6 +119,35 @@ def cut_rows(options: dict[str, list[Option]], allocation: Allocation) -> list[R
     return rows
 
 
+def supported_options(
+    options: dict[str, list[Option]], rows: list[tuple[Callable[[str, Option], float], float]]
+) -> dict[str, list[Option]] | None:
+    """The options of each LLM that some choice of one option per LLM meeting every row
+    sum_m c(m, o_m) <= rhs can use, in their order; None when an LLM has none left.
+
+    Bound propagation to a fixed point: an option stays while its coefficient plus the other
+    LLMs' smallest fits the row. It removes only options that no such choice uses, so a model
+    over the rest has the same solutions that meet the rows."""
+    coefficient = [{(m, i): c(m, o) for m, i, o in items(options)} for c, _ in rows]
+    alive = {m: list(range(len(opts))) for m, opts in options.items()}
+    changed = True
+    while changed:
+        changed = False
+        for row, (_, rhs) in zip(coefficient, rows):
+            smallest = {m: min(row[(m, i)] for i in alive[m]) for m in alive}
+            total = sum(smallest.values())
+            for m in alive:
+                fits = [i for i in alive[m] if row[(m, i)] - smallest[m] + total <= rhs]
+                if not fits:
+                    return None
+                if len(fits) < len(alive[m]):
+                    alive[m], changed = fits, True
+                    least = min(row[(m, i)] for i in fits)
+                    total += least - smallest[m]
+                    smallest[m] = least
+    return {m: [options[m][i] for i in alive[m]] for m in options}
+
+
 def grid(values: list[float], resolution: float = 1e-5) -> float:
     """Integer grid from per-LLM minima: rounding |M| terms moves a sum by < resolution of its
     lower bound (planner/allocation/cpsat.py, integer scaling)."""

@@ -46,6 +46,13 @@ class MaxLatencySum:
     weights: Mapping[str, Mapping[str, float]]
 
 
+def latency_rows(stage: LatencySum | MaxLatencySum) -> dict[str, dict[str, float]]:
+    """A latency stage as rows of LLM weights whose max is the stage value (one row for a sum)."""
+    if isinstance(stage, LatencySum):
+        return {stage.name: dict(stage.weights)}
+    return {r: dict(row) for r, row in stage.weights.items()}
+
+
 @dataclass(frozen=True)
 class GpuCount:
     """sum_g cost[g] * (GPUs of type g hosting at least one shard)."""

@@ -28,7 +28,10 @@ from scepsy.planner.allocation import cpsat, milp
 from scepsy.planner.allocation.bruteforce import solve_bruteforce
 from scepsy.planner.allocation.diagnose import explain_infeasible
 from scepsy.planner.allocation.enumerate import solve_enumerate
-from scepsy.planner.allocation.objective import GpuCount, Objective, Usage, build_objective, needs_references
+from scepsy.planner.allocation.formulation import supported_options
+from scepsy.planner.allocation.objective import (
+    GpuCount, LatencySum, MaxLatencySum, Objective, Usage, build_objective, latency_rows, needs_references,
+)
 from scepsy.planner.allocation.options import Option, SearchSpace, all_options, configuration, llm_options, options_allocation
 from scepsy.placement.feasibility.packing import domain_kinds
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, fewest_gpus_placement, gpus_by_type
@@ -68,6 +71,10 @@ class PlanSettings:
     # detection, faster on their lazy-cut models (planner/studies/amortize.py)
     # (a deterministic limit, ("max_deterministic_time", s), stops at the same point on any machine)
     stage_parameters: tuple[tuple[str, int | float], ...] = ()
+    # latency objectives: drop the options that no allocation as good as the warm start uses
+    # (_within_warm_start) before the model is built; what-if grids set it, where the warm start is
+    # a neighbouring rate's optimum and most options are far slower than it
+    prune_to_warm_start: bool = False
     load_tolerance: float = 1e-3  # max_throughput: relative width of the final bisection bracket
     # option pruning within a latency factor 1/(1 - epsilon); None: exact unless the instance has
     # more than AUTO_EPSILON_OPTIONS options, then AUTO_EPSILON
@@ -292,6 +299,31 @@ def _warm_start(
     return cheapest_placeable(instance, options, placer) if objective.within_limits(cheapest) else None
 
 
+PRUNE_MARGIN_STEPS = 4  # per LLM: grid steps of the first stage kept beyond the warm start's value
+
+
+def _within_warm_start(options: dict[str, list[Option]], objective: Objective, warm: Allocation) -> dict[str, list[Option]]:
+    """The options some allocation whose first latency stage is within the model's rounding of
+    the warm start's can use (formulation.supported_options on the stage's rows).
+
+    Why the optimum is unchanged: it is at most the warm start's value, and every plan a later
+    stage or the tie settling looks at lies within the first stage's rounding window of it (at
+    most |M| grid steps either way, planner/allocation/cpsat.py): a row above the warm start's
+    value by PRUNE_MARGIN_STEPS x |M| of the coarsest row's steps can hold none of them. Each
+    LLM's fastest option stays (its term is the least in every row), so the stages' grids, set by
+    those, do not move either."""
+    stage = objective.stages[0]
+    if not isinstance(stage, (LatencySum, MaxLatencySum)):
+        return options
+    rows = latency_rows(stage)
+    latency = {c.llm: _latency_of(options, warm, c.llm) for c in warm.llms}
+    value = max(sum(w * latency[m] for m, w in row.items()) for row in rows.values())
+    step = max(cpsat.latency_step(options, LatencySum(r, row)) for r, row in rows.items())
+    bound = value * (1 + 1e-9) + PRUNE_MARGIN_STEPS * len(options) * step
+    kept = supported_options(options, [(lambda m, o, row=row: row.get(m, 0.0) * o.latency_s, bound) for row in rows.values()])
+    return options if kept is None else kept
+
+
 def _solve_model(
     instance, options, objective: Objective, settings: PlanSettings, placer: Placer, deadline: float,
     epsilon: float = 0.0, coarse: bool = True, hint: Allocation | None = None, unplaceable: list | None = None,
@@ -306,6 +338,8 @@ def _solve_model(
         if coarse
         else cheapest_placeable(instance, options, placer)
     )
+    if warm is not None and settings.prune_to_warm_start:
+        options = _within_warm_start(options, objective, warm[0])
     # the backend's own model (cpsat.AllocationModel or milp.MilpModel), used alike through `backend`
     model: Any = backend.build_allocation_model(instance.cluster, options, objective, placement_counts=counts)
     hint = warm[0] if warm is not None else None

@@ -51,7 +51,10 @@ from scepsy.models.plan.plan import Plan
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, check_placement
 from scepsy.placement.feasibility.solver import cpsat_solver
 from scepsy.planner.allocation import cpsat
-from scepsy.planner.allocation.objective import LatencySum, MaxLatencySum, Objective, ShareUnits, build_objective, needs_references
+from scepsy.planner.allocation.formulation import supported_options
+from scepsy.planner.allocation.objective import (
+    LatencySum, MaxLatencySum, Objective, ShareUnits, build_objective, latency_rows, needs_references,
+)
 from scepsy.planner.allocation.options import Option, configuration, options_allocation
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.planner.allocation.search import (
@@ -103,7 +106,7 @@ def plan_family(
     # latency objectives: the optimum does not depend on how placeability enters the model, and
     # lazy placement cuts prove it faster than the placement counts on these families, and CP-SAT
     # without its LP relaxation and symmetry detection faster still (bench/whatif_amortized.py)
-    settings = replace(settings, placement_counts_limit=0, stage_parameters=GRID_STAGE_PARAMETERS)
+    settings = replace(settings, placement_counts_limit=0, stage_parameters=GRID_STAGE_PARAMETERS, prune_to_warm_start=True)
     references = _family_references(instances, settings, placer, cache)
     problems: list[Problem | ScepsyError] = []
     for instance, refs in zip(instances, references):
@@ -340,7 +343,7 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     for k in block:
         options = options_at(k)[0]
         latency = {m: next(o.latency_s for o in options[m] if configuration(o) == chosen[m]) for m in llms}
-        weights = _rows(problems[k].objective.stages[0])
+        weights = latency_rows(problems[k].objective.stages[0])
         values = {r: sum(w * latency[m] for m, w in row.items()) for r, row in weights.items()}
         top = max(values.values())
         first_step = max(first_step, cpsat.latency_step(options, problems[k].objective.stages[0]))
@@ -386,13 +389,6 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     return not _rival_exists(options_at.unplaceable, cluster, options, chosen, within, sorted(binding), others, settings, placer)
 
 
-def _rows(stage) -> dict[str, dict[str, float]]:
-    """A latency stage as rows of LLM weights whose max is the stage value (one row for a sum)."""
-    if isinstance(stage, LatencySum):
-        return {stage.name: dict(stage.weights)}
-    return {r: dict(row) for r, row in stage.weights.items()}
-
-
 def _rival_exists(
     unplaceable: list, cluster, options: dict[str, list[Option]], chosen: dict[str, Key], rows: list[tuple[dict, float, float]],
     keep: list[str], change: list[str], settings: PlanSettings, placer: Placer,
@@ -403,7 +399,7 @@ def _rival_exists(
 
     Data (the block's options, each row with its gaps floor-scaled on a grid of margin / 1e4, so a
     scaled row above its scaled bound proves the true row above the bound; the allocations proven
-    unplaceable so far) -> the options some choice meeting every row can use (`_supported`; most
+    unplaceable so far) -> the options some choice meeting every row can use (`supported_options`; most
     of the block's are slower than the candidate by more than any row allows) -> variables (the
     allocation model's x over those, its capacity rows) -> constraints (placement cuts; change;
     the rows) -> solve for feasibility -> a rival found is checked for placement, and cut off (for
@@ -415,7 +411,7 @@ def _rival_exists(
         step = margin / DELTA_STEPS
         scaled.append(({key: math.floor(gap / step) for key, gap in gaps.items()}, math.floor(bound / step)))
     candidates = {m: [o for o in opts if m not in keep or configuration(o) == chosen[m]] for m, opts in options.items()}
-    options = _supported(candidates, scaled)
+    options = supported_options(candidates, [(lambda m, o, c=c: c[(m, configuration(o))], rhs) for c, rhs in scaled])
     if options is None or all(len(options[m]) == 1 and configuration(options[m][0]) == chosen[m] for m in change):
         return False  # the rows alone leave no rival
     units_only = Objective("min_latency", (ShareUnits(),), {}, {})
@@ -452,27 +448,3 @@ def _rival_exists(
         unplaceable.append(rival)
         if time.perf_counter() >= deadline:
             return True
-
-
-def _supported(options: dict[str, list[Option]], rows: list[tuple[dict, int]]) -> dict[str, list[Option]] | None:
-    """The options of each LLM that some choice of one option per LLM meeting every row
-    sum_m c[m, o_m] <= rhs can use (bound propagation to a fixed point: o stays when c[m, o] plus
-    the other LLMs' smallest coefficients fits); None when an LLM has none left. Removes only
-    options no such choice uses, so the feasibility question is unchanged."""
-    keys = {m: [(m, configuration(o)) for o in opts] for m, opts in options.items()}
-    alive = {m: list(range(len(opts))) for m, opts in options.items()}
-    changed = True
-    while changed:
-        changed = False
-        for coefficients, rhs in rows:
-            smallest = {m: min(coefficients[keys[m][i]] for i in alive[m]) for m in alive}
-            total = sum(smallest.values())
-            for m in alive:
-                fits = [i for i in alive[m] if coefficients[keys[m][i]] - smallest[m] + total <= rhs]
-                if not fits:
-                    return None
-                if len(fits) < len(alive[m]):
-                    alive[m], changed = fits, True
-                    total += min(coefficients[keys[m][i]] for i in fits) - smallest[m]
-                    smallest[m] = min(coefficients[keys[m][i]] for i in fits)
-    return {m: [options[m][i] for i in alive[m]] for m in options}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -339,6 +341,31 @@ def test_a_confirmation_draw_that_falls_behind_decides_the_rate():
     assert light["throughput"] >= CONFIRM_RATIO * light["arrival_rate"]
     heavy = confirmation_row(engine, source, settings, 2.0 * capacity)
     assert heavy["throughput"] < CONFIRM_RATIO * heavy["arrival_rate"]
+
+
+def test_a_confirmation_window_holds_at_most_confirm_max_calls(monkeypatch):
+    """The long window holds confirm_window_s of arrivals, at least confirm_calls and at most
+    confirm_max_calls calls (after the warm-up share): an encoder at tens of thousands of
+    requests/s is not replayed for millions of calls per draw."""
+    from scepsy.models.performance.engine import Engine
+    from scepsy.models.profiles import synthesize as synthesis
+
+    asked: list[int] = []
+    original = synthesis._workload
+
+    def counting(engine, source, settings, rng):
+        asked.append(settings.requests_per_point)
+        return original(engine, source, settings, rng)
+
+    monkeypatch.setattr(synthesis, "_workload", counting)
+    engine = Engine(catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), 1, 0.3)
+    source = load_request_source("fixed:256,32")
+    base = SynthesisSettings(confirm_window_s=20.0, confirm_calls=400, confirm_draws=1)
+    warm = 1 - base.warmup_fraction
+    synthesis.confirmation_row(engine, source, replace(base, confirm_max_calls=1000), 5.0)  # 100 calls: the floor
+    synthesis.confirmation_row(engine, source, replace(base, confirm_max_calls=1000), 30.0)  # 600: the window
+    synthesis.confirmation_row(engine, source, replace(base, confirm_max_calls=1000), 200.0)  # 4,000: the cap
+    assert asked == [math.ceil(400 / warm), math.ceil(600 / warm), math.ceil(1000 / warm)]
 
 
 def test_replications_pool_independent_draws_at_every_rate():

@@ -317,6 +317,12 @@ class SynthesisSettings:
     # queue's level nor sees the prefix cache thrash (docs/model.md, "Capacity that holds")
     confirm_window_s: float = 0.0
     confirm_calls: int = 4000  # and at least this many calls in each long window
+    # and at most this many (where confirm_calls is smaller): the window is long against the calls
+    # in flight, which is what it is for. 200 s of the verifier hold about 220 times its calls in
+    # flight (28 req/s x 0.9 s); 250,000 calls of e5-base-v2 at 32,000 req/s on an H100 (10 ms
+    # calls) hold about 800 times its, where 200 s would replay 6.4 million per draw. Only
+    # e5-base-v2 of the shipped profiles reaches the cap (the next fastest, 1,050 req/s: 210,000)
+    confirm_max_calls: int = 250_000
     confirm_draws: int = 3
     confirm_steps: int = 3
 
@@ -529,13 +535,13 @@ def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisS
 
 def confirmation_row(engine: Engine, source: RequestSource, settings: SynthesisSettings, rate: float) -> dict:
     """The row at `rate` measured over long windows: `confirm_draws` new draws (their own seeds),
-    each with enough requests that its measured window holds `confirm_window_s` of arrivals and
-    `confirm_calls` calls,
+    each with enough requests that its measured window holds `confirm_window_s` of arrivals (at
+    most `confirm_max_calls` calls) and at least `confirm_calls` calls,
     measured one after the other until one completes less than CONFIRM_RATIO of its arrivals in
     the window (then the rate does not hold, and that draw's row is the row). Otherwise the draws'
     pooled row, with the throughput of the worst draw: the rate holds only where every draw keeps
     up."""
-    measured = max(rate * settings.confirm_window_s, settings.confirm_calls)
+    measured = max(min(rate * settings.confirm_window_s, settings.confirm_max_calls), settings.confirm_calls)
     calls = math.ceil(measured / (1 - settings.warmup_fraction))
     long = replace(settings, requests_per_point=max(requests_per_point(source, engine, settings), calls))
     rows: list[dict] = []

@@ -41,7 +41,7 @@ def profiles_synthesize(
     min_kv_gib: Annotated[float, typer.Option("--min-kv-gib", min=0.0, help="Skip fractions whose KV cache is smaller.")] = 0.0,
     requests_per_point: Annotated[Optional[int], typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point (default: 400, more for prefill-only calls whose completions come in batches).")] = None,
     replications: Annotated[int, typer.Option("--replications", min=1, max=16, help="Independent draws of requests and arrival gaps measured at every rate and pooled (latency noise falls about as 1/sqrt(R); the time grows R-fold).")] = 1,
-    confirm_window_s: Annotated[float, typer.Option("--confirm-window-s", min=0.0, help="Confirm each curve's capacity over long windows: the largest rate at which three draws of this many seconds (and at least 4,000 calls) each complete 99% of their arrivals (docs/model.md, Capacity that holds; 200 for plans whose capacity must hold; 0: the short rows' capacity). Costs 2 to 80 times the sweep's time.")] = 0.0,
+    confirm_window_s: Annotated[float, typer.Option("--confirm-window-s", min=0.0, help="Confirm each curve's capacity over long windows: the largest rate at which three draws of this many seconds (at least 4,000 and at most 250,000 calls) each complete 99% of their arrivals (docs/model.md, Capacity that holds; 200 for plans whose capacity must hold; 0: the short rows' capacity). Costs 2 to 80 times the sweep's time.")] = 0.0,
     merge: Annotated[bool, typer.Option("--merge", help="Keep the rows of other (gpu_type, tp) pairs already in --out.")] = False,
     weights: WeightsOpt = None,
     engine_model: EngineModelOpt = "builtin",

@@ -321,7 +321,7 @@ class SynthesisSettings:
     # in flight, which is what it is for. 200 s of the verifier hold about 220 times its calls in
     # flight (28 req/s x 0.9 s); 250,000 calls of e5-base-v2 at 32,000 req/s on an H100 (10 ms
     # calls) hold about 800 times its, where 200 s would replay 6.4 million per draw. Only
-    # e5-base-v2 of the shipped profiles reaches the cap (the next fastest, 1,050 req/s: 210,000)
+    # e5-base-v2 of the shipped profiles reaches the cap (the next fastest, 950 req/s: 190,000)
     confirm_max_calls: int = 250_000
     confirm_draws: int = 3
     confirm_steps: int = 3

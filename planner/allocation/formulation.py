@@ -9,7 +9,7 @@ only translates them into its own linear expressions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, TypeVar
 
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.instance import Cluster
@@ -119,16 +119,19 @@ def cut_rows(options: dict[str, list[Option]], allocation: Allocation) -> list[R
     return rows
 
 
+O = TypeVar("O")  # an option (any type: the rows' coefficient functions read it)
+
+
 def supported_options(
-    options: dict[str, list[Option]], rows: list[tuple[Callable[[str, Option], float], float]]
-) -> dict[str, list[Option]] | None:
+    options: dict[str, list[O]], rows: list[tuple[Callable[[str, O], float], float]]
+) -> dict[str, list[O]] | None:
     """The options of each LLM that some choice of one option per LLM meeting every row
     sum_m c(m, o_m) <= rhs can use, in their order; None when an LLM has none left.
 
     Bound propagation to a fixed point: an option stays while its coefficient plus the other
     LLMs' smallest fits the row. It removes only options that no such choice uses, so a model
     over the rest has the same solutions that meet the rows."""
-    coefficient = [{(m, i): c(m, o) for m, i, o in items(options)} for c, _ in rows]
+    coefficient = [{(m, i): c(m, o) for m, opts in options.items() for i, o in enumerate(opts)} for c, _ in rows]
     alive = {m: list(range(len(opts))) for m, opts in options.items()}
     changed = True
     while changed:

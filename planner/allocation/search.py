@@ -16,6 +16,7 @@ import math
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, Callable
 
 from scepsy.models.instance.allocation import Allocation
@@ -302,6 +303,10 @@ def _warm_start(
 PRUNE_MARGIN_STEPS = 4  # per LLM: grid steps of the first stage kept beyond the warm start's value
 
 
+def _weighted_latency(weights: dict[str, float], llm: str, option: Option) -> float:
+    return weights.get(llm, 0.0) * option.latency_s
+
+
 def _within_warm_start(options: dict[str, list[Option]], objective: Objective, warm: Allocation) -> dict[str, list[Option]]:
     """The options some allocation whose first latency stage is within the model's rounding of
     the warm start's can use (formulation.supported_options on the stage's rows).
@@ -320,7 +325,7 @@ def _within_warm_start(options: dict[str, list[Option]], objective: Objective, w
     value = max(sum(w * latency[m] for m, w in row.items()) for row in rows.values())
     step = max(cpsat.latency_step(options, LatencySum(r, row)) for r, row in rows.items())
     bound = value * (1 + 1e-9) + PRUNE_MARGIN_STEPS * len(options) * step
-    kept = supported_options(options, [(lambda m, o, row=row: row.get(m, 0.0) * o.latency_s, bound) for row in rows.values()])
+    kept = supported_options(options, [(partial(_weighted_latency, row), bound) for row in rows.values()])
     return options if kept is None else kept
 
 

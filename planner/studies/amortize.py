@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Sequence
 
 from ortools.sat.python import cp_model
@@ -389,6 +390,10 @@ def _certify(problems, block: list[int], candidate: Allocation, options_at, sett
     return not _rival_exists(options_at.unplaceable, cluster, options, chosen, within, sorted(binding), others, settings, placer)
 
 
+def _coefficient(coefficients: dict[tuple[str, Key], int], llm: str, option: Option) -> float:
+    return coefficients[(llm, configuration(option))]
+
+
 def _rival_exists(
     unplaceable: list, cluster, options: dict[str, list[Option]], chosen: dict[str, Key], rows: list[tuple[dict, float, float]],
     keep: list[str], change: list[str], settings: PlanSettings, placer: Placer,
@@ -411,9 +416,10 @@ def _rival_exists(
         step = margin / DELTA_STEPS
         scaled.append(({key: math.floor(gap / step) for key, gap in gaps.items()}, math.floor(bound / step)))
     candidates = {m: [o for o in opts if m not in keep or configuration(o) == chosen[m]] for m, opts in options.items()}
-    options = supported_options(candidates, [(lambda m, o, c=c: c[(m, configuration(o))], rhs) for c, rhs in scaled])
-    if options is None or all(len(options[m]) == 1 and configuration(options[m][0]) == chosen[m] for m in change):
+    kept = supported_options(candidates, [(partial(_coefficient, c), rhs) for c, rhs in scaled])
+    if kept is None or all(len(kept[m]) == 1 and configuration(kept[m][0]) == chosen[m] for m in change):
         return False  # the rows alone leave no rival
+    options = kept
     units_only = Objective("min_latency", (ShareUnits(),), {}, {})
     am = cpsat.build_allocation_model(cluster, options, units_only, placement_counts=False)
     model, x = am.model, am.x

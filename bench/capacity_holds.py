@@ -6,7 +6,8 @@
 For each instance, the claims of planner/studies/claims.py: the `max_throughput` plan at its load,
 the instance's own plan at the max_throughput_rps it reports, the `min_gpus` plan (and `min_cost`
 where priced) at the instance's rates. Each is simulated at 90% and 100% of the claimed load with
-every seed; a row holds when at least 97% of the offered requests complete and, at 90%, the mean
+every seed, for --duration-s or longer (the measured window opens 5 predicted latencies after the
+empty start and holds 40: the steady state of the load, planner/studies/claims.py); a row holds when at least 97% of the offered requests complete and, at 90%, the mean
 latency is within 15% of the prediction. Prints one markdown row per (claim, workflow, load): the
 claimed rate, the worst simulated throughput over the seeds, their ratio, the worst completed
 share and latency error, and whether every seed holds. Deterministic (seeded simulations).

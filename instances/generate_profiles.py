@@ -28,7 +28,10 @@ instances/README.md. The pipeline is the paper's, run on the simulator instead o
    then 15 call rates from 5% to 120% of it, about 400 calls each (6,400 for e5-base-v2's short
    queries), and rates past them until the stability boundary is bracketed and bisected, so that
    the capacity is the curve's, not the grid's, confirmed over long windows in every draw
-   (CONFIRM_WINDOW_S), then rows where 50-95% of that capacity still lacks one; the verifier's and the generator's rows pool ten draws, REPLICATIONS) for every GPU type, TP degree
+   (CONFIRM_WINDOW_S), then rows where 50-95% of that capacity still lacks one, and every row
+   from 50% of the capacity up to it measured again in steady state, over windows of 50 times
+   its calls in flight; the verifier's and the generator's other rows pool ten draws,
+   REPLICATIONS) for every GPU type, TP degree
    and fraction below, on the engine model of models/performance/engine.py with the numbers of
    models/catalog/catalog.py.
 """

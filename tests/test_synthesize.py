@@ -343,11 +343,8 @@ def test_a_confirmation_draw_that_falls_behind_decides_the_rate():
     assert heavy["throughput"] < CONFIRM_RATIO * heavy["arrival_rate"]
 
 
-def test_a_confirmation_window_holds_at_most_confirm_max_calls(monkeypatch):
-    """The long window holds confirm_window_s of arrivals, at least confirm_calls and at most
-    confirm_max_calls calls (after the warm-up share): an encoder at tens of thousands of
-    requests/s is not replayed for millions of calls per draw."""
-    from scepsy.models.performance.engine import Engine
+def _count_workload_calls(monkeypatch) -> list[int]:
+    """The calls per draw (`requests_per_point`) of every draw the synthesis makes from now on."""
     from scepsy.models.profiles import synthesize as synthesis
 
     asked: list[int] = []
@@ -358,14 +355,99 @@ def test_a_confirmation_window_holds_at_most_confirm_max_calls(monkeypatch):
         return original(engine, source, settings, rng)
 
     monkeypatch.setattr(synthesis, "_workload", counting)
-    engine = Engine(catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), 1, 0.3)
-    source = load_request_source("fixed:256,32")
+    return asked
+
+
+def _small_engine_and_source():
+    from scepsy.models.performance.engine import Engine
+
+    return Engine(catalog.model("llama-3.2-1b"), catalog.gpu("A6000"), 1, 0.3), load_request_source("fixed:256,32")
+
+
+def test_a_confirmation_window_holds_at_most_confirm_max_calls(monkeypatch):
+    """The long window holds confirm_window_s of arrivals, at least confirm_calls and at most
+    confirm_max_calls calls (after the warm-up share): an encoder at tens of thousands of
+    requests/s is not replayed for millions of calls per draw."""
+    from scepsy.models.profiles import synthesize as synthesis
+
+    asked = _count_workload_calls(monkeypatch)
+    engine, source = _small_engine_and_source()
     base = SynthesisSettings(confirm_window_s=20.0, confirm_calls=400, confirm_draws=1)
     warm = 1 - base.warmup_fraction
     synthesis.confirmation_row(engine, source, replace(base, confirm_max_calls=1000), 5.0)  # 100 calls: the floor
     synthesis.confirmation_row(engine, source, replace(base, confirm_max_calls=1000), 30.0)  # 600: the window
     synthesis.confirmation_row(engine, source, replace(base, confirm_max_calls=1000), 200.0)  # 4,000: the cap
     assert asked == [math.ceil(400 / warm), math.ceil(600 / warm), math.ceil(1000 / warm)]
+
+
+def test_the_steep_part_of_a_confirmed_curve_is_measured_again_in_steady_state():
+    """A replica whose short rows read its latency low near capacity (a short window starts empty
+    and ends before the queue and the prefix cache reach their level): `steady` measures every row
+    from steady_from x the capacity up to the capacity again, and leaves the light rows, the
+    capacity's own (long) row and the collapse marks above it as they are."""
+    from scepsy.models.profiles.synthesize import steady
+
+    settings = SynthesisSettings(confirm_window_s=200.0)
+    truth = queue_row(100.0)
+
+    def short(rate: float) -> dict:  # half the queueing delay a long window measures
+        row = truth(rate)
+        return {**row, "latency_mean": 0.01 + (row["latency_mean"] - 0.01) / 2} if rate < 100.0 else row
+
+    rates = [10.0, 40.0, 48.0, 50.0, 70.0, 90.0, 95.0, 97.0, 100.0, 120.0]
+    rows = [short(r) for r in rates[:-2]] + [truth(97.5), truth(120.0)]  # 97.5: the confirmed capacity
+    asked: list[float] = []
+
+    def steady_row(rate: float, row: dict) -> dict:
+        assert row["arrival_rate"] == rate
+        asked.append(rate)
+        return truth(rate)
+
+    measured = steady(rows, steady_row, settings)
+    assert asked == [50.0, 70.0, 90.0, 95.0, 97.0]  # from 0.5 x 97.5 up to, not including, 97.5
+    for row in measured:
+        rate = row["arrival_rate"]
+        assert row == (truth(rate) if rate >= 48.75 else short(rate))
+    assert steady([truth(120.0)], steady_row, settings) == [truth(120.0)]  # no stable row: as it is
+
+
+def test_a_curve_whose_steady_state_row_collapses_ends_there():
+    """A replica confirmed at 97.5 req/s whose steady-state row at 90 does not keep up (a
+    metastable collapse the confirmation draws did not meet): its capacity is the largest stable
+    rate below 90, the stable rows above it are left out, the collapsed rows stay as the end."""
+    from scepsy.models.profiles.synthesize import end_at_collapse, steady
+
+    settings = SynthesisSettings(confirm_window_s=200.0)
+    truth = queue_row(100.0)
+
+    def steady_row(rate: float, row: dict) -> dict:
+        return {**truth(rate), "throughput": 0.7 * rate} if rate == 90.0 else truth(rate)
+
+    rows = [truth(r) for r in (10.0, 50.0, 70.0, 90.0, 95.0, 97.5)] + [{**truth(120.0)}]
+    ended = steady(rows, steady_row, settings)
+    stable = [r["arrival_rate"] for r in ended if r["throughput"] >= 0.95 * r["arrival_rate"]]
+    assert max(stable) == 70.0
+    assert [r["arrival_rate"] for r in ended] == [10.0, 50.0, 70.0, 90.0, 120.0]
+    assert end_at_collapse(ended, 0.5 * 97.5) == ended  # once ended, as it is
+    assert end_at_collapse([truth(r) for r in (10.0, 50.0)], 25.0) == [truth(r) for r in (10.0, 50.0)]
+
+
+def test_a_steady_state_window_holds_fifty_times_the_calls_in_flight(monkeypatch):
+    """The steady-state row's window holds steady_in_flight x the calls in flight of the short
+    row (rate x its mean latency), at least confirm_calls and at most confirm_max_calls; its
+    draws are the confirm_draws of their own seeds, pooled."""
+    from scepsy.models.profiles import synthesize as synthesis
+
+    asked = _count_workload_calls(monkeypatch)
+    engine, source = _small_engine_and_source()
+    settings = SynthesisSettings(confirm_window_s=20.0, confirm_calls=400, confirm_max_calls=2000, confirm_draws=2)
+    assert settings.steady_in_flight == 50.0
+    warm = 1 - settings.warmup_fraction
+    synthesis.steady_state_row(engine, source, settings, 5.0, {"latency_mean": 0.2})  # 50 calls: the floor
+    synthesis.steady_state_row(engine, source, settings, 10.0, {"latency_mean": 1.6})  # 800: the window
+    row = synthesis.steady_state_row(engine, source, settings, 10.0, {"latency_mean": 10.0})  # 5,000: the cap
+    assert asked == [math.ceil(n / warm) for n in (400, 400, 800, 800, 2000, 2000)]
+    assert row["arrival_rate"] == 10.0 and row["throughput"] >= 0.99 * 10.0
 
 
 def test_replications_pool_independent_draws_at_every_rate():

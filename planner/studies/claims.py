@@ -43,6 +43,13 @@ LATENCY_LOAD = 0.9  # ... at loads up to this share of the claimed one
 # request finished; opened after 44 s and 353 s long, 98.0-100.6% over three seeds
 WARMUP_LATENCIES = 5.0
 WINDOW_LATENCIES = 40.0
+# ... and it holds WINDOW_REQUESTS arrivals of the least frequent workflow: the mean latency a plan
+# predicts is the long run's at the offered rate, and a window of N requests realises that rate and
+# the calls per request within about 1/sqrt(N) each (beam search's calls per request vary by half
+# their mean). Near its capacity an LLM's latency moves several times faster than its load (the
+# beam verifier at 81%: 7 times), so at 9.9 beam requests/s a 180 s window moved the verifier's
+# load by up to 6% between seeds and the workflow's latency by up to 17%
+WINDOW_REQUESTS = 4000
 
 
 @dataclass(frozen=True)
@@ -123,13 +130,14 @@ def claims(instance: Instance, name: str, settings: PlanSettings = PlanSettings(
 
 def measured_window(prediction: Prediction, duration_s: float, seed: int) -> SimulationSettings:
     """The simulation of a claim: `duration_s` at least, its window in steady state (WARMUP_LATENCIES,
-    WINDOW_LATENCIES x the slowest workflow's predicted mean latency; an overloaded prediction
-    keeps the plain duration)."""
+    WINDOW_LATENCIES x the slowest workflow's predicted mean latency) holding WINDOW_REQUESTS
+    arrivals of the least frequent workflow; an overloaded prediction keeps the plain duration."""
     latency_s = max(w.latency_s for w in prediction.workflows)
     if not math.isfinite(latency_s):
         return SimulationSettings(duration_s=duration_s, seed=seed)
+    rates_rps = [w.arrival_rate_rps for w in prediction.workflows if w.arrival_rate_rps > 0]
     warmup_s = max(0.1 * duration_s, WARMUP_LATENCIES * latency_s)
-    window_s = max(0.9 * duration_s, WINDOW_LATENCIES * latency_s)
+    window_s = max(0.9 * duration_s, WINDOW_LATENCIES * latency_s, WINDOW_REQUESTS / min(rates_rps, default=math.inf))
     return SimulationSettings(duration_s=warmup_s + window_s, warmup_s=warmup_s, seed=seed)
 
 

@@ -549,6 +549,12 @@ def synthesize_curve(engine: Engine, source: RequestSource, settings: SynthesisS
     return steady(confirm(rows, long_row, measure, settings), steady_row, settings)
 
 
+def _long_window(engine: Engine, source: RequestSource, settings: SynthesisSettings, measured: float) -> SynthesisSettings:
+    """`settings` whose draws hold `measured` calls after the warm-up share (at least the short rows' count)."""
+    calls = math.ceil(measured / (1 - settings.warmup_fraction))
+    return replace(settings, requests_per_point=max(requests_per_point(source, engine, settings), calls))
+
+
 def confirmation_row(engine: Engine, source: RequestSource, settings: SynthesisSettings, rate: float) -> dict:
     """The row at `rate` measured over long windows: `confirm_draws` new draws (their own seeds),
     each with enough requests that its measured window holds `confirm_window_s` of arrivals (at
@@ -558,8 +564,7 @@ def confirmation_row(engine: Engine, source: RequestSource, settings: SynthesisS
     pooled row, with the throughput of the worst draw: the rate holds only where every draw keeps
     up."""
     measured = max(min(rate * settings.confirm_window_s, settings.confirm_max_calls), settings.confirm_calls)
-    calls = math.ceil(measured / (1 - settings.warmup_fraction))
-    long = replace(settings, requests_per_point=max(requests_per_point(source, engine, settings), calls))
+    long = _long_window(engine, source, settings, measured)
     rows: list[dict] = []
     for draw in range(settings.confirm_draws):
         row_at, _ = _workload(engine, source, long, random.Random(f"{settings.seed}:confirm:{draw}"))
@@ -578,8 +583,7 @@ def steady_state_row(engine: Engine, source: RequestSource, settings: SynthesisS
     `confirm_max_calls` calls; their pooled row."""
     in_flight = rate * float(short["latency_mean"])
     measured = min(max(settings.steady_in_flight * in_flight, settings.confirm_calls), settings.confirm_max_calls)
-    calls = math.ceil(measured / (1 - settings.warmup_fraction))
-    long = replace(settings, requests_per_point=max(requests_per_point(source, engine, settings), calls))
+    long = _long_window(engine, source, settings, measured)
     rows = [_workload(engine, source, long, random.Random(f"{settings.seed}:steady:{draw}"))[0](rate)
             for draw in range(settings.confirm_draws)]
     return pooled_row(rows)

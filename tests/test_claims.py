@@ -13,11 +13,15 @@ from scepsy.models.performance.alp import predict
 from scepsy.planner.studies.claims import (
     WARMUP_LATENCIES,
     WINDOW_LATENCIES,
+    WHATIF_POINTS,
     WINDOW_REQUESTS,
     check,
     claims,
     measured_window,
+    whatif_capacity,
 )
+from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.studies.whatif import run_grid
 
 from conftest import INSTANCES
 
@@ -27,16 +31,38 @@ SMALLER = ("rag-4xa6000", "beam-4xa6000", "ensemble-4xa6000")
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SMALLER)
 def test_every_claim_of_the_smaller_instances_holds_at_and_below_its_capacity(name):
-    """The max_throughput plan, the reported capacity and the min_gpus plan, at 90% and 100% of
-    their load, with three seeds."""
+    """The max_throughput plan, the reported capacity, the min_gpus plan and the what-if study's
+    capacity, at 90% and 100% of their load, with three seeds."""
     instance = load_instance(INSTANCES / f"{name}.yaml")
     found = claims(instance, name)
-    assert {c.kind for c in found} == {"max_throughput", "reported", "min_gpus"}  # no prices: no min_cost
+    assert {c.kind for c in found} == {"max_throughput", "reported", "min_gpus", "whatif"}  # no prices: no min_cost
     for claim in found:
         for load in (0.9, 1.0):
             for seed in (0, 1, 2):
                 for checked in check(instance, claim, load, seed):
                     assert checked.holds, checked.row()
+
+
+@pytest.mark.parametrize("name", ["beam-4xa6000", "combined-8xh100"])
+def test_the_whatif_claim_is_the_capacity_the_study_prints(name):
+    """The whatif claim loads the study's plan at its middle rate to the capacity the what-if table
+    prints for that point (one workflow: `workflow_max_throughput_rps`; several: scaled together
+    until the first reaches its limit), above the rate it was planned for and below the
+    max_throughput plan's."""
+    instance = load_instance(INSTANCES / f"{name}.yaml")
+    allocation, rates = whatif_capacity(instance)
+    (top,) = claims(instance, name, kinds=("max_throughput",))
+    top_rps = sum(top.rates_rps.values())
+    planned_rps = top_rps * (WHATIF_POINTS // 2) / WHATIF_POINTS
+    frame = run_grid(instance, [planned_rps], [sum(n.gpus for n in instance.cluster.nodes)], PlanSettings())
+    per_gpu = instance.cluster.fractions_per_gpu
+    assert {(r.llm, r.gpu_type, r.tp, round(r.fraction * per_gpu), r.replicas) for r in frame.itertuples()} == {
+        (c.llm, c.gpu_type, c.tp, c.share, c.replicas) for c in allocation.llms}
+    claimed = predict(instance.with_arrival_rates(rates), allocation)
+    assert max(w.arrival_rate_rps / w.max_throughput_rps for w in claimed.workflows) == pytest.approx(1.0)
+    if len(rates) == 1:
+        assert sum(rates.values()) == pytest.approx(frame["workflow_max_throughput_rps"].iloc[0])
+    assert planned_rps < sum(rates.values()) < top_rps * (1 + 1e-9)
 
 
 @pytest.mark.parametrize("name, kind", [("ensemble-4xa6000", "max_throughput"), ("rag-4xa6000", "min_gpus")])

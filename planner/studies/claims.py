@@ -10,6 +10,11 @@ at which its bottleneck LLM reaches `max_utilization` of its capacity, models/pe
                      max_throughput_rps / arrival_rate)
     min_gpus         the `min_gpus` plan at the instance's rates (and `min_cost`, where every GPU
                      type in use has a price)
+    whatif           the what-if study of the instance's cluster (planner/studies/whatif.py) over
+                     WHATIF_POINTS total rates up to the max_throughput plan's: the plan of its
+                     middle rate, loaded to the capacity the study prints for it
+                     (`workflow_max_throughput_rps`; all workflows scaled together, as reported).
+                     Its top rate's plan is the max_throughput plan's allocation
 
 `check` simulates a claim's allocation (models/simulation/simulator.py) at a share of the claimed
 load, for one seed, and compares with the prediction at that load. The rule a claim must meet
@@ -24,12 +29,13 @@ import math
 from dataclasses import dataclass
 
 from scepsy.models.errors import InfeasibleError, InputError
-from scepsy.models.instance.allocation import Allocation
+from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.instance import Instance
 from scepsy.models.performance.alp import Prediction, predict
 from scepsy.models.simulation.simulator import SimulationSettings, simulate
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.studies.whatif import run_grid
 
 COMPLETED_SHARE = 0.97  # of the offered requests, at every load up to the claimed one
 LATENCY_TOLERANCE = 0.15  # relative error of the predicted mean latency ...
@@ -50,6 +56,10 @@ WINDOW_LATENCIES = 40.0
 # beam verifier at 81%: 7 times), so at 9.9 beam requests/s a 180 s window moved the verifier's
 # load by up to 6% between seeds and the workflow's latency by up to 17%
 WINDOW_REQUESTS = 4000
+# The what-if grid of the whatif claim: this many total rates, evenly up to the max_throughput
+# plan's, as a capacity study of the cluster steps them
+WHATIF_POINTS = 20
+KINDS = ("max_throughput", "reported", "min_gpus", "min_cost", "whatif")
 
 
 @dataclass(frozen=True)
@@ -57,7 +67,7 @@ class Claim:
     """A load a plan states it sustains: its allocation at `rates_rps` per workflow."""
 
     instance: str
-    kind: str  # max_throughput | reported | min_gpus | min_cost
+    kind: str  # one of KINDS
     allocation: Allocation
     rates_rps: dict[str, float]
 
@@ -106,19 +116,19 @@ def _rates(instance: Instance) -> dict[str, float]:
 
 
 def claims(instance: Instance, name: str, settings: PlanSettings = PlanSettings(),
-           kinds: tuple[str, ...] = ("max_throughput", "reported", "min_gpus", "min_cost")) -> list[Claim]:
+           kinds: tuple[str, ...] = KINDS) -> list[Claim]:
     """The claims of `kinds` the instance's plans make (an objective the instance cannot take,
     min_cost without prices, is left out)."""
     found = []
     for kind in kinds:
         if kind == "max_throughput":
-            plan = make_plan(instance.with_objective("max_throughput"), settings)
-            found.append(Claim(name, kind, plan.allocation,
-                               {w.name: w.max_throughput_rps for w in plan.prediction.workflows}))
+            found.append(Claim(name, kind, *_max_throughput(instance, settings)))
         elif kind == "reported":
             plan = make_plan(instance, settings)
             scale = min(w.max_throughput_rps / w.arrival_rate_rps for w in plan.prediction.workflows)
             found.append(Claim(name, kind, plan.allocation, {w.name: w.arrival_rate * scale for w in instance.workflows}))
+        elif kind == "whatif":
+            found.append(Claim(name, kind, *whatif_capacity(instance, settings)))
         else:
             try:
                 plan = make_plan(instance.with_objective(kind), settings)
@@ -126,6 +136,37 @@ def claims(instance: Instance, name: str, settings: PlanSettings = PlanSettings(
                 continue  # min_cost without prices
             found.append(Claim(name, kind, plan.allocation, _rates(instance)))
     return found
+
+
+def _max_throughput(instance: Instance, settings: PlanSettings) -> tuple[Allocation, dict[str, float]]:
+    plan = make_plan(instance.with_objective("max_throughput"), settings)
+    return plan.allocation, {w.name: w.max_throughput_rps for w in plan.prediction.workflows}
+
+
+def whatif_capacity(instance: Instance, settings: PlanSettings = PlanSettings()) -> tuple[Allocation, dict[str, float]]:
+    """The what-if study of the instance's cluster over WHATIF_POINTS total rates, evenly up to the
+    max_throughput plan's: the allocation of its middle rate (the largest the cluster serves up
+    to there), and the rates at the capacity the study prints for it: every workflow's rate scaled
+    by the smallest `max_throughput_rps / arrival_rate` of its prediction (one workflow: the
+    table's `workflow_max_throughput_rps`)."""
+    top_rps = sum(_max_throughput(instance, settings)[1].values())
+    rates = [top_rps * k / WHATIF_POINTS for k in range(1, WHATIF_POINTS + 1)]
+    frame = run_grid(instance, rates, [sum(n.gpus for n in instance.cluster.nodes)], settings)
+    served = frame[frame["feasible"] & (frame["rate_rps"] <= rates[WHATIF_POINTS // 2 - 1] * (1 + 1e-9))]
+    if served.empty:
+        raise InfeasibleError(f"the cluster serves none of the what-if rates up to {top_rps / 2:.6g} req/s")
+    middle = served[served["rate_rps"] == served["rate_rps"].max()]
+    rows = {row.llm: row for row in middle.itertuples()}
+    per_gpu = instance.cluster.fractions_per_gpu
+    allocation = Allocation(per_gpu, tuple(
+        LlmAllocation(m.name, rows[m.name].gpu_type, int(rows[m.name].tp), round(rows[m.name].fraction * per_gpu),
+                      int(rows[m.name].replicas))
+        for m in instance.llms))
+    at = instance.with_arrival_rates({w.name: float(getattr(rows[instance.llms[0].name], f"rate_{w.name}_rps"))
+                                      for w in instance.workflows})
+    prediction = predict(at, allocation)
+    scale = min(w.max_throughput_rps / w.arrival_rate_rps for w in prediction.workflows)
+    return allocation, {w.name: w.arrival_rate * scale for w in at.workflows}
 
 
 def measured_window(prediction: Prediction, duration_s: float, seed: int) -> SimulationSettings:

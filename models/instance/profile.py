@@ -277,9 +277,10 @@ def _scaled_by_shape(measured, fraction: float, shape):
     """Capacity and latency-at-utilisation of `fraction` from the engine model's ratios: each
     neighbour's measured capacity times T(f) / T(f0) (combined geometrically) and its latency at an
     equal utilisation times L(f) / L(f0) (combined linearly); `shape.at(f)` = (T, L) modelled.
-    Where the rise with the load changes between the shares (`shape.rise_changes`: a KV regime
-    change, or an encoder's lumps), the latency at utilisation u also times g_f(u) / g_f0(u), the
-    engine model's simulated load shapes (`shape.load_shape`).
+    Where the rise with the load changes between the shares (`shape.rise_changes`: a share whose
+    KV cache caps the batch, or an encoder's lumps), the neighbour's excess latency over its
+    light-load latency at utilisation u is scaled by (g_f(u) - 1 + e) / (g_f0(u) - 1 + e), the
+    engine model's simulated load shapes' excesses (`shape.excess_change`).
     Returns (capacity, latency(utilisation, metric), the curves used), or None where the engine
     model fits no batch at `fraction`."""
     weighted = _shape_weights(measured, fraction, shape)
@@ -299,10 +300,11 @@ def _scaled_by_shape(measured, fraction: float, shape):
         measured_latency = np.maximum.accumulate(curve.latency_s(utilisation * curve.capacity_rps, metric))
         if not shape.rise_changes(curve.fraction, fraction):
             return measured_latency
-        # the neighbour's rise with the load is not this share's: scaled by the engine model's own
-        # load shapes at both shares
-        change = shape.load_shape(fraction, utilisation) / shape.load_shape(curve.fraction, utilisation)
-        return np.maximum.accumulate(measured_latency * change)
+        # the neighbour's rise with the load is not this share's: its excess over its light-load
+        # latency is scaled by the engine model's excess at both shares (simulated load shapes)
+        light = curve.latency_s(np.array([shape.light_load * curve.capacity_rps]), metric)[0]
+        change = shape.excess_change(curve.fraction, fraction, utilisation)
+        return np.maximum.accumulate(light + (measured_latency - light) * change)
 
     def latency(utilisation: np.ndarray, metric: str) -> np.ndarray:
         start = np.zeros(np.shape(utilisation))  # sum()'s 0 as an array: same values, typed

@@ -5,8 +5,8 @@
 For every shipped instance: plan it (CP-SAT, mean latency), keep the allocation, and at 10%..80% of
 its capacity (as bench/prediction_accuracy.py) simulate it (seed 0) and compare the simulated p90
 and p99 workflow latency with
-  * `sum`: the sum of per-call percentiles, sum_m n/p * f * L_m^q (latency_metric: pq without
-    latency_ratios), and
+  * `sum`: the sum of per-call percentiles, sum_m n/p * f * L_m^q (latency_metric: pq, the
+    instance's latency_ratios removed), and
   * `ratio`: the traces' own request-level spread, latency_ratios[q] * sum_m n/p * f * L_m^mean,
     where latency_ratios[q] = pq / mean of the traced requests' latency (docs/model.md, section 3).
 The traces are the workflows run alone at light load on one whole GPU per LLM
@@ -55,18 +55,26 @@ def traced_ratios(instance) -> dict[str, dict[str, float]]:
     return ratios
 
 
+def estimator_instances(instance, ratios: dict[str, dict[str, float]]):
+    """The instance each estimator predicts with: `sum` without any latency_ratios (the shipped
+    instances carry some), `ratio` with the traced `ratios`."""
+    def with_ratios(of):
+        return replace(instance, workflows=tuple(replace(w, latency_ratios=of(w)) for w in instance.workflows))
+
+    return with_ratios(lambda w: None), with_ratios(lambda w: ratios[w.name])
+
+
 def run(path: Path, duration_s: float) -> list[dict]:
     instance = load_instance(path)
     plan = make_plan(instance, PlanSettings())
     capacity = min(w.max_throughput_rps / w.arrival_rate_rps for w in plan.prediction.workflows)
-    ratios = traced_ratios(instance)
-    with_ratios = replace(instance, workflows=tuple(replace(w, latency_ratios=ratios[w.name]) for w in instance.workflows))
+    without_ratios, with_ratios = estimator_instances(instance, traced_ratios(instance))
     rows = []
     for load in LOADS:
         loaded = instance.scaled(load * capacity)
         result = simulate(loaded, plan.allocation, SimulationSettings(duration_s=duration_s, seed=0))
         for q in ("p90", "p99"):
-            by_sum = predict(replace(loaded, latency_metric=q), plan.allocation)
+            by_sum = predict(replace(without_ratios.scaled(load * capacity), latency_metric=q), plan.allocation)
             by_ratio = predict(replace(with_ratios.scaled(load * capacity), latency_metric=q), plan.allocation)
             for w in result.workflows:
                 simulated = getattr(w, f"latency_{q}_s")

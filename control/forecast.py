@@ -6,7 +6,7 @@ Predictors (`ControlSettings.predictor`):
     ewma      an exponentially weighted moving average, weight `alpha` on the newest sample
               (statsmodels' SimpleExpSmoothing recursion with a fixed smoothing level)
     kalman    a local linear trend (level, slope per second) tracked by filterpy's KalmanFilter;
-              the forecast is level + slope * horizon, the trend term bounded to `trend_cap` (50%)
+              the forecast is level + slope * horizon, the trend term bounded to `trend_cap` (25%)
               of the level (a step in the rate is not a trend to extrapolate), never below 0.
               Measurement noise: a Poisson count's rate / period plus (burst_cv * rate)^2 for
               burstiness (requests/s squared), or the caller's `noise_var` where larger (a

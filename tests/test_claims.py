@@ -56,7 +56,8 @@ def test_the_whatif_claim_is_the_capacity_the_study_prints(name):
     planned_rps = top_rps * (WHATIF_POINTS // 2) / WHATIF_POINTS
     frame = run_grid(instance, [planned_rps], [sum(n.gpus for n in instance.cluster.nodes)], PlanSettings())
     per_gpu = instance.cluster.fractions_per_gpu
-    assert {(r.llm, r.gpu_type, r.tp, round(r.fraction * per_gpu), r.replicas) for r in frame.itertuples()} == {
+    rows = zip(frame["llm"], frame["gpu_type"], frame["tp"], frame["fraction"], frame["replicas"])
+    assert {(llm, gpu_type, tp, round(float(fraction) * per_gpu), replicas) for llm, gpu_type, tp, fraction, replicas in rows} == {
         (c.llm, c.gpu_type, c.tp, c.share, c.replicas) for c in allocation.llms}
     claimed = predict(instance.with_arrival_rates(rates), allocation)
     assert max(w.arrival_rate_rps / w.max_throughput_rps for w in claimed.workflows) == pytest.approx(1.0)

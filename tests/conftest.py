@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -22,6 +23,16 @@ REPO = Path(__file__).resolve().parents[1]
 INSTANCES = REPO / "instances"
 if str(REPO) not in sys.path:  # examples/ is not part of the package; its tests import it from here
     sys.path.insert(0, str(REPO))
+
+
+def load_script(name: str, path: Path):
+    """A script of the repository outside the package (bench/, instances/, tests/golden/) as a module."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
 
 
 def profile_rows(gpu_type: str = "A6000", tps=(1, 2), fractions=(0.5, 1.0), light_s: float = 1.0, capacity_rps: float = 10.0):

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import yaml
+
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden"
 
 
-def _load_module(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
-
-
-regenerate = _load_module("golden_regenerate", GOLDEN / "regenerate.py")
-synthetic = _load_module("synthetic_cluster", ROOT / "bench" / "synthetic_cluster.py")
+regenerate = load_script("golden_regenerate", GOLDEN / "regenerate.py")
+synthetic = load_script("synthetic_cluster", ROOT / "bench" / "synthetic_cluster.py")
 CASES = regenerate.CASES
 
 

@@ -3,7 +3,6 @@ latency_ratios the shipped instances carry (else both columns are the ratio esti
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,15 +10,13 @@ import pytest
 
 from scepsy.models.instance.instance import load_instance
 
+from conftest import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("tail_accuracy", ROOT / "bench" / "tail_accuracy.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("tail_accuracy", ROOT / "bench" / "tail_accuracy.py")
 
 
 def test_the_sum_estimator_reads_per_call_percentiles_and_the_ratio_one_the_traced_ratios():

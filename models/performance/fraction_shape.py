@@ -52,6 +52,7 @@ LEVEL_WEIGHT = 0.1
 PREFIX_GRID = (256, 1024, 4096, 16384)
 WORKING_SET_GRID = (2**14, 2**15, 2**16, 2**17, 2**18, 2**19, 2**20)
 MISS_GAIN = 0.25  # prefix-cache misses are kept only where they cut the misfit to a quarter
+LIGHT_LOAD = 0.05  # the load shapes' first load: the latency they are relative to (rate / T(f))
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class ShareModel:
         return _modelled(self.model, self.gpu, self.tp, fraction, self.prompt_tokens, self.completion_tokens,
                          self.max_batch, self.prefix_tokens, self.working_set_tokens)
 
-    light_load: ClassVar[float] = 0.05  # the utilisation the load shapes are relative to (SHAPE_LOADS[0])
+    light_load: ClassVar[float] = LIGHT_LOAD  # the utilisation the load shapes are relative to
 
     def load_shape(self, fraction: float, utilisation) -> np.ndarray:
         """Latency at each `utilisation` (rate / T(f)) over the latency at the lightest load, of the
@@ -166,7 +167,7 @@ def _modelled(model: ModelCard, gpu: GpuCard, tp: int, fraction: float, prompt: 
 
 # the load shape where the rise changes: rates as fractions of the modelled capacity T(f), each
 # point SHAPE_REQUESTS fixed-shape requests (common random numbers at every share)
-SHAPE_LOADS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+SHAPE_LOADS = (LIGHT_LOAD, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 SHAPE_REQUESTS = 400
 SHAPE_LUMPS = 30  # encoders: iterations of budget / prompt requests per point
 SHAPE_WARMUP = 0.25  # the share of a point's requests not measured (synthesis' warm-up)

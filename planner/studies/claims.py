@@ -120,15 +120,16 @@ def claims(instance: Instance, name: str, settings: PlanSettings = PlanSettings(
     """The claims of `kinds` the instance's plans make (an objective the instance cannot take,
     min_cost without prices, is left out)."""
     found = []
+    # the max_throughput plan's claim, planned once where max_throughput or whatif needs it
+    top = _max_throughput(instance, settings) if {"max_throughput", "whatif"} & set(kinds) else None
     for kind in kinds:
-        if kind == "max_throughput":
-            found.append(Claim(name, kind, *_max_throughput(instance, settings)))
+        if kind == "max_throughput" and top is not None:
+            found.append(Claim(name, kind, *top))
         elif kind == "reported":
             plan = make_plan(instance, settings)
-            scale = min(w.max_throughput_rps / w.arrival_rate_rps for w in plan.prediction.workflows)
-            found.append(Claim(name, kind, plan.allocation, {w.name: w.arrival_rate * scale for w in instance.workflows}))
-        elif kind == "whatif":
-            found.append(Claim(name, kind, *whatif_capacity(instance, settings)))
+            found.append(Claim(name, kind, plan.allocation, at_reported_capacity(instance, plan.allocation)))
+        elif kind == "whatif" and top is not None:
+            found.append(Claim(name, kind, *whatif_capacity(instance, settings, sum(top[1].values()))))
         else:
             try:
                 plan = make_plan(instance.with_objective(kind), settings)
@@ -138,18 +139,28 @@ def claims(instance: Instance, name: str, settings: PlanSettings = PlanSettings(
     return found
 
 
+def at_reported_capacity(instance: Instance, allocation: Allocation) -> dict[str, float]:
+    """The instance's rates scaled to the capacity a plan reports for `allocation`: every workflow's
+    rate times the smallest `max_throughput_rps / arrival_rate` of its prediction (all workflows
+    together, until the first reaches its limit)."""
+    prediction = predict(instance, allocation)
+    scale = min(w.max_throughput_rps / w.arrival_rate_rps for w in prediction.workflows)
+    return {w.name: w.arrival_rate * scale for w in instance.workflows}
+
+
 def _max_throughput(instance: Instance, settings: PlanSettings) -> tuple[Allocation, dict[str, float]]:
     plan = make_plan(instance.with_objective("max_throughput"), settings)
     return plan.allocation, {w.name: w.max_throughput_rps for w in plan.prediction.workflows}
 
 
-def whatif_capacity(instance: Instance, settings: PlanSettings = PlanSettings()) -> tuple[Allocation, dict[str, float]]:
+def whatif_capacity(instance: Instance, settings: PlanSettings = PlanSettings(),
+                    top_rps: float | None = None) -> tuple[Allocation, dict[str, float]]:
     """The what-if study of the instance's cluster over WHATIF_POINTS total rates, evenly up to the
-    max_throughput plan's: the allocation of its middle rate (the largest the cluster serves up
-    to there), and the rates at the capacity the study prints for it: every workflow's rate scaled
-    by the smallest `max_throughput_rps / arrival_rate` of its prediction (one workflow: the
-    table's `workflow_max_throughput_rps`)."""
-    top_rps = sum(_max_throughput(instance, settings)[1].values())
+    max_throughput plan's (`top_rps`, planned when not given): the allocation of its middle rate
+    (the largest the cluster serves up to there), and the rates at the capacity the study prints
+    for it (`at_reported_capacity`; one workflow: the table's `workflow_max_throughput_rps`)."""
+    if top_rps is None:
+        top_rps = sum(_max_throughput(instance, settings)[1].values())
     rates = [top_rps * k / WHATIF_POINTS for k in range(1, WHATIF_POINTS + 1)]
     frame = run_grid(instance, rates, [sum(n.gpus for n in instance.cluster.nodes)], settings)
     served = frame[frame["feasible"] & (frame["rate_rps"] <= rates[WHATIF_POINTS // 2 - 1] * (1 + 1e-9))]
@@ -164,9 +175,7 @@ def whatif_capacity(instance: Instance, settings: PlanSettings = PlanSettings())
         for m in instance.llms))
     point = middle.iloc[0]  # the scenario's columns, alike on each of its LLMs' rows
     at = instance.with_arrival_rates({w.name: float(point[f"rate_{w.name}_rps"]) for w in instance.workflows})
-    prediction = predict(at, allocation)
-    scale = min(w.max_throughput_rps / w.arrival_rate_rps for w in prediction.workflows)
-    return allocation, {w.name: w.arrival_rate * scale for w in at.workflows}
+    return allocation, at_reported_capacity(at, allocation)
 
 
 def measured_window(prediction: Prediction, duration_s: float, seed: int) -> SimulationSettings:

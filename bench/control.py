@@ -21,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -71,7 +73,7 @@ def scenarios(path: Path) -> list[tuple[dict, list[dict], list[dict]]]:
     for line in path.read_text().splitlines():
         record = json.loads(line)
         scenario = record["scenario"]
-        key = tuple(scenario.get(k) for k in ("startup_s", "peak", "start_min", "minutes", "seed"))
+        key = tuple(scenario.get(k) for k in ("startup_s", "peak", "start_min", "minutes", "seed")) + tuple(scenario.get("settings", ()))
         entry = merged.setdefault(key, (scenario, {}, []))
         for system in record["systems"]:
             entry[1][system["name"]] = system
@@ -129,6 +131,20 @@ def plan_level(instance: Instance, arrivals: dict[str, list[float]], context: Po
             "units_per_minute": units, "changes": changes}
 
 
+def control_settings(startup_s: float, overrides: list[str]) -> ControlSettings:
+    """The controller's settings: the defaults with start-up `startup_s` and each NAME=VALUE of
+    `overrides` (the value converted to the default's type)."""
+    defaults = ControlSettings(startup_s=startup_s)
+    changes: dict[str, Any] = {}
+    for item in overrides:
+        name, _, value = item.partition("=")
+        if not hasattr(defaults, name):
+            raise SystemExit(f"--setting {item}: no knob {name!r} in ControlSettings")
+        kind = type(getattr(defaults, name))
+        changes[name] = value if kind is str else kind(float(value)) if kind is int else float(value)
+    return replace(defaults, **changes)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--peaks", default="0.8,1.0")
@@ -137,6 +153,8 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--systems", default="scepsy-control,static-peak,k8s-hpa,saturation")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a ControlSettings knob other than its default (repeatable), e.g. --setting predictor=ewma")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "control.jsonl")
     parser.add_argument("--table", action="store_true", help="only print the markdown table of --out's scenarios")
     parser.add_argument("--plans-only", action="store_true",
@@ -153,7 +171,7 @@ def main() -> None:
         for peak in (float(p) for p in options.peaks.split(",")):
             drivers = {w.name: (f"azure:{DRIVERS[w.name]}", peak * w.arrival_rate) for w in instance.workflows}
             arrivals = trace_arrivals(drivers, options.start_min * 60, options.minutes * 60, options.seed)
-            settings = ClosedLoopSettings(ControlSettings(startup_s=startup), seed=options.seed)
+            settings = ClosedLoopSettings(control_settings(startup, options.setting), seed=options.seed)
             wall, cpu = time.perf_counter(), time.process_time()
             # every workflow's SLO: twice its latency in the plan at the instance's rates
             slos = {w.name: 2 * plan.prediction.workflow(w.name).latency_s for w in instance.workflows}
@@ -174,7 +192,7 @@ def main() -> None:
             runs = run_systems(instance, start, placement, arrivals, systems, settings, slos)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             scenario = {"startup_s": startup, "peak": peak, "start_min": options.start_min, "minutes": options.minutes,
-                        "seed": options.seed, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+                        "seed": options.seed, "settings": sorted(options.setting), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
             document = control_document(runs)
             result = checks(document["systems"], options.minutes)
             with options.out.open("a") as handle:

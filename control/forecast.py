@@ -44,8 +44,8 @@ class ForecastState:
 class Forecaster:
     """One predictor with its parameters (module docstring)."""
 
-    name: str = "kalman"
-    alpha: float = 0.5  # ewma: weight of the newest sample
+    name: str = "ewma"
+    alpha: float = 0.7  # ewma: weight of the newest sample
     slope_noise: float = 1e-6  # kalman: process noise of the slope, (requests/s per s)^2 per s
     burst_cv: float = 0.1  # kalman: measurement noise beyond Poisson, as a fraction of the rate
     trend_cap: float = 0.25  # kalman: the trend moves a forecast at most this fraction of the level

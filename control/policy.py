@@ -19,17 +19,22 @@ does no I/O and reads no clock. Each period:
    sigma_w / sqrt(sustain_s / period_s)): sigma_w the observed deviation of the workflow's rate
    from its running median, the bursts the median removed (an exponentially weighted RMS), so the margin is one
    standard error of the window's mean rate, never below the Poisson headroom.
-3. Decide. The planning rate is the highest up_w of the last `stabilization_s` (a scale-down is
-   thus taken only when it was right for the whole window).
+3. Decide. The planning rate of a scale-down is the highest up_w of the last `stabilization_s`
+   (a scale-down is thus taken only when it was right for the whole window).
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
-     breaks a workflow's planning SLO (latency_slo_s * slo_margin) or overloads an LLM, re-plan at
-     once at the planning rate (a plan that frees share units is a scale-down, whatever
-     triggered it). A burst the median and the forecast absorb never gets here. The
-     plan (control/replan.py) keeps
-     the running shapes and changes replica counts only, unless a re-shaped plan (fewest GPUs that
-     meet the planning SLOs) needs fewer share units by more than the hysteresis and saves more
-     over a stabilization window than its relocations hold twice while they start; either is
-     placed with the fewest moves from the running placement;
+     breaks a workflow's SLO (latency_slo_s * scale_up_at, default the SLO itself) or overloads an
+     LLM, re-plan at once for up_w (as the HPA, whose scale-up stabilization is 0 s: the window's
+     highest rate is for scale-downs), to the planning SLO (latency_slo_s * slo_margin):
+     the band between the two is the scale-up hysteresis, so a new plan does not trigger again
+     at the next rise of a few percent (a plan that frees share units is a scale-down, whatever
+     triggered it). A burst the median and the forecast absorb never gets here. The plan
+     (control/replan.py) keeps the running shapes and changes replica counts only, unless
+     re-shaping some LLMs to the shapes of the fresh plan (fewest GPUs that meet the planning
+     SLOs) pays for its relocations: the share units it saves over a stabilization window exceed
+     the units the re-shaped replicas hold twice while they start (make before break). Every
+     subset of the LLMs the fresh plan re-shapes is tried, the others keeping their shapes, and
+     the one that pays most is taken; the plan is placed with the fewest moves from the running
+     placement;
    - scale down: when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
      the window covers `stabilization_s` of observations and no scale-up happened within it;
      at most `max_moves_per_period` replica moves per period (a larger scale-down is taken in
@@ -47,6 +52,7 @@ does no I/O and reads no clock. Each period:
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from dataclasses import dataclass, field, replace
@@ -70,7 +76,7 @@ class ControlSettings:
 
     period_s: float = 60.0  # one decision a minute: the WVA's cycle, Prometheus' usual rate window
     startup_s: float = 180.0  # a replica's time to serve: pod start, image pull, weights, warm-up
-    predictor: str = "kalman"  # constant, ewma or kalman (control/forecast.py)
+    predictor: str = "ewma"  # constant, ewma or kalman (control/forecast.py)
     sustain_s: float = 300.0  # size for the mean rate over this window after a new replica's start-up
     horizon_s: float | None = None  # None: startup_s + sustain_s / 2, the middle of that window
     headroom: float = 0.1  # the least burst margin: a minute's Poisson count at tens of req/s is 10% off
@@ -81,12 +87,13 @@ class ControlSettings:
     stabilization_s: float = 300.0  # the Kubernetes HPA's scale-down stabilization window
     max_moves_per_period: int = 8  # replica moves a scale-down may make per period: one node's worth
     slo_margin: float = 0.8  # plan to 80% of each SLO: the pipeline's prediction error
+    scale_up_at: float = 1.0  # re-plan up when the forecast's predicted latency passes this fraction of the SLO
     rate_step: float = 0.05  # plans are cached on a 5% geometric rate grid (rounded up)
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
             raise ValueError(f"unknown predictor {self.predictor!r}; use one of {', '.join(PREDICTORS)}")
-        for name in ("period_s", "slo_margin", "rate_step"):
+        for name in ("period_s", "slo_margin", "scale_up_at", "rate_step"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, not {value!r}")
@@ -183,6 +190,11 @@ class PolicyContext:
     @property
     def planning_slos_s(self) -> dict[str, float]:
         return {w: slo * self.settings.slo_margin for w, slo in self.slos_s.items()}
+
+    @property
+    def trigger_slos_s(self) -> dict[str, float]:
+        """The latencies whose breach at the forecast triggers a scale-up."""
+        return {w: slo * self.settings.scale_up_at for w, slo in self.slos_s.items()}
 
 
 def make_context(instance: Instance, settings: ControlSettings = ControlSettings(), slos_s: Mapping[str, float] | None = None,
@@ -343,10 +355,11 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         return {m: now - t for m, (t, d) in state.last_direction.items()
                 if d == -direction and now - t <= s.flap_window_s + 1e-9}
 
-    # 3. decide: scale up at once when the running plan breaks a planning SLO at the sustained rate
-    target = _choose(context, state.allocation, window) if not _meets(current, slos) else None
+    # 3. decide: scale up at once, for the forecast, when the running plan breaks an SLO there
+    breaks = not _meets(current, context.trigger_slos_s)
+    target = _choose(context, state.allocation, up) if breaks else None
     # a plan that frees share units is a scale-down, whatever triggered it: its rules below apply
-    if not _meets(current, slos) and (target is None or target.units >= state.allocation.units):
+    if breaks and (target is None or target.units >= state.allocation.units):
         if target is None:
             return keep("the forecast breaks the SLO and no plan meets it: keeping the plan that runs")
         if target == state.allocation:
@@ -355,16 +368,17 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         at_risk = not _meets(_latencies(context, state.allocation, sustained), context.slos_s)
         inputs["flap_guard"] = {"reversing": reversing, "slo_at_risk": at_risk}
         if reversing and not at_risk:
-            return keep(f"the forecast breaks the planning SLO, but {', '.join(reversing)} scaled down within "
+            return keep(f"the forecast breaks the SLO, but {', '.join(reversing)} scaled down within "
                         f"{s.flap_window_s:g} s and the SLO is not at risk at the sustained rate (flap guard)")
         placement = context.replanner.place(target, state.placement)
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
-        broken = sorted(w for w in slos if current is None or current[w] > slos[w] * (1 + 1e-9))
-        return adopt(target, placement, f"scale up: the forecast breaks the planning SLO of {', '.join(broken)}", True)
+        trigger = context.trigger_slos_s
+        broken = sorted(w for w in trigger if current is None or current[w] > trigger[w] * (1 + 1e-9))
+        return adopt(target, placement, f"scale up: the forecast breaks the SLO of {', '.join(broken)}", True)
 
     # scale down: only a cheaper plan that holds beyond the hysteresis over a full window
-    target = _choose(context, state.allocation, _scaled(window, 1 + s.hysteresis))
+    target = _choose(context, state.allocation, _scaled(window, 1 + s.hysteresis), alternative=state.allocation)
     if target is None or target.units >= state.allocation.units:
         return keep("the plan that runs meets the forecast; no cheaper plan holds beyond the hysteresis")
     if now - since < s.stabilization_s - 1e-9:
@@ -391,23 +405,37 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     return adopt(allocation, placement, f"scale down in steps: at most {s.max_moves_per_period} moves a period", False)
 
 
-def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, float]) -> Allocation | None:
+def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, float],
+            alternative: Allocation | None = None) -> Allocation | None:
     """The plan for `rates`: the running shapes with other replica counts (starts and stops only),
-    unless a re-shaped plan pays for its relocations: it needs fewer share units by more than the
-    hysteresis, and the units it saves over one stabilization window exceed the units of re-shaped
-    LLMs held twice during a start-up (make before break) (control/replan.py)."""
+    unless re-shaping some LLMs to the fresh plan's shapes pays for its relocations: the share
+    units it saves over one stabilization window exceed the units of the re-shaped replicas held
+    twice during a start-up (make before break). Every subset of the LLMs the fresh plan re-shapes
+    is tried (the others keep their running shapes, all with the fewest replicas that meet the
+    planning SLOs: control/replan.py), and the one that pays most is taken, so one LLM can shrink
+    without relocating the others. Savings are counted against the cheaper of the kept plan and
+    `alternative` (for a scale-down: the plan that runs, which is what keeping means)."""
     s = context.settings
     kept = context.replanner.same_shapes(running, rates)
     fresh = context.replanner.allocation(rates)
-    if kept is None:
-        return fresh
-    if fresh is None or fresh.units * (1 + s.hysteresis) >= kept.units:
-        return kept
+    if kept is None or fresh is None:
+        return fresh if kept is None else kept
+    baseline = kept.units if alternative is None else min(kept.units, alternative.units)
     shapes = {c.llm: c.shape for c in running.llms}
-    reshaped = sum(c.units for c in fresh.llms if shapes.get(c.llm) != c.shape)
-    if (kept.units - fresh.units) * s.stabilization_s > reshaped * s.startup_s:
-        return fresh
-    return kept
+    reshapeable = [c for c in fresh.llms if shapes.get(c.llm) != c.shape]
+    best, best_gain = kept, 0.0
+    for size in range(1, len(reshapeable) + 1):
+        for subset in itertools.combinations(reshapeable, size):
+            chosen = {c.llm: c for c in subset}
+            mixed = Allocation(running.fractions_per_gpu, tuple(chosen.get(c.llm, c) for c in running.llms))
+            candidate = fresh if size == len(reshapeable) else context.replanner.same_shapes(mixed, rates)
+            if candidate is None:
+                continue
+            reshaped = sum(c.units for c in candidate.llms if shapes.get(c.llm) != c.shape)
+            gain = (baseline - candidate.units) * s.stabilization_s - reshaped * s.startup_s
+            if gain > best_gain:
+                best, best_gain = candidate, gain
+    return best
 
 
 def _stop_only_step(state: ControllerState, target: Allocation, cap: int) -> tuple[Allocation, Placement] | None:

@@ -101,6 +101,9 @@ class ControlSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+        if self.scale_up_at < self.slo_margin:
+            raise ValueError(f"scale_up_at ({self.scale_up_at:g}) must be at least slo_margin ({self.slo_margin:g}): "
+                             "a plan made to the planning SLO would trigger its own scale-up")
         if self.max_moves_per_period < 1:
             raise ValueError("max_moves_per_period must be at least 1")
         if self.confirm_periods < 1:

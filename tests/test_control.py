@@ -78,6 +78,12 @@ def test_an_unknown_predictor_is_refused():
         Forecaster("arima")
 
 
+def test_a_scale_up_trigger_below_the_planning_slo_is_refused():
+    with pytest.raises(ValueError, match="scale_up_at .* must be at least slo_margin"):
+        ControlSettings(scale_up_at=0.7, slo_margin=0.8)
+    assert ControlSettings(scale_up_at=0.8, slo_margin=0.8).scale_up_at == 0.8
+
+
 # --------------------------------------------------------------------------------------------
 # Workflow rates from LLM rates
 

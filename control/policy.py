@@ -62,7 +62,7 @@ from scepsy.control.forecast import PREDICTORS, Forecaster, ForecastState
 from scepsy.control.rates import workflow_rates
 from scepsy.control.replan import Replanner, moves, moves_lower_bound, without_replicas
 from scepsy.models.errors import InputError
-from scepsy.models.instance.allocation import Allocation, Placement
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement
 from scepsy.models.instance.instance import Instance
 from scepsy.models.performance.alp import AllocationError, predict
 
@@ -359,7 +359,8 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
                 if d == -direction and now - t <= s.flap_window_s + 1e-9}
 
     # 3. decide: scale up at once, for the forecast, when the running plan breaks an SLO there
-    breaks = not _meets(current, context.trigger_slos_s)
+    trigger = context.trigger_slos_s
+    breaks = not _meets(current, trigger)
     target = _choose(context, state.allocation, up) if breaks else None
     # a plan that frees share units is a scale-down, whatever triggered it: its rules below apply
     if breaks and (target is None or target.units >= state.allocation.units):
@@ -376,7 +377,6 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         placement = context.replanner.place(target, state.placement)
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
-        trigger = context.trigger_slos_s
         broken = sorted(w for w in trigger if current is None or current[w] > trigger[w] * (1 + 1e-9))
         return adopt(target, placement, f"scale up: the forecast breaks the SLO of {', '.join(broken)}", True)
 
@@ -429,9 +429,7 @@ def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, flo
     best, best_gain = kept, 0.0
     for size in range(1, len(reshapeable) + 1):
         for subset in itertools.combinations(reshapeable, size):
-            chosen = {c.llm: c for c in subset}
-            mixed = Allocation(running.fractions_per_gpu, tuple(chosen.get(c.llm, c) for c in running.llms))
-            candidate = fresh if size == len(reshapeable) else context.replanner.same_shapes(mixed, rates)
+            candidate = fresh if size == len(reshapeable) else context.replanner.same_shapes(_with_shapes(running, subset), rates)
             if candidate is None:
                 continue
             reshaped = sum(c.units for c in candidate.llms if shapes.get(c.llm) != c.shape)
@@ -439,6 +437,12 @@ def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, flo
             if gain > best_gain:
                 best, best_gain = candidate, gain
     return best
+
+
+def _with_shapes(running: Allocation, choices: tuple[LlmAllocation, ...]) -> Allocation:
+    """`running` with each LLM of `choices` taking that choice (its shape; same_shapes recounts replicas)."""
+    chosen = {c.llm: c for c in choices}
+    return Allocation(running.fractions_per_gpu, tuple(chosen.get(c.llm, c) for c in running.llms))
 
 
 def _stop_only_step(state: ControllerState, target: Allocation, cap: int) -> tuple[Allocation, Placement] | None:

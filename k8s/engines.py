@@ -16,6 +16,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# How each engine serves its waiting requests (what the workflow simulator's `scheduling` models,
+# models/performance/replica.py). `priority`: lower `priority` values first, so that the workflow
+# entry's tag (each call's workflow request start, `scepsy proxy --workflow-priority`) serves older
+# workflow requests first. vLLM: `--scheduling-policy priority` (vllm/config/scheduler.py
+# `SchedulerConfig.policy`; the v1 scheduler's PriorityRequestQueue). SGLang:
+# `--enable-priority-scheduling` orders by priority, higher values first unless
+# `--schedule-low-priority-values-first` (python/sglang/srt/server_args.py). `fcfs` is each engine's
+# default. Only LLMs that generate get it: the entry tags chat and completions calls.
+SCHEDULING_POLICIES = ("priority", "fcfs")
+SCHEDULING_ARGS = {
+    "vllm": {"priority": ("--scheduling-policy", "priority"), "fcfs": ()},
+    "sglang": {"priority": ("--enable-priority-scheduling", "--schedule-low-priority-values-first"), "fcfs": ()},
+}
+
 ENGINES = ("vllm", "sglang")
 # Pinned releases (tags checked on Docker Hub through public references; see docs/deploy.md)
 DEFAULT_IMAGES = {"vllm": "vllm/vllm-openai:v0.11.0", "sglang": "lmsysorg/sglang:v0.5.9"}

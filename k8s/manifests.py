@@ -42,7 +42,7 @@ from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import ReplicaPlacement
 
 from . import gateway, inference_gateway, names, operations
-from .engines import DEFAULT_IMAGES, ENGINE_PORTS, ENGINES
+from .engines import DEFAULT_IMAGES, ENGINE_PORTS, ENGINES, SCHEDULING_ARGS, SCHEDULING_POLICIES
 from .plan_input import PlacedPlan
 from .sharing import GpuAccess, realise, unpinned
 from .sizing import engine_resources, shm_gib
@@ -72,6 +72,7 @@ class ManifestSettings:
     router: str = "sglang"  # sglang: an SGLang model gateway per LLM; inference-gateway: InferencePools + EPPs + HTTPRoutes
     gateway_name: str = inference_gateway.DEFAULT_GATEWAY  # the platform's Gateway the HTTPRoutes attach to (inference-gateway)
     gateway_namespace: str | None = None  # its namespace, if not the deployment's
+    scheduling: str = "priority"  # the generating engines' waiting queue (engines.SCHEDULING_ARGS)
 
 
 def parse_kubernetes_version(text: str) -> tuple[int, int]:
@@ -103,6 +104,9 @@ def _check_image(field: str, image: str | None) -> None:
 def check_settings(settings: ManifestSettings) -> None:
     if settings.engine not in ENGINES:
         raise InputError(None, "engine", f"unknown engine {settings.engine!r}", f"use one of: {', '.join(ENGINES)}")
+    if settings.scheduling not in SCHEDULING_POLICIES:
+        raise InputError(None, "scheduling", f"unknown scheduling policy {settings.scheduling!r}",
+                         f"use one of: {', '.join(SCHEDULING_POLICIES)}")
     if settings.router not in ROUTERS:
         raise InputError(None, "router", f"unknown router {settings.router!r}", f"use one of: {', '.join(ROUTERS)}")
     if len(settings.gateway_name) > 253 or not _DNS_SUBDOMAIN.match(settings.gateway_name):
@@ -144,19 +148,23 @@ def _check_memory(plan: PlacedPlan, settings: ManifestSettings, replica: Replica
         )
 
 
+def _scheduling_args(settings: ManifestSettings, model: str) -> tuple[str, ...]:
+    return SCHEDULING_ARGS[settings.engine][settings.scheduling] if serving_task(model) == "generate" else ()
+
+
 def _engine_command(settings: ManifestSettings, model: str, served_name: str, tp: int, memory_fraction: float) -> tuple[list[str], list[str]]:
     port = str(ENGINE_PORTS[settings.engine])
     if settings.engine == "vllm":
         # vLLM picks the pooling runner (embed/score) for encoders from the model's config itself
         args = [model, "--tensor-parallel-size", str(tp), "--gpu-memory-utilization", f"{memory_fraction:g}", "--port", port]
-        args += ["--host", "0.0.0.0", "--served-model-name", served_name]
+        args += ["--host", "0.0.0.0", "--served-model-name", served_name, *_scheduling_args(settings, model)]
         if tp > 1 and settings.gpu_sharing == "hami":
             # custom all-reduce uses CUDA IPC, which HAMi's virtualised contexts break (HAMi example vllm_cross_vgpu)
             args.append("--disable-custom-all-reduce")
         return ["vllm", "serve"], args
     args = ["--model-path", model, "--tp", str(tp), "--mem-fraction-static", f"{memory_fraction:g}", "--port", port]
     # --enable-metrics: SGLang serves /metrics only with it; the drain hook and the controller read them
-    args += ["--host", "0.0.0.0", "--served-model-name", served_name, "--enable-metrics"]
+    args += ["--host", "0.0.0.0", "--served-model-name", served_name, "--enable-metrics", *_scheduling_args(settings, model)]
     if serving_task(model) != "generate":
         args.append("--is-embedding")  # SGLang serves embedders and cross-encoders only with it
     if tp > 1 and settings.gpu_sharing == "hami":

@@ -43,7 +43,8 @@ from scepsy.models.plan.report import comparison_table, placement_view, plan_vie
 from scepsy.models.profiles.synthesize import RequestSource, Skipped, SynthesisSettings, load_request_source, stable_capacity_rps
 from scepsy.models.profiles.synthesize import synthesize as synthesize_rows
 from scepsy.models.simulation.arrivals import load_arrivals
-from scepsy.models.simulation.simulator import SimulationResult, SimulationSettings, write_calls
+from scepsy.models.performance.replica import SCHEDULING_POLICIES
+from scepsy.models.simulation.simulator import DEFAULT_SCHEDULING, SimulationResult, SimulationSettings, write_calls
 from scepsy.models.simulation.simulator import simulate as simulate_allocation
 from scepsy.pipeline import plan_and_place
 from scepsy.placement.place import METHODS, PlacementResult, PlacementSettings
@@ -304,13 +305,15 @@ ROUTINGS = ("cache_aware", "least_outstanding")
 
 def simulation_settings(duration_s: float = 300.0, warmup_s: float | None = None, seed: int = 0,
                         routing: str = "cache_aware", engine_model: str = "builtin", backend: str = "vllm",
-                        database_version: str = "current") -> SimulationSettings:
-    """Settings of a simulation, checked (`duration_s`, `warmup_s`, `routing`, ...)."""
+                        database_version: str = "current", scheduling: str = DEFAULT_SCHEDULING) -> SimulationSettings:
+    """Settings of a simulation, checked (`duration_s`, `warmup_s`, `routing`, `scheduling`, ...)."""
     check_finite(duration_s, "duration_s")
     check_finite(warmup_s, "warmup_s")
     check_choice(routing, ROUTINGS, "routing", "routing")
+    check_choice(scheduling, SCHEDULING_POLICIES, "scheduling", "scheduling policy")
     return SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing,
-                              engine_model=engine_model, backend=backend, database_version=database_version)
+                              engine_model=engine_model, backend=backend, database_version=database_version,
+                              scheduling=scheduling)
 
 
 @dataclass(frozen=True)
@@ -753,12 +756,15 @@ def proxy(
     record_bodies: bool = True,
     timeout_s: float = 600.0,
     max_body_mib: float = 16.0,
+    workflow_priority: bool = False,
     on_start: Callable[[str], None] | None = None,
     on_stop: Callable[[Recorded], None] | None = None,
 ) -> Recorded:
     """Run the tracing proxy in front of OpenAI-compatible engines until interrupted, recording
     every call to the SQLite `store`. `upstreams`: LLM name -> engine base URL (or NAME=URL items);
-    `on_start(text)` says where it listens, `on_stop` what it recorded (also when serving fails)."""
+    `workflow_priority` tags every chat/completions call with its workflow request's start, for
+    engines that schedule by priority (tracing/capture/proxy.py); `on_start(text)` says where it
+    listens, `on_stop` what it recorded (also when serving fails)."""
     from scepsy.tracing.capture.proxy import ProxyConfig, parse_upstreams, serve
     from scepsy.tracing.capture.store import TraceStore
 
@@ -775,7 +781,7 @@ def proxy(
         on_start(f"scepsy proxy on http://{host}:{port}: {routes}; recording to {store}")
     try:
         config = ProxyConfig(routes_of, store=trace_store, record_bodies=record_bodies, timeout_s=timeout_s,
-                             max_body_bytes=int(max_body_mib * 2**20))
+                             max_body_bytes=int(max_body_mib * 2**20), workflow_priority=workflow_priority)
         serve(config, host=host, port=port)
     finally:
         trace_store.close()
@@ -872,12 +878,16 @@ def manifests(
     router: str = "sglang",
     gateway_name: str = "inference-gateway",
     gateway_namespace: str | None = None,
+    scheduling: str = "priority",
 ) -> Manifests:
     """Write the Kubernetes manifests that realise a placed plan (a plan JSON of `plan`) into the
     folder `out`: engines, GPU shares, gateways (docs/deploy.md); `instance` overrides the
     instance file the plan names. `router` "sglang" gives every LLM an SGLang model gateway;
     "inference-gateway" gives it an InferencePool, its endpoint picker and an HTTPRoute attached to
-    the platform's Gateway `gateway_name` (in `gateway_namespace`, default `namespace`)."""
+    the platform's Gateway `gateway_name` (in `gateway_namespace`, default `namespace`).
+    `scheduling` "priority" runs the generating engines with priority scheduling, for calls tagged
+    with their workflow request's start (`proxy(workflow_priority=True)`); "fcfs" leaves the
+    engines' default."""
     from scepsy.k8s.manifests import ManifestSettings, emit, pinning_warnings, write
     from scepsy.k8s.plan_input import load_placed_plan
 
@@ -887,7 +897,7 @@ def manifests(
         gpu_memory_utilization=gpu_memory_utilization, shm_gib=shm_gib, prometheus=prometheus,
         hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, kubernetes_version=kubernetes_version,
         device_plugin_namespace=device_plugin_namespace, router=router, gateway_name=gateway_name,
-        gateway_namespace=gateway_namespace,
+        gateway_namespace=gateway_namespace, scheduling=scheduling,
     )
     folder = check_output_dir(out, [plan, instance])
     placed = load_placed_plan(plan, None if instance is None else Path(instance))

@@ -266,3 +266,48 @@ def test_bodies_over_the_bound_are_left_out_with_their_sizes(engine):
     assert first.request_body is not None and first.request_bytes == len(first.request_body)
     assert second.request_body is None and second.request_bytes > 5000  # recorded, by size only
     assert second.response_body is not None and second.response_bytes == len(big.content)
+
+
+def test_workflow_priority_tags_each_call_with_its_workflow_requests_start(engine):
+    """With workflow_priority the upstream sees every chat/completions call of a workflow request
+    carry that request's first call's start as `priority` (s since the epoch, lower first), newer
+    workflow requests larger values; a client's own priority, untagged calls and embeddings pass
+    unchanged."""
+    recorder = Recorder()
+    config = ProxyConfig({"gen": engine.url}, store=recorder, workflow_priority=True)
+    with ServerThread(create_app(config)) as proxy:
+        client = openai.OpenAI(base_url=f"{proxy.url}/gen/v1", api_key="k", max_retries=0)
+
+        def chat(workflow_id: str | None, **extra) -> dict:
+            headers = {"X-Workflow-Id": workflow_id} if workflow_id else {}
+            client.chat.completions.create(model="gen", messages=CHAT["messages"], max_tokens=2,
+                                           extra_headers=headers, extra_body=extra or None)
+            return json.loads(engine.received[-1]["body"])
+
+        first = chat("wf-1")
+        other = chat("wf-2")
+        again = chat("wf-1")
+        completion = client.completions.create(model="gen", prompt="x", max_tokens=2, extra_headers={"X-Workflow-Id": "wf-1"})
+        assert completion.choices
+        tagged_completion = json.loads(engine.received[-1]["body"])
+        own = chat("wf-3", priority=-5)
+        untagged = chat(None)
+    assert isinstance(first["priority"], int) and abs(first["priority"] - time.time()) < 3600 and first["priority"] < 2**31
+    assert again["priority"] == tagged_completion["priority"] == first["priority"] <= other["priority"]
+    assert own["priority"] == -5 and "priority" not in untagged
+    assert {k: v for k, v in again.items() if k != "priority"} == {**CHAT, "max_tokens": 2}
+    # the record holds the body the upstream got
+    wait_for(lambda: len(recorder.records) == 6)
+    assert json.loads(recorder.records[0].request_body) == first
+
+
+def test_workflow_starts_are_forgotten_when_idle_and_bounded():
+    from scepsy.tracing.capture.proxy import WorkflowStarts
+
+    starts = WorkflowStarts(idle_s=10.0, limit=3)
+    assert starts.start_of("a", 100.0) == 100.0
+    assert starts.start_of("a", 105.0) == 100.0  # the same request keeps its start
+    for k, name in enumerate("bcd"):
+        starts.start_of(name, 106.0 + k)
+    assert len(starts) == 3 and starts.start_of("a", 109.0) == 109.0  # "a" was the oldest entry: dropped
+    assert starts.start_of("d", 200.0) == 108.0 and len(starts) == 1  # the idle ones went

@@ -5,11 +5,28 @@ the engine model (models/performance/engine.py):
 
 1. running sequences first, in admission order: each decoding sequence takes one token of the
    iteration's budget (`max_num_batched_tokens`), each partially prefilled one its next chunk;
-2. then waiting requests, first come first served, while a sequence slot (`max_num_seqs`), budget
-   and KV cache for the scheduled tokens remain (chunked prefill: a long prompt spans iterations);
-3. if decoding sequences need more KV than is free, the most recently admitted sequence is
-   preempted (vLLM's recompute preemption: its KV is dropped and it waits at the head of the queue
-   with its generated tokens appended to the prompt).
+2. then waiting requests in the order of the scheduling policy, while a sequence slot
+   (`max_num_seqs`), budget and KV cache for the scheduled tokens remain (chunked prefill: a long
+   prompt spans iterations);
+3. if decoding sequences need more KV than is free, a running sequence is preempted (vLLM's
+   recompute preemption: its KV is dropped and it waits again with its generated tokens appended
+   to the prompt).
+
+Scheduling policies, as vLLM v1 implements them (`--scheduling-policy`; vllm/v1/core/sched/
+request_queue.py `FCFSRequestQueue`, `PriorityRequestQueue`; vllm/v1/core/sched/scheduler.py
+`Scheduler.schedule`):
+- `fcfs`: the waiting queue is served in arrival order; the preempted sequence is the most recently
+  admitted one (`self.running.pop()`) and it waits at the head of the queue;
+- `priority`: the waiting queue is served by (priority, arrival time), lowest first (a heap); the
+  preempted sequence is the running one with the largest (priority, arrival time) and it re-enters
+  the heap under its own key. vLLM takes that largest key over every running sequence, undoing
+  its schedule if it was already scheduled in the iteration; the model takes it over the running
+  sequences not yet scheduled in the iteration (the same sequence unless a lower-priority one was
+  admitted earlier than the one that needs the memory). A waiting request never preempts a running
+  one (vLLM v1 has no such path; SGLang does, above a priority difference, unless
+  `--disable-priority-preemption`).
+The workflow simulator gives every call of a workflow request that request's arrival time as its
+priority (models/simulation/simulator.py), so that the engine serves older workflows first.
 
 A request finishes when its last token is produced (the first token comes with the iteration that
 completes its prompt; a request with completion_tokens <= 1 finishes there). Encoder requests are
@@ -27,10 +44,12 @@ prefix-cache affinity by default; it supports adding replicas and draining them 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Iterator
 
 import numpy as np
 import simpy
@@ -49,6 +68,7 @@ class Request:
     prefix_tokens: int = 0
     store_key: Hashable | None = None
     cached_tokens: int = 0
+    priority: float = 0.0  # lower is served first under the `priority` policy (vLLM's convention)
     tag: object = None  # caller's annotation (llm name, workflow request id, ...)
     # runtime state
     arrival_s: float = 0.0
@@ -80,6 +100,77 @@ class Request:
         return self._computed >= self._prompt
 
 
+SCHEDULING_POLICIES = ("fcfs", "priority")
+# The unit of a workflow request's start as the entry tags it (`priority` in whole seconds since the
+# epoch: an integer that fits the 32-bit fields of gateways that parse the body until 2038)
+PRIORITY_UNIT_S = 1.0
+
+
+class FcfsQueue:
+    """vLLM's FCFS waiting queue: arrival order; a preempted request goes back to the head."""
+
+    def __init__(self) -> None:
+        self._items: deque[Request] = deque()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._items)
+
+    def push(self, request: Request) -> None:
+        self._items.append(request)
+
+    def push_preempted(self, request: Request) -> None:
+        self._items.appendleft(request)
+
+    def peek(self) -> Request:
+        return self._items[0]
+
+    def pop(self) -> Request:
+        return self._items.popleft()
+
+    @staticmethod
+    def victim(candidates: list[Request]) -> Request:
+        return candidates[-1]  # the most recently admitted
+
+
+class PriorityQueue:
+    """vLLM's priority waiting queue: a heap on (priority, arrival time); a preempted request
+    re-enters under its own key (ties: submission order)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, float, int, Request]] = []
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (entry[3] for entry in self._heap)
+
+    def push(self, request: Request) -> None:
+        heapq.heappush(self._heap, (request.priority, request.arrival_s, next(self._order), request))
+
+    push_preempted = push
+
+    def peek(self) -> Request:
+        return self._heap[0][3]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[3]
+
+    @staticmethod
+    def victim(candidates: list[Request]) -> Request:
+        return max(reversed(candidates), key=lambda r: (r.priority, r.arrival_s))  # ties: the newest
+
+
+def waiting_queue(policy: str) -> FcfsQueue | PriorityQueue:
+    if policy not in SCHEDULING_POLICIES:
+        raise ValueError(f"unknown scheduling policy {policy!r}; use one of {SCHEDULING_POLICIES}")
+    return PriorityQueue() if policy == "priority" else FcfsQueue()
+
+
 class ReplicaSim:
     """One engine replica as a SimPy process (see module doc)."""
 
@@ -90,6 +181,7 @@ class ReplicaSim:
         name: str = "replica",
         on_finish: Callable | None = None,
         fast_forward: bool = True,
+        policy: str = "fcfs",
     ):
         self.env = env
         self.fast_forward = fast_forward  # run pure-decode stretches as one event (same timing)
@@ -98,7 +190,8 @@ class ReplicaSim:
         self.on_finish = on_finish
         self.encoder = engine.model.encoder
         self.capacity = engine.kv_capacity_tokens
-        self.waiting: deque[Request] = deque()
+        self.policy = policy
+        self.waiting = waiting_queue(policy)
         self.running: list[Request] = []
         self.cache: OrderedDict[Hashable, int] = OrderedDict()
         self.cached_total = 0
@@ -130,7 +223,7 @@ class ReplicaSim:
         request.arrival_s = self.env.now
         request.done = self.env.event()
         request._prompt = request.prompt_tokens
-        self.waiting.append(request)
+        self.waiting.push(request)
         if not self._wake.triggered:
             self._wake.succeed()
         return request.done
@@ -168,14 +261,15 @@ class ReplicaSim:
     def _preempt_for(self, needed: int, protected: int) -> None:
         """Free KV by recompute-preempting the newest running sequences beyond index `protected`."""
         while self.used + needed > self.capacity and len(self.running) > protected + 1:
-            victim = self.running.pop()
+            victim = self.waiting.victim(self.running[protected + 1:])
+            self.running.remove(victim)
             self.used -= victim.context_tokens
             victim._prompt = victim.prompt_tokens + victim._generated  # recompute prompt and outputs
             victim._recomputed = victim._generated
             victim._computed = 0
             victim.preemptions += 1
             self.preemptions += 1
-            self.waiting.appendleft(victim)
+            self.waiting.push_preempted(victim)
 
     def _schedule_decoder(self) -> tuple[IterationWork, list[tuple[Request, int]]]:
         s = self.engine.settings
@@ -214,7 +308,7 @@ class ReplicaSim:
                 plan.append((request, chunk))
             index += 1
         while self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek()
             hit = self._lookup(request)
             chunk = min(request._prompt - hit, budget)
             if self.used + hit + chunk > self.capacity:
@@ -224,7 +318,7 @@ class ReplicaSim:
                         break
                     # alone and still too large: run it in the budget the memory allows
                     chunk = max(self.capacity - self.used - hit, 1)
-            self.waiting.popleft()
+            self.waiting.pop()
             request.hit_tokens = hit
             request._computed = hit
             if request.start_s is None:
@@ -255,10 +349,10 @@ class ReplicaSim:
         tokens = sequences = 0
         attention = 0.0
         while self.waiting and len(plan) < s.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek()
             if plan and request.prompt_tokens > budget:
                 break
-            self.waiting.popleft()
+            self.waiting.pop()
             request.start_s = self.env.now
             per_seq = request.prompt_tokens / max(request.sequences, 1)
             tokens += request.prompt_tokens

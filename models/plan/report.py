@@ -186,7 +186,8 @@ def simulation_view(result, prediction=None, rate_rps: float | None = None) -> G
     """Tables of one simulation (models/simulation/simulator.py `SimulationResult`), with the Aggregate LLM
     Pipeline prediction of the same allocation beside it when given."""
     head = (
-        f"simulated {result.duration_s:g} s (measured after {result.warmup_s:g} s), seed {result.seed}"
+        f"simulated {result.duration_s:g} s (measured after {result.warmup_s:g} s), seed {result.seed}, "
+        f"engines scheduling {result.scheduling}"
         + (f", rate {rate_rps:g} requests/s per workflow" if rate_rps is not None else "")
         + f", gpus_mean {result.gpus_mean:.2f}"
         + (f", clipped_calls {result.clipped_calls}" if result.clipped_calls else "")

@@ -6,7 +6,10 @@ an earlier call's prompt on that call's replica, as SGLang's cache-aware router 
 replicas' loads are imbalanced; `routing="least_outstanding"` turns that off); requests arrive
 as a Poisson process at each workflow's rate (or at given timestamps) and run their program
 (models/simulation/programs.py) with its real control flow. Replicas sharing a GPU do not slow each other
-down beyond their fraction (the MPS isolation the planner assumes).
+down beyond their fraction (the MPS isolation the planner assumes). The engines serve their waiting
+calls as `scepsy manifests` deploys them by default (`scheduling="priority"`: every generating call
+carries its workflow request's arrival as its priority, and older workflow requests go first,
+models/performance/replica.py); `scheduling="fcfs"` models engines left at their default.
 
 Measurement: requests arriving in [warmup_s, duration_s] are measured. Arrivals stop at
 duration_s; the simulation then runs until the measured requests finish or `drain_s` passes
@@ -54,7 +57,14 @@ from scepsy.models.instance.statistic import InvocationStatistic, critical_time_
 from scepsy.models.instance.streamed import Moments, QuantileSketch, RunningMoments
 from scepsy.models.instance.workflow import default_program
 from scepsy.models.simulation.programs import run_program
-from scepsy.models.performance.replica import ReplicaSim, Request, Router
+from scepsy.models.performance.replica import PRIORITY_UNIT_S, ReplicaSim, Request, Router
+
+# What `scepsy manifests` deploys: engines that serve older workflow requests first (vLLM
+# `--scheduling-policy priority`, SGLang `--enable-priority-scheduling
+# --schedule-low-priority-values-first`) behind an entry that tags every call with its workflow
+# request's start (`scepsy proxy --workflow-priority`, tracing/capture/proxy.py); `fcfs` is an
+# engine's default
+DEFAULT_SCHEDULING = "priority"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,9 +97,11 @@ class _WorkflowRequest:
 class SimCluster:
     """The running deployment: a router per LLM and the engines its replicas run."""
 
-    def __init__(self, env: simpy.Environment, engines: Mapping[str, Engine], routing: str = "cache_aware"):
+    def __init__(self, env: simpy.Environment, engines: Mapping[str, Engine], routing: str = "cache_aware",
+                 scheduling: str = DEFAULT_SCHEDULING):
         self.env = env
         self.engines = dict(engines)
+        self.scheduling = scheduling
         self.routers = {llm: Router(llm, routing) for llm in self.engines}
         self.counter = 0
         self.calls_made = 0
@@ -99,7 +111,7 @@ class SimCluster:
     def add_replica(self, llm: str, engine: Engine | None = None) -> ReplicaSim:
         if engine is not None:
             self.engines[llm] = engine
-        replica = ReplicaSim(self.env, self.engines[llm], name=f"{llm}-{self.counter}")
+        replica = ReplicaSim(self.env, self.engines[llm], name=f"{llm}-{self.counter}", policy=self.scheduling)
         self.counter += 1
         self.routers[llm].add(replica)
         return replica
@@ -145,6 +157,9 @@ class RequestContext:
             prefix_key=None if prefix_key is None else (uid, prefix_key),
             prefix_tokens=prefix_tokens,
             store_key=None if store_key is None else (uid, store_key),
+            # the entry tags every chat/completions call with its workflow request's start, in whole
+            # seconds (tracing/capture/proxy.py PRIORITY_UNIT_S); ties go by the call's arrival
+            priority=0.0 if engine.model.encoder else math.floor(self.record.arrival_s / PRIORITY_UNIT_S),
             tag=llm,
         )
         self.record.links.append((self.record.stored.get(prefix_key) if prefix_key is not None else None, prefix_tokens))
@@ -169,6 +184,7 @@ class SimulationSettings:
     seed: int = 0
     engine: EngineSettings = DEFAULT_SETTINGS
     routing: str = "cache_aware"  # or "least_outstanding" (models/performance/replica.py Router)
+    scheduling: str = DEFAULT_SCHEDULING  # the engines' waiting queue: "priority" (older workflows first) or "fcfs"
     engine_model: str = "builtin"  # or "aiconfigurator" (models/performance/aiconfigurator.py)
     backend: str = "vllm"  # AIConfigurator's framework database: vllm, sglang or trtllm
     database_version: str = "current"
@@ -245,6 +261,7 @@ class SimulationResult:
     llms: tuple[LlmStats, ...]
     gpus_mean: float  # GPUs in use, time-averaged over the window
     clipped_calls: int
+    scheduling: str = DEFAULT_SCHEDULING  # the engines' waiting queue the run modelled
     calls: tuple[dict, ...] = field(default=(), repr=False)
 
     def workflow(self, name: str) -> WorkflowStats:
@@ -261,6 +278,7 @@ class SimulationResult:
             "duration_s": num(self.duration_s),
             "warmup_s": num(self.warmup_s),
             "seed": self.seed,
+            "scheduling": self.scheduling,
             "gpus_mean": num(self.gpus_mean),
             "clipped_calls": self.clipped_calls,
             "workflows": [
@@ -551,7 +569,7 @@ def simulate(
         fraction = choice.share / allocation.fractions_per_gpu
         engines[choice.llm] = replica_engine(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine,
                                              settings.engine_model, settings.backend, settings.database_version)
-    cluster = SimCluster(env, engines, settings.routing)
+    cluster = SimCluster(env, engines, settings.routing, settings.scheduling)
     cluster.call_budget = MAX_RECORDED_CALLS if record_calls else MAX_SIMULATED_CALLS
     for choice in allocation.llms:
         for _ in range(choice.replicas):
@@ -666,6 +684,7 @@ def _run(instance, allocation, settings, arrivals, progress, env, cluster, ledge
         llms=tuple(llm_stats),
         gpus_mean=gpus,
         clipped_calls=cluster.clipped,
+        scheduling=settings.scheduling,
         calls=_recorded_calls(instance, ledger.recorded),
     )
 

@@ -107,6 +107,7 @@ FLAGS: dict[str, str] = {
     "requests": "--requests",
     "router": "--router",
     "routing": "--routing",
+    "scheduling": "--scheduling",
     "shm_gib": "--shm-gib",
     "speedup": "--speedup",
     "store": "--store",
@@ -151,6 +152,7 @@ WeightsOpt = Annotated[Optional[str], typer.Option("--weights", help="Weight pre
 EngineModelOpt = Annotated[str, typer.Option("--engine-model", help="builtin (roofline) or aiconfigurator (NVIDIA's measured kernel database; pip install 'scepsy[aiconfigurator]').")]
 EngineBackendOpt = Annotated[str, typer.Option("--backend", help="With --engine-model aiconfigurator: vllm, sglang or trtllm.")]
 DatabaseVersionOpt = Annotated[str, typer.Option("--database-version", help="With --engine-model aiconfigurator: the framework version of its database (current, previous, next or a version).")]
+SchedulingOpt = Annotated[str, typer.Option("--scheduling", help="The generating engines' waiting queue: priority (older workflow requests first: vLLM --scheduling-policy priority, SGLang --enable-priority-scheduling, calls tagged by scepsy proxy --workflow-priority; what scepsy manifests deploys) or fcfs (the engines' default).")]
 HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")]
 PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")]
 

@@ -13,6 +13,7 @@ from scepsy.cli.common import (
     JsonOpt,
     KubeconfigOpt,
     NamespaceOpt,
+    SchedulingOpt,
     emit_json,
     errors,
     stderr,
@@ -40,6 +41,7 @@ def manifests(
     router: Annotated[str, typer.Option("--router", help="Routing: sglang (an SGLang model gateway per LLM) or inference-gateway (InferencePools, endpoint pickers and HTTPRoutes of the Gateway API Inference Extension).")] = "sglang",
     gateway_name: Annotated[str, typer.Option("--gateway-name", help="The platform's Gateway the HTTPRoutes attach to (--router inference-gateway).")] = "inference-gateway",
     gateway_namespace: Annotated[Optional[str], typer.Option("--gateway-namespace", help="Namespace of that Gateway (default: --namespace).")] = None,
+    scheduling: SchedulingOpt = "priority",
     json_output: JsonOpt = False,
 ) -> None:
     """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, gateways)."""
@@ -51,7 +53,7 @@ def manifests(
             gateway_image=gateway_image, prometheus=prometheus, shm_gib=shm_gib,
             gpu_memory_utilization=gpu_memory_utilization, kubernetes_version=kubernetes_version,
             hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, device_plugin_namespace=device_plugin_namespace,
-            router=router, gateway_name=gateway_name, gateway_namespace=gateway_namespace,
+            router=router, gateway_name=gateway_name, gateway_namespace=gateway_namespace, scheduling=scheduling,
         )
         for line in written.warnings:
             stderr.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -44,13 +44,15 @@ def proxy(
     no_bodies: Annotated[bool, typer.Option("--no-bodies", help="Do not record request/response bodies (traces then cannot be replayed).")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Answer 504 when an upstream sends nothing for this long.")] = 600.0,
     max_body_mib: Annotated[float, typer.Option("--max-body-mib", min=0.0, help="Store request/response bodies up to this size, MiB (larger ones: only their sizes).")] = 16.0,
+    workflow_priority: Annotated[bool, typer.Option("--workflow-priority", help="Set each chat/completions call's `priority` to its workflow request's start (whole seconds since the epoch), for engines deployed by `scepsy manifests` (they serve older workflows first).")] = False,
 ) -> None:
     """Run the tracing proxy in front of OpenAI-compatible engines (until Ctrl-C)."""
     from scepsy import api
 
     with errors():
         api.proxy(upstream, host=host, port=port, store=store, record_bodies=not no_bodies, timeout_s=timeout_s,
-                  max_body_mib=max_body_mib, on_start=_tell, on_stop=lambda recorded: _tell(recorded.line()))
+                  max_body_mib=max_body_mib, workflow_priority=workflow_priority, on_start=_tell,
+                  on_stop=lambda recorded: _tell(recorded.line()))
 
 
 @app.command()

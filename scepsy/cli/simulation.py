@@ -16,6 +16,7 @@ from scepsy.cli.common import (
     InstanceArg,
     JsonOpt,
     OutOpt,
+    SchedulingOpt,
     SeedOpt,
     WarmupOpt,
     check_out,
@@ -40,6 +41,7 @@ def simulate(
     arrivals: Annotated[Optional[Path], typer.Option("--arrivals", help="Arrival timestamps: JSONL {workflow, arrival_s}, an Azure-format CSV, or azure:conv | azure:code (the shipped traces).")] = None,
     calls_out: Annotated[Optional[Path], typer.Option("--calls-out", help="Write every LLM call as JSONL (input of profiles synthesize --requests).")] = None,
     routing: Annotated[str, typer.Option("--routing", help="cache_aware (SGLang-like: least outstanding with prefix affinity) or least_outstanding.")] = "cache_aware",
+    scheduling: SchedulingOpt = "priority",
     engine_model: EngineModelOpt = "builtin",
     backend: EngineBackendOpt = "vllm",
     database_version: DatabaseVersionOpt = "current",
@@ -55,7 +57,8 @@ def simulate(
         if rate is not None and rates is not None:
             raise InputError(None, "rates", "both `rate` and `rates` given", "use one of them")
         points = number_list(rates, "rates") if rates is not None else [rate]
-        settings = api.simulation_settings(duration_s, warmup_s, seed, routing, engine_model, backend, database_version)
+        settings = api.simulation_settings(duration_s, warmup_s, seed, routing, engine_model, backend, database_version,
+                                           scheduling)
         with progress("simulating", len(points)) as advance:
             runs = api.simulate_rates(instance, plan, points, settings, arrivals, calls_out, advance)
         emit_json(api.simulation_document(str(instance), runs), out, json_output)

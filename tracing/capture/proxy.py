@@ -25,6 +25,19 @@ control characters or is longer than MAX_WORKFLOW_HEADER_CHARS is answered 400 w
 forwarded, so one client cannot store a name that slows every later report down.
 Bodies are stored up to `max_body_bytes` each (default 16 MiB); a larger one is left out of the
 record, whose `request_bytes` and `response_bytes` still give the sizes.
+
+Workflow priority (`workflow_priority`, the entry of a deployment whose engines schedule by
+priority). The proxy then sets the JSON body's `priority` of every chat or completions call that
+carries a workflow request id and no `priority` of its own to that workflow request's start: the
+wall-clock time of its first call through this proxy, in whole seconds since the Unix epoch (an
+integer that fits the 32-bit fields of gateways that parse request bodies; calls of equal
+priority are served in their arrival order). Engines
+that serve lower values first (vLLM `--scheduling-policy priority`; SGLang
+`--enable-priority-scheduling --schedule-low-priority-values-first`) then serve older workflow
+requests first, so that a burst cannot leave every workflow's next call queued behind newer ones
+(models/simulation/simulator.py, docs/deploy.md). The starts are held for WORKFLOW_IDLE_S after a
+workflow request's last call, at most MAX_TRACKED_WORKFLOWS of them (the oldest go first). The
+body is then re-encoded (same JSON, compact separators); the recorded request body is the one sent.
 """
 
 from __future__ import annotations
@@ -32,11 +45,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import os
 import re
 import threading
 import time
 import unicodedata
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Iterable, Mapping, Protocol, Self
@@ -46,6 +61,7 @@ import uvicorn
 from starlette.datastructures import Headers
 
 from scepsy.models.errors import InputError
+from scepsy.models.performance.replica import PRIORITY_UNIT_S
 from scepsy.tracing.capture.records import CallRecord
 from scepsy.tracing.capture.sse import summarize_json, summarize_stream, time_of_offset
 
@@ -63,6 +79,9 @@ WORKFLOW_NAME_HEADER = "x-workflow-name"
 MAX_WORKFLOW_HEADER_CHARS = 256
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
+PRIORITY_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")  # the OpenAI requests that carry `priority` in vLLM and SGLang
+WORKFLOW_IDLE_S = 600.0
+MAX_TRACKED_WORKFLOWS = 100_000
 _ENDPOINT = re.compile(r"^/(?:(?P<llm>[^/]+)/)?v1/(?P<endpoint>chat/completions|completions|embeddings|rerank|score|models)/?$")
 
 
@@ -75,6 +94,34 @@ class Clock:
 
     def now(self) -> float:
         return self._wall0 + (time.perf_counter() - self._perf0)
+
+
+class WorkflowStarts:
+    """The start of each workflow request seen (wall-clock seconds of its first call), forgotten
+    `idle_s` after its last call and beyond `limit` entries (least recently seen first)."""
+
+    def __init__(self, idle_s: float = WORKFLOW_IDLE_S, limit: int = MAX_TRACKED_WORKFLOWS):
+        self.idle_s = idle_s
+        self.limit = limit
+        self._seen: OrderedDict[str, tuple[float, float]] = OrderedDict()  # id -> (start, last call)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def start_of(self, workflow_id: str, now_s: float) -> float:
+        start_s = self._seen.pop(workflow_id, (now_s, now_s))[0]
+        self._seen[workflow_id] = (start_s, now_s)
+        while self._seen and (len(self._seen) > self.limit or next(iter(self._seen.values()))[1] < now_s - self.idle_s):
+            self._seen.popitem(last=False)
+        return start_s
+
+
+def with_priority(body: bytes, payload: dict, start_s: float) -> bytes:
+    """The body with `priority` set to the workflow request's start in whole PRIORITY_UNIT_S since
+    the epoch (lower values are served first), unless the client set one."""
+    if "priority" in payload:
+        return body
+    return json.dumps({**payload, "priority": math.floor(start_s / PRIORITY_UNIT_S)}, separators=(",", ":")).encode()
 
 
 class HeaderError(ValueError):
@@ -147,6 +194,7 @@ class ProxyConfig:
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     clock: Clock = field(default_factory=Clock)
+    workflow_priority: bool = False  # tag calls with their workflow request's start (module doc)
 
     def __post_init__(self) -> None:
         self.upstreams = {name: url.rstrip("/") for name, url in self.upstreams.items()}
@@ -239,6 +287,7 @@ class ProxyEndpoint:
     def __init__(self, config: ProxyConfig):
         self.config = config
         self.session: aiohttp.ClientSession | None = None
+        self.starts = WorkflowStarts()
 
     def open(self) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s, sock_read=self.config.timeout_s)
@@ -301,15 +350,17 @@ class ProxyEndpoint:
         url = self.config.upstreams[llm] + upstream_path
         if scope.get("query_string"):
             url += "?" + scope["query_string"].decode("latin-1")
-        upstream = (scope["method"], url, self._upstream_headers(headers), body)
         if upstream_path == "/v1/models":
-            await self._forward_untraced(upstream, send)
+            await self._forward_untraced((scope["method"], url, self._upstream_headers(headers), body), send)
             return
         try:
             call = _Call(self.config, llm, upstream_path, headers, body, payload, start_s)
         except HeaderError as exc:
             await _send_whole(send, *_json_error(400, f"{exc}; send a short UTF-8 workflow name and id", "invalid_workflow_header"))
             return
+        if self.config.workflow_priority and call.workflow_id and payload is not None and upstream_path in PRIORITY_ENDPOINTS:
+            body = call.request_body = with_priority(body, payload, self.starts.start_of(call.workflow_id, start_s))
+        upstream = (scope["method"], url, self._upstream_headers(headers), body)
         try:
             await self._forward(call, upstream, receive, send)
         finally:

@@ -1,0 +1,95 @@
+"""Recovery after a burst, per shipped instance and engine scheduling policy.
+
+    python bench/burst_recovery.py --all
+    python bench/burst_recovery.py instances/beam-4xa6000.yaml --policies fcfs,priority
+    python bench/burst_recovery.py instances/beam-4xa6000.yaml --grid --policies priority
+
+Each instance is planned (its own objective); every workflow is loaded at `--base` x the
+`max_throughput_rps` the plan claims for it, with `--height` x it for `--length-s` from 60 s
+(planner/studies/bursts.py), against the same arrivals without the burst. A row is recovered when,
+in the five minutes that open five minutes after the burst's end, at least 97% of the reference
+run's rate is served and the mean latency is within 25% of the reference's; `recovery_s` is the
+time from the burst's end to the first minute from which every minute's arrivals are served within
+25% of the reference latency. `--grid` varies the burst's height and length and the load after it.
+Deterministic (seeded simulations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from scepsy.models.instance.instance import load_instance
+from scepsy.models.simulation.simulator import SimulationSettings
+from scepsy.planner.allocation.planning import make_plan
+from scepsy.planner.studies.bursts import STANDARD_BURST, Burst, recovery
+
+ROOT = Path(__file__).resolve().parent.parent
+GRID_HEIGHTS = (1.2, 1.5, 2.0)
+GRID_LENGTHS_S = (60.0, 120.0, 300.0)
+GRID_BASES = (0.7, 0.8, 0.9)
+
+
+def rows(path: Path, policies: list[str], bursts: list[Burst], seed: int) -> list[dict]:
+    instance = load_instance(path)
+    plan = make_plan(instance)
+    rates = {w.name: w.max_throughput_rps for w in plan.prediction.workflows}
+    out = []
+    for burst in bursts:
+        for policy in policies:
+            for r in recovery(instance, plan.allocation, rates, burst, seed, policy):
+                out.append({
+                    "instance": path.stem, "workflow": r.workflow, "policy": policy, "claim_rps": r.rate_rps,
+                    "base": burst.base_load, "height": burst.height, "length_s": burst.length_s,
+                    "served_rps": r.served_rps, "reference_rps": r.reference_served_rps,
+                    "latency_mean_s": r.latency_mean_s, "reference_latency_s": r.reference_latency_mean_s,
+                    "recovered": r.recovered, "recovery_s": r.recovery_s,
+                })
+    return out
+
+
+def table(found: list[dict]) -> str:
+    lines = ["| instance | workflow | policy | claim_rps | load after | burst | served / reference rps | "
+             "mean latency / reference s | recovered | recovery_s |",
+             "|---|---|---|---:|---:|---|---:|---:|---|---:|"]
+    for r in found:
+        recovery_s = "never" if r["recovery_s"] is None else f"{r['recovery_s']:.0f}"
+        lines.append(
+            f"| {r['instance']} | {r['workflow']} | {r['policy']} | {r['claim_rps']:.2f} | {r['base']:.0%} | "
+            f"{r['height']:.0%} x {r['length_s']:.0f} s | {r['served_rps']:.2f} / {r['reference_rps']:.2f} "
+            f"({r['served_rps'] / r['reference_rps']:.0%}) | {r['latency_mean_s']:.2f} / {r['reference_latency_s']:.2f} | "
+            f"{'yes' if r['recovered'] else 'NO'} | {recovery_s} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("instances", nargs="*", type=Path)
+    parser.add_argument("--all", action="store_true", help="every shipped instance")
+    parser.add_argument("--policies", default=SimulationSettings().scheduling,
+                        help="engine scheduling policies, comma-separated (fcfs, priority)")
+    parser.add_argument("--base", type=float, default=STANDARD_BURST.base_load, help="load before and after the burst, share of the claim")
+    parser.add_argument("--height", type=float, default=STANDARD_BURST.height, help="load during the burst, share of the claim")
+    parser.add_argument("--length-s", type=float, default=STANDARD_BURST.length_s, help="length of the burst, s")
+    parser.add_argument("--grid", action="store_true", help="every height, length and load after it of the grid")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    paths = sorted((ROOT / "instances").glob("*.yaml")) if args.all else args.instances
+    if args.grid:
+        bursts = [replace(STANDARD_BURST, base_load=b, height=h, length_s=n)
+                  for b in GRID_BASES for h in GRID_HEIGHTS for n in GRID_LENGTHS_S]
+    else:
+        bursts = [replace(STANDARD_BURST, base_load=args.base, height=args.height, length_s=args.length_s)]
+    started = time.perf_counter()
+    found = []
+    for path in paths:
+        found += rows(path, args.policies.split(","), bursts, args.seed)
+        print(table(found[-1:]).splitlines()[-1], flush=True)
+    print(table(found))
+    print(f"\n{len(found)} rows, {sum(r['recovered'] for r in found)} recovered, {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,8 @@ from pathlib import Path
 from scepsy.models.instance.instance import load_instance
 from scepsy.models.simulation.simulator import SimulationSettings
 from scepsy.planner.allocation.planning import make_plan
-from scepsy.planner.studies.bursts import STANDARD_BURST, Burst, recovery
+from scepsy.models.performance.recovery import STANDARD_BURST, Burst
+from scepsy.planner.studies.bursts import recovery
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID_HEIGHTS = (1.2, 1.5, 2.0)

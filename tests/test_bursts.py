@@ -4,6 +4,7 @@ state after a burst, engines that serve older workflow requests first return to 
 
 from __future__ import annotations
 
+import pytest
 import simpy
 
 from scepsy.models.catalog import catalog
@@ -11,7 +12,9 @@ from scepsy.models.instance.instance import load_instance
 from scepsy.models.performance.engine import Engine
 from scepsy.models.performance.replica import ReplicaSim, Request
 from scepsy.planner.allocation.planning import make_plan
-from scepsy.planner.studies.bursts import SERVED_SHARE, Burst, burst_arrivals, recovery
+from scepsy.models.performance.alp import predict
+from scepsy.models.performance.recovery import STANDARD_BURST, Burst, recovery_limit_rps
+from scepsy.planner.studies.bursts import SERVED_SHARE, burst_arrivals, recovery
 
 from conftest import REPO
 
@@ -84,3 +87,27 @@ def test_a_burst_locks_fcfs_engines_and_priority_scheduling_recovers():
     assert priority.recovery_s is not None and priority.recovery_s <= SHORT_BURST.settle_s
     # the steady state does not pay for it: the reference runs are alike
     assert abs(priority.reference_latency_mean_s / fcfs.reference_latency_mean_s - 1) < 0.1
+
+
+def test_the_recovery_limit_is_the_load_whose_drain_empties_the_bursts_backlog_in_time():
+    # claim 9 req/s on an LLM that takes 10: 2 min at 13.5 req/s leaves 420 requests, drained at
+    # 10 - R within 300 s for R <= 8.6 req/s
+    assert recovery_limit_rps(9.0, [10.0]) == pytest.approx(8.6)
+    assert recovery_limit_rps(9.0, [10.0, 30.0]) == pytest.approx(8.6)  # an LLM the burst does not overload
+    assert recovery_limit_rps(4.0, [10.0]) == 4.0  # never above the claim
+    assert recovery_limit_rps(9.0, [10.0], Burst(length_s=600.0)) == pytest.approx(3.0)
+    assert recovery_limit_rps(9.0, [10.0], Burst(length_s=900.0)) == 0.0  # a burst too long: no load recovers in time
+    longer = Burst(settle_s=600.0)
+    assert recovery_limit_rps(9.0, [10.0], longer) == pytest.approx(9.0)  # 420 / (10 - 9) <= 600 s
+
+
+def test_every_plan_prints_a_recovery_limit_below_its_claim():
+    instance = load_instance(REPO / "instances" / "beam-4xa6000.yaml")
+    plan = make_plan(instance)
+    for w in predict(instance, plan.allocation).workflows:
+        assert 0 < w.recovery_limit_rps < w.max_throughput_rps
+        # with the claim at max_utilization u of the bottleneck's capacity C: C (1 - L (h u - 1) / S)
+        capacity = w.max_throughput_rps / instance.max_utilization
+        expected = capacity * (1 - STANDARD_BURST.length_s * (STANDARD_BURST.height * instance.max_utilization - 1)
+                               / STANDARD_BURST.settle_s)
+        assert w.recovery_limit_rps == pytest.approx(expected, rel=1e-6)

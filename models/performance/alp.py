@@ -19,6 +19,8 @@ above max_utilization * T_m is infeasible (the LLM is overloaded). The margin is
 T_w is the capacity a plan claims for w (a `max_throughput` plan at load factor s has T_w = s *
 lambda_w at its bottleneck), and every command prints this one number; `headroom` is the share of
 an LLM's capacity its offered load leaves free (at least 1 - max_utilization in a feasible plan).
+Beside T_w each workflow has its recovery limit R_w: the highest load it returns to its steady
+state from after the standard burst (models/performance/recovery.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.profile import ProfileCurve
 from scepsy.models.performance.cards import find_gpu_card, find_model_card
 from scepsy.models.performance.fraction_shape import profile_share_model
+from scepsy.models.performance.recovery import recovery_limit_rps
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class WorkflowPrediction:
     bottleneck: str
     stages: tuple[StagePrediction, ...]
     latency_slo_s: float | None
+    recovery_limit_rps: float = math.nan  # the highest load it recovers from after the standard burst (recovery.py)
 
     @property
     def meets_slo(self) -> bool | None:
@@ -168,6 +172,13 @@ def _stage_throughput_limit_rps(llm: LlmPrediction, workflow: Workflow, stage: S
     return max(llm.usable_capacity_rps - others, 0.0) / stage.invocations
 
 
+def _stage_capacity_rps(llm: LlmPrediction, workflow: Workflow, stage: Stage) -> float:
+    """C_wm: workflow requests/s the LLM can take for this workflow at its whole capacity, with
+    the other workflows' load held at their rates (recovery.py)."""
+    others = llm.offered_rate_rps - workflow.arrival_rate * stage.invocations
+    return max(llm.replicas * llm.capacity_rps - others, 0.0) / stage.invocations
+
+
 def predict(instance: Instance, allocation: Allocation) -> Prediction:
     """Evaluate the Aggregate LLM Pipeline of every workflow for one allocation."""
     llms = tuple(predict_llm(instance, allocation.of(m.name)) for m in instance.llms)
@@ -194,6 +205,8 @@ def predict(instance: Instance, allocation: Allocation) -> Prediction:
                 bottleneck=bottleneck,
                 stages=stages,
                 latency_slo_s=workflow.latency_slo_s,
+                recovery_limit_rps=recovery_limit_rps(
+                    limits[bottleneck], [_stage_capacity_rps(by_name[s.llm], workflow, s) for s in workflow.stages]),
             )
         )
     return Prediction(llms, tuple(workflows))

@@ -102,6 +102,7 @@ class WorkflowRecord(_Record):
     arrival_rate: float | None
     latency_s: float | None
     max_throughput_rps: float | None
+    recovery_limit_rps: float | None = None
     bottleneck: str
     latency_slo_s: float | None
     meets_slo: bool | None
@@ -420,7 +421,8 @@ def _prediction_records(prediction: Prediction) -> tuple[list[WorkflowRecord], l
     workflows = [
         WorkflowRecord(
             name=w.name, arrival_rate=json_number(w.arrival_rate_rps), latency_s=json_number(w.latency_s),
-            max_throughput_rps=json_number(w.max_throughput_rps), bottleneck=w.bottleneck,
+            max_throughput_rps=json_number(w.max_throughput_rps), recovery_limit_rps=json_number(w.recovery_limit_rps),
+            bottleneck=w.bottleneck,
             latency_slo_s=json_number(w.latency_slo_s), meets_slo=w.meets_slo,
             stages=[StageRecord(llm=s.llm, invocations=json_number(s.invocations), parallelism=json_number(s.parallelism),
                                 latency_contribution_s=json_number(s.latency_contribution_s)) for s in w.stages],

@@ -36,7 +36,8 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 def workflow_table(prediction: Prediction) -> Table:
     table = Table(title="Workflows")
-    for column in ("workflow", "arrival_rps", "latency_s", "max_throughput_rps", "bottleneck", "slo_s", "meets_slo"):
+    for column in ("workflow", "arrival_rps", "latency_s", "max_throughput_rps", "recovery_limit_rps", "bottleneck",
+                   "slo_s", "meets_slo"):
         table.add_column(column, justify="left" if column in ("workflow", "bottleneck") else "right")
     for w in prediction.workflows:
         meets = "-" if w.meets_slo is None else ("yes" if w.meets_slo else "NO")
@@ -45,6 +46,7 @@ def workflow_table(prediction: Prediction) -> Table:
             _fmt(w.arrival_rate_rps),
             _fmt(w.latency_s),
             _fmt(w.max_throughput_rps),
+            _fmt(w.recovery_limit_rps),
             w.bottleneck,
             _fmt(w.latency_slo_s),
             meets,
@@ -94,7 +96,10 @@ def llm_table(prediction: Prediction) -> Table:
         margin = 1 - prediction.llms[0].max_utilization
         captions.append(f"headroom_%: capacity left free; max_utilization {prediction.llms[0].max_utilization:g} "
                         f"keeps at least {100 * margin:.0f}% free on every LLM, and max_throughput_rps is "
-                        "the load at which the bottleneck reaches it")
+                        "the load at which the bottleneck reaches it; recovery_limit_rps is the highest load "
+                        "a workflow returns to its steady latency from within 5 minutes of 2 minutes at 150% of "
+                        "max_throughput_rps (engines that serve older workflows first, as scepsy manifests "
+                        "deploys them)")
     derived = [p for p in prediction.llms if p.profile_derived_from]
     if derived:
         captions.append("* unprofiled fraction, curve derived from the measured fractions " + "; ".join(

@@ -18,19 +18,20 @@ keeps the working set of prefixes to the workflows in service.
                       arriving in every later minute of the run completed with a mean latency within
                       LATENCY_SHARE of the reference's (None: it never returned)
 
-`recovery_limit_rps` is the highest load, in steps of the claim, from which a workflow recovers
-after the standard burst: what a plan can promise to return to.
+The burst (`Burst`, STANDARD_BURST) and the recovery limit a plan prints are
+models/performance/recovery.py's; this study checks them in the simulator.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping
 
 from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Instance
+from scepsy.models.performance.recovery import STANDARD_BURST, Burst
 from scepsy.models.simulation.simulator import SimulationSettings, simulate
 
 SERVED_SHARE = 0.97  # of the reference run's completions in the window
@@ -38,27 +39,6 @@ LATENCY_SHARE = 0.25  # relative excess of the mean latency over the reference r
 MINUTE_S = 60.0
 
 
-@dataclass(frozen=True)
-class Burst:
-    """The load of a burst run, as shares of a rate (the plan's claim)."""
-
-    base_load: float = 0.8
-    height: float = 1.5
-    start_s: float = 60.0
-    length_s: float = 120.0
-    settle_s: float = 300.0  # the window opens this long after the burst's end ...
-    window_s: float = 300.0  # ... and holds this long
-
-    @property
-    def end_s(self) -> float:
-        return self.start_s + self.length_s
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s + self.settle_s + self.window_s
-
-
-STANDARD_BURST = Burst()
 
 
 def burst_arrivals(rate_rps: float, burst: Burst, seed: int, workflow: str, with_burst: bool = True) -> list[float]:
@@ -167,6 +147,3 @@ def recovery(instance: Instance, allocation: Allocation, rates_rps: Mapping[str,
                                      reference, recovery_s))
     return rows
 
-
-def with_base_load(burst: Burst, base_load: float) -> Burst:
-    return replace(burst, base_load=base_load)

@@ -42,7 +42,7 @@ CHUNK_POINTS = 64  # rate points per task: fixed, so that results never depend o
 
 SCENARIO_COLUMNS = [
     "rate_rps", "cluster_gpus", "feasible", "status", "method", "objective", "objective_value", "reason",
-    "scenario", "mix", "month", "workflow_latency_s", "workflow_max_throughput_rps", "gpus_used",
+    "scenario", "mix", "month", "workflow_latency_s", "workflow_max_throughput_rps", "workflow_recovery_limit_rps", "gpus_used",
     "cluster_cost_per_hour", "cost_per_1k_requests", "replicas_moved_total",
 ]
 LLM_COLUMNS = ["llm", "gpu_type", "tp", "fraction", "replicas", "llm_gpus", "llm_latency_s", "utilization", "replicas_moved"]
@@ -104,6 +104,7 @@ def _point(answer: Answer) -> dict:
         "objective_value": plan.objective_value,
         "workflow_latency_s": sum(w["latency_s"] * w["arrival_rate"] for w in doc["workflows"]) / sum(rates),
         "workflow_max_throughput_rps": min(w["max_throughput_rps"] for w in doc["workflows"]),
+        "workflow_recovery_limit_rps": min(w["recovery_limit_rps"] for w in doc["workflows"]),
         "gpus_used": len(busy),
         "busy_nodes": sorted(n for n, _ in busy),
         "llms": [
@@ -186,7 +187,8 @@ def _table(instance: Instance, every: list[Scenario], points: dict, settings: Pl
             **{f"rate_{w}_rps": r for w, r in scenario.rates},
             **{f"price_{g}_per_gpu_hour": prices[g] for g in gpu_types},
             **{k: point.get(k) for k in ("feasible", "status", "method", "reason", "objective_value",
-                                          "workflow_latency_s", "workflow_max_throughput_rps", "gpus_used")},
+                                          "workflow_latency_s", "workflow_max_throughput_rps",
+                                          "workflow_recovery_limit_rps", "gpus_used")},
         }
         if point["feasible"]:
             types = {n.name: n.gpu_type for n in at.cluster.nodes}
@@ -208,7 +210,8 @@ def _table(instance: Instance, every: list[Scenario], points: dict, settings: Pl
         frame[column] = frame[column].astype(bool)
     for column in ("month", "gpus_used", "tp", "replicas", "replicas_moved", "replicas_moved_total"):
         frame[column] = frame[column].astype("Int64")
-    for column in ("objective_value", "workflow_latency_s", "workflow_max_throughput_rps", "cluster_cost_per_hour",
+    for column in ("objective_value", "workflow_latency_s", "workflow_max_throughput_rps", "workflow_recovery_limit_rps",
+                   "cluster_cost_per_hour",
                    "cost_per_1k_requests", "fraction", "llm_gpus", "llm_latency_s", "utilization"):
         frame[column] = frame[column].astype("float64")
     return frame.sort_values(["mix", "cluster_gpus", "scenario", "llm"], kind="stable").reset_index(drop=True)
@@ -302,7 +305,8 @@ def study_view(frame: pd.DataFrame, forecast: bool = False):
     from rich.table import Table
 
     grid = Table(title="What-if grid (one line per scenario)")
-    for column in ("rate_rps", "cluster_gpus", "feasible", "latency_s", "max_throughput_rps", "gpus_used", "cost_per_1k_requests", "cheapest"):
+    for column in ("rate_rps", "cluster_gpus", "feasible", "latency_s", "max_throughput_rps", "recovery_limit_rps", "gpus_used",
+                   "cost_per_1k_requests", "cheapest"):
         grid.add_column(column, justify="right")
     best = cheapest_clusters(frame)
     cheapest = set(zip(best["rate_rps"], best["cluster_gpus"]))
@@ -313,6 +317,7 @@ def study_view(frame: pd.DataFrame, forecast: bool = False):
             f"{row['rate_rps']:g}", str(row["cluster_gpus"]), "yes" if ok else "no",
             f"{row['workflow_latency_s']:.3f}" if ok else "-",
             f"{row['workflow_max_throughput_rps']:.3f}" if ok else "-",
+            f"{row['workflow_recovery_limit_rps']:.3f}" if ok else "-",
             f"{int(row['gpus_used'])}" if ok else "-",
             f"{cost:.4f}" if ok and cost == cost else "-",
             "*" if (row["rate_rps"], row["cluster_gpus"]) in cheapest else "",

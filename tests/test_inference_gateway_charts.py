@@ -46,7 +46,8 @@ def _render_defaults(text: str) -> str:
     """The template's text with its control lines resolved: the first branch of an if/else chain
     kept, `with` and `range` blocks (optional values) dropped, comments dropped, expressions as
     placeholders."""
-    out, stack = [], []  # per open block: whether its lines are kept
+    out: list[str] = []
+    stack: list[bool] = []  # per open block: whether its lines are kept
     for line in _COMMENT.sub("", text).splitlines():
         match = _CONTROL.match(line)
         if not match:

@@ -40,6 +40,9 @@ APPLY_ORDER = (
     "PodMonitor",
     "InferencePool",
     "HTTPRoute",
+    "DestinationRule",
+    "HealthCheckPolicy",
+    "GCPBackendPolicy",
 )
 DRY_RUN_MODES = ("none", "server")
 # metadata the API server writes; never part of "did the object change"

@@ -72,6 +72,9 @@ class ManifestSettings:
     router: str = "sglang"  # sglang: an SGLang model gateway per LLM; inference-gateway: InferencePools + EPPs + HTTPRoutes
     gateway_name: str = inference_gateway.DEFAULT_GATEWAY  # the platform's Gateway the HTTPRoutes attach to (inference-gateway)
     gateway_namespace: str | None = None  # its namespace, if not the deployment's
+    gateway_provider: str = inference_gateway.DEFAULT_PROVIDER  # istio | gke | none: what the chart adds for it
+    endpoint_picker: str = inference_gateway.DEFAULT_PICKER  # llm-d-router | inference-extension-v1.5.0
+    picker_replicas: int = inference_gateway.DEFAULT_PICKER_REPLICAS  # leader-elected pickers per pool
     scheduling: str = "priority"  # the generating engines' waiting queue (engines.SCHEDULING_ARGS)
 
 
@@ -113,6 +116,15 @@ def check_settings(settings: ManifestSettings) -> None:
         raise InputError(None, "gateway_name", f"{settings.gateway_name!r} is not a Kubernetes object name", "name the platform's Gateway, e.g. inference-gateway")
     if settings.gateway_namespace is not None and names.dns_label(settings.gateway_namespace, 63) != settings.gateway_namespace:
         raise InputError(None, "gateway_namespace", f"{settings.gateway_namespace!r} is not a DNS-1123 label", "give the Gateway's namespace")
+    if settings.gateway_provider not in inference_gateway.PROVIDERS:
+        raise InputError(None, "gateway_provider", f"unknown gateway provider {settings.gateway_provider!r}",
+                         f"use one of: {', '.join(inference_gateway.PROVIDERS)} (none: kgateway, agentgateway, NGINX Gateway Fabric and others)")
+    if settings.endpoint_picker not in inference_gateway.PICKERS:
+        raise InputError(None, "endpoint_picker", f"unknown endpoint picker {settings.endpoint_picker!r}",
+                         f"use one of: {', '.join(inference_gateway.PICKERS)}")
+    if not 1 <= settings.picker_replicas <= 10:
+        raise InputError(None, "picker_replicas", f"{settings.picker_replicas} is not in 1..10",
+                         "give the endpoint pickers per pool, e.g. 2 (one active, one standing by)")
     if not 0 < settings.gpu_memory_utilization <= 1:
         raise InputError(None, "gpu_memory_utilization", f"{settings.gpu_memory_utilization:g} is not in (0, 1]", "use e.g. 0.9")
     if names.dns_label(settings.namespace, 63) != settings.namespace:
@@ -272,11 +284,17 @@ def engine_deployment(plan: PlacedPlan, settings: ManifestSettings, replica: Rep
     return single_pod_deployment(name, settings.namespace, labels, selector, pod_spec, annotations)
 
 
+def inference_gateway_settings(settings: ManifestSettings) -> inference_gateway.InferenceGatewaySettings:
+    return inference_gateway.InferenceGatewaySettings(
+        settings.namespace, settings.engine, settings.gateway_name, settings.gateway_namespace,
+        settings.gateway_provider, settings.endpoint_picker, settings.picker_replicas,
+    )
+
+
 def llm_objects(plan: PlacedPlan, settings: ManifestSettings, llm: str) -> list[dict]:
     """The Service clients call and the LLM's gateway; or its inference-gateway objects."""
     if settings.router == "inference-gateway":
-        return inference_gateway.llm_objects(plan, llm, settings.namespace, settings.engine, settings.gateway_name,
-                                             settings.gateway_namespace, operations.PRIORITY_CLASS)
+        return inference_gateway.llm_objects(plan, llm, inference_gateway_settings(settings), operations.PRIORITY_CLASS)
     objects = [gateway.entry_service(plan, llm, settings.namespace, settings.engine)]
     if gateway.has_gateway(settings.engine, plan.llm(llm).model):
         objects.append(gateway.gateway_deployment(plan, llm, settings.namespace, settings.engine, settings.gateway_image, operations.PRIORITY_CLASS))
@@ -370,6 +388,9 @@ KIND_ORDER = {
     "PodMonitor": 8,
     "InferencePool": 8,
     "HTTPRoute": 8,
+    "DestinationRule": 8,
+    "HealthCheckPolicy": 8,
+    "GCPBackendPolicy": 8,
 }
 
 

@@ -32,6 +32,19 @@ grows with the replicas is the tree, which keeps up to `--max-tree-size` charact
     memory 1 GiB (the process, request bodies in flight, eviction lag) + 2^28 x 5 bytes = 2304 MiB
         for cache_aware (5 bytes per character holds for prompts whose new text is at least
         1000 characters, about 250 tokens); 1 GiB for round_robin (no tree); request = limit.
+
+Endpoint picker of an LLM's InferencePool (`--router inference-gateway`): also sized from M (the
+same reason: a re-plan never rewrites a picker). Its work grows with the endpoints it serves: it
+scrapes each one's /metrics every 50 ms (the picker's `--refresh-metrics-interval` default) and
+keeps a prefix-cache index of up to 31250 blocks per endpoint (the prefix-cache scorer's LRU
+default); upstream publishes no sizing per pool size, only its chart's request for high request
+rates (8 CPU, 8 GiB, limit 16 GiB for llm-d-router v0.10.0; 4 CPU for the extension's v1.5.0).
+scepsy's estimate, not a measurement:
+    cpu request  = 0.5 core + 50 m per possible endpoint, at most the chart's request;
+    memory       = 512 MiB + 16 MiB per possible endpoint, at most the chart's 8 GiB; limit 2 x that
+                   (at most the chart's 16 GiB).
+Raise them (or use the chart's) when the picker's CPU throttles or its scheduling latency grows
+(its metrics on port 9090).
 """
 
 from __future__ import annotations
@@ -90,6 +103,20 @@ def most_replicas(instance: Instance, llm: str) -> int:
 def tree_chars_per_worker(most: int) -> int:
     """`--max-tree-size` of a cache-aware gateway whose LLM could have `most` replicas."""
     return min(DEFAULT_TREE_CHARS, TREE_BUDGET_CHARS // most)
+
+
+PICKER_BASE_MILLICPU = 500
+PICKER_MILLICPU_PER_ENDPOINT = 50
+PICKER_BASE_MIB = 512
+PICKER_MIB_PER_ENDPOINT = 16
+PICKER_CHART_MEMORY_MIB = 8192
+
+
+def picker_resources(most: int, chart_cpu_cores: int) -> tuple[dict[str, str], dict[str, str]]:
+    """(requests, limits) of an endpoint picker whose pool could have `most` replicas."""
+    millicpu = min(chart_cpu_cores * 1000, PICKER_BASE_MILLICPU + PICKER_MILLICPU_PER_ENDPOINT * most)
+    memory_mib = min(PICKER_CHART_MEMORY_MIB, PICKER_BASE_MIB + PICKER_MIB_PER_ENDPOINT * most)
+    return {"cpu": f"{millicpu}m", "memory": f"{memory_mib}Mi"}, {"memory": f"{2 * memory_mib}Mi"}
 
 
 def gateway_resources(cache_aware: bool) -> tuple[dict[str, str], dict[str, str]]:

@@ -5,15 +5,18 @@ apiVersion does not exist in a target version (resource.k8s.io/v1 before 1.34) i
 problem, so callers validate dra-mps output only against the versions it targets.
 
 Custom resources with a vendored CustomResourceDefinition (k8s/crds, sources in k8s/crds/SOURCES:
-InferencePool, HTTPRoute): the `openAPIV3Schema` of every served version of every vendored CRD of
-that kind (HTTPRoute: Gateway API v1.3.0 and v1.5.1), made as strict as kubernetes-validate's strict
+InferencePool, HTTPRoute, Istio's DestinationRule): the `openAPIV3Schema` of every served version
+of every vendored CRD of that kind (InferencePool: the extension's v1.5.0 and v1.6.0; HTTPRoute:
+Gateway API v1.3.0 and v1.5.1), made as strict as kubernetes-validate's strict
 mode (an object with declared properties and no `additionalProperties` or
 `x-kubernetes-preserve-unknown-fields` admits no other field; `metadata` is checked for name,
 namespace, labels and annotations), validated with jsonschema. CEL rules
 (`x-kubernetes-validations`) are not evaluated here; the API server checks them.
 
 kustomization.yaml (a kustomize file, not an API object) is skipped, as are PodMonitors
-(prometheus-operator's CRD; tests/test_k8s_validate.py checks their fields against it).
+(prometheus-operator's CRD; tests/test_k8s_validate.py checks their fields against it) and GKE's
+HealthCheckPolicy and GCPBackendPolicy (no public CRD; tests/test_k8s_validate.py checks them
+against the upstream charts' templates).
 """
 
 from __future__ import annotations
@@ -28,9 +31,9 @@ import kubernetes_validate
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError, latest_version
 
-# kustomize files and prometheus-operator's custom resources (PodMonitor: its CRD schema, not the
-# Kubernetes OpenAPI, defines it) are not built-in kinds
-NOT_BUILT_IN = ("kustomize.config.k8s.io", "monitoring.coreos.com")
+# kustomize files, prometheus-operator's custom resources (PodMonitor: its CRD schema, not the
+# Kubernetes OpenAPI, defines it) and GKE's Gateway policies are not built-in kinds
+NOT_BUILT_IN = ("kustomize.config.k8s.io", "monitoring.coreos.com", "networking.gke.io")
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,10 @@ def crd_schemas() -> dict[tuple[str, str], tuple[tuple[str, dict], ...]]:
                 continue
             schema = _strict(version["schema"]["openAPIV3Schema"])
             assert isinstance(schema, dict)
+            # every object's root has apiVersion, kind and metadata, whether the CRD declares them
+            # (controller-gen's do; Istio's declare only spec and status) or not
+            schema["properties"].setdefault("apiVersion", {"type": "string"})
+            schema["properties"].setdefault("kind", {"type": "string"})
             schema["properties"]["metadata"] = _OBJECT_META
             schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata", "spec"})
             key = (f"{spec['group']}/{version['name']}", spec["names"]["kind"])

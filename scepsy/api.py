@@ -878,13 +878,19 @@ def manifests(
     router: str = "sglang",
     gateway_name: str = "inference-gateway",
     gateway_namespace: str | None = None,
+    gateway_provider: str = "istio",
+    endpoint_picker: str = "llm-d-router",
+    picker_replicas: int = 2,
     scheduling: str = "priority",
 ) -> Manifests:
     """Write the Kubernetes manifests that realise a placed plan (a plan JSON of `plan`) into the
     folder `out`: engines, GPU shares, gateways (docs/deploy.md); `instance` overrides the
     instance file the plan names. `router` "sglang" gives every LLM an SGLang model gateway;
     "inference-gateway" gives it an InferencePool, its endpoint picker and an HTTPRoute attached to
-    the platform's Gateway `gateway_name` (in `gateway_namespace`, default `namespace`).
+    the platform's Gateway `gateway_name` (in `gateway_namespace`, default `namespace`), with what
+    the upstream chart adds for `gateway_provider` (istio, gke or none), the endpoint picker of
+    `endpoint_picker` (llm-d-router v0.10.0, or the extension's inference-extension-v1.5.0) and
+    `picker_replicas` leader-elected pickers per pool.
     `scheduling` "priority" runs the generating engines with priority scheduling, for calls tagged
     with their workflow request's start (`proxy(workflow_priority=True)`); "fcfs" leaves the
     engines' default."""
@@ -897,7 +903,8 @@ def manifests(
         gpu_memory_utilization=gpu_memory_utilization, shm_gib=shm_gib, prometheus=prometheus,
         hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, kubernetes_version=kubernetes_version,
         device_plugin_namespace=device_plugin_namespace, router=router, gateway_name=gateway_name,
-        gateway_namespace=gateway_namespace, scheduling=scheduling,
+        gateway_namespace=gateway_namespace, gateway_provider=gateway_provider, endpoint_picker=endpoint_picker,
+        picker_replicas=picker_replicas, scheduling=scheduling,
     )
     folder = check_output_dir(out, [plan, instance])
     placed = load_placed_plan(plan, None if instance is None else Path(instance))

@@ -39,6 +39,8 @@ RESOURCES = {
     "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget", True)],
     "inference.networking.k8s.io/v1": [("inferencepools", "InferencePool", True)],
     "gateway.networking.k8s.io/v1": [("httproutes", "HTTPRoute", True)],
+    "networking.istio.io/v1beta1": [("destinationrules", "DestinationRule", True)],
+    "networking.gke.io/v1": [("healthcheckpolicies", "HealthCheckPolicy", True), ("gcpbackendpolicies", "GCPBackendPolicy", True)],
 }
 
 

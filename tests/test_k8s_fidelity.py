@@ -178,21 +178,23 @@ def check_pods(objects: list[dict], plan_json: dict, engine: str, sharing: str, 
 
 
 def check_inference_gateway(objects: list[dict], plan_json: dict, engine: str) -> None:
-    """`--router inference-gateway`: per LLM an InferencePool over exactly its replica pods on the
-    engine port, its endpoint picker (Service, Deployment, RBAC, config) and an HTTPRoute that sends
-    requests whose BBR header names the LLM, on its API paths, to that pool."""
+    """`--router inference-gateway` with its defaults (Istio, llm-d-router's picker, two pickers):
+    per LLM an InferencePool over exactly its replica pods on the engine port, its leader-elected
+    endpoint pickers (Service, Deployment, RBAC with leases, config whose parsers take every path),
+    a DestinationRule that speaks TLS to them, and an HTTPRoute that sends every path of requests
+    whose body-based-routing header names the LLM to that pool."""
     llms, _ = _plan_view(plan_json)
     namespace = next(o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "scepsy-plan")["metadata"]["namespace"]
     pods = [(d["metadata"]["name"], d["spec"]["template"]["metadata"]["labels"]) for d in of_kind(objects, "Deployment")]
     by_name = {(o["kind"], o["metadata"]["name"]): o for o in objects if "metadata" in o}
     assert not [d for d in of_kind(objects, "Deployment") if d["metadata"]["labels"]["app.kubernetes.io/component"] == "gateway"]
     assert ("ServiceAccount", "scepsy-gateway") not in by_name
+    engine_grace = {d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] for d in of_kind(objects, "Deployment")
+                    if d["metadata"]["labels"]["app.kubernetes.io/component"] == "engine"}
 
     def selected(selector: dict) -> set[str]:
         return {name for name, labels in pods if selector.items() <= labels.items()}
 
-    paths = {"generate": {"/v1/chat/completions", "/v1/completions"}, "embed": {"/v1/embeddings"},
-             "score": {"/v1/rerank", "/rerank", "/v2/rerank"} if engine == "vllm" else {"/v1/rerank"}}
     for name, llm in llms.items():
         pool = by_name[("InferencePool", name)]["spec"]
         assert selected(pool["selector"]["matchLabels"]) == {f"{name}-r{k}" for k in range(llm["replicas"])}
@@ -202,25 +204,39 @@ def check_inference_gateway(objects: list[dict], plan_json: dict, engine: str) -
         service = by_name[("Service", f"{name}-epp")]["spec"]
         assert {p["port"] for p in service["ports"]} == {9002, 9090}
         assert selected(service["selector"]) == {f"{name}-epp"}
-        epp = by_name[("Deployment", f"{name}-epp")]["spec"]["template"]["spec"]
-        args = epp["containers"][0]["args"]
+        deployment = by_name[("Deployment", f"{name}-epp")]["spec"]
+        assert deployment["replicas"] == 2 and deployment["strategy"] == {"type": "Recreate"}
+        epp = deployment["template"]["spec"]
+        container = epp["containers"][0]
+        args = container["args"]
         assert flag(args, "--pool-name") == name and flag(args, "--pool-namespace") == namespace
-        assert epp["containers"][0]["image"] == "registry.k8s.io/gateway-api-inference-extension/epp:v1.5.0"
+        assert "--ha-enable-leader-election" in args
+        assert container["image"] == "ghcr.io/llm-d/llm-d-router-endpoint-picker:v0.10.0"
+        # leader election: only the leader is ready, so the Service sends to it
+        assert container["readinessProbe"]["grpc"] == {"port": 9003, "service": "readiness"}
+        assert container["livenessProbe"]["grpc"] == {"port": 9003, "service": "liveness"}
+        assert {epp["terminationGracePeriodSeconds"]} == engine_grace
         assert epp["serviceAccountName"] == f"{name}-epp"
         rules = by_name[("Role", f"{name}-epp")]["rules"]
         assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]} in rules
         assert any(r["resources"] == ["inferencepools"] for r in rules)
+        assert any(r["apiGroups"] == ["llm-d.ai"] and "inferenceobjectives" in r["resources"] for r in rules)
+        assert any(r["apiGroups"] == ["coordination.k8s.io"] and r["resources"] == ["leases"] and "update" in r["verbs"] for r in rules)
         config = yaml.safe_load(by_name[("ConfigMap", f"{name}-epp")]["data"]["default-plugins.yaml"])
-        task = catalog.serving_task(llm["model"])
-        assert (config.get("parser") == {"pluginRef": "passthrough-parser"}) == (task == "score")
+        assert config["apiVersion"] == "llm-d.ai/v1alpha1"
+        assert config["requestHandler"]["parsers"] == [{"pluginRef": "openai-parser"}, {"pluginRef": "passthrough-parser"}]
         extractor = next(p for p in config["plugins"] if p["type"] == "core-metrics-extractor")
         assert extractor.get("parameters", {}).get("defaultEngine", "vllm") == engine
+        rule = by_name[("DestinationRule", f"{name}-epp")]["spec"]
+        assert rule["host"] == f"{name}-epp.{namespace}.svc.cluster.local"
+        assert rule["trafficPolicy"]["tls"] == {"mode": "SIMPLE", "insecureSkipVerify": True}
         route = by_name[("HTTPRoute", name)]["spec"]
         assert route["parentRefs"] == [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference-gateway"}]
-        (rule,) = route["rules"]
-        assert rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": name}]
-        assert {m["path"]["value"] for m in rule["matches"]} == paths[task]
-        assert all(m["headers"] == [{"type": "Exact", "name": "X-Gateway-Model-Name", "value": name}] for m in rule["matches"])
+        (route_rule,) = route["rules"]
+        assert route_rule["backendRefs"] == [{"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": name}]
+        assert route_rule["matches"] == [{"path": {"type": "PathPrefix", "value": "/"},
+                                          "headers": [{"type": "Exact", "name": "X-Gateway-Model-Name", "value": name}]}]
+        assert route_rule["timeouts"] == {"request": "600s"}
 
 
 def check_routing(objects: list[dict], plan_json: dict, engine: str) -> None:

@@ -47,7 +47,7 @@ def _render(plan: dict, instance: str, path, engine: str, router: str) -> dict[s
     return emit(placed, ManifestSettings(engine=engine, gpu_sharing="hami", router=router, prometheus=True))
 
 
-ROUTING_KINDS = {"ServiceAccount", "Role", "RoleBinding", "Service", "InferencePool", "HTTPRoute"}
+ROUTING_KINDS = {"ServiceAccount", "Role", "RoleBinding", "Service", "InferencePool", "HTTPRoute", "DestinationRule"}
 
 
 def _routing_files(files: dict[str, str]) -> dict[str, str]:
@@ -80,7 +80,7 @@ def test_a_replan_with_other_replica_counts_changes_only_engines(tmp_path, plan_
     # the routing objects are there, and the same: no gateway or endpoint picker is rewritten or restarted
     routing = _routing_files(before)
     expected = {"sglang": {"Deployment", "ServiceAccount", "Role", "RoleBinding", "Service"},
-                "inference-gateway": {"Deployment", "ConfigMap", "InferencePool", "HTTPRoute", "Service", "Role"}}[router]
+                "inference-gateway": {"Deployment", "ConfigMap", "InferencePool", "HTTPRoute", "Service", "Role", "DestinationRule"}}[router]
     assert set(routing.values()) >= expected, routing
     assert all(after[name] == before[name] for name in routing)
 

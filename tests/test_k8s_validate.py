@@ -82,15 +82,16 @@ def test_kustomization_is_not_validated_as_a_built_in():
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_inference_gateway_objects_validate_against_the_vendored_crds(engine):
-    """InferencePools (inference extension v1.5.0) and HTTPRoutes (Gateway API v1.3.0 and v1.5.1,
-    standard channel) validate strictly against their CRDs' schemas (k8s/crds/SOURCES), the
+    """InferencePools (inference extension v1.5.0 and v1.6.0), HTTPRoutes (Gateway API v1.3.0 and
+    v1.5.1, standard channel) and Istio DestinationRules validate strictly against their CRDs'
+    schemas (k8s/crds/SOURCES; every provider and picker: test_inference_gateway_charts.py), the
     built-in objects against Kubernetes' as before, and with --prometheus the endpoint pickers'
     PodMonitors select the pickers' pods on a port they declare."""
     case = next(c for c in CASES if c.router == "inference-gateway" and c.engine == engine)
     plan = load_placed_plan(regenerate.plan_path(case))
     objects = objects_of(emit(plan, ManifestSettings(engine=engine, router="inference-gateway", prometheus=True)))
     kinds = {o["kind"] for o in objects}
-    assert {"InferencePool", "HTTPRoute"} <= kinds
+    assert {"InferencePool", "HTTPRoute", "DestinationRule"} <= kinds
     assert {source for key, schemas in crd_schemas().items() for source, _ in schemas if key[1] == "HTTPRoute"} == {
         "gateway.networking.k8s.io_httproutes.v1.3.0.yaml", "gateway.networking.k8s.io_httproutes.v1.5.1.yaml"}
     for version in VERSIONS:
@@ -118,4 +119,5 @@ def test_custom_resource_validation_is_strict():
     assert any("portNumber" in p for p in problems)
     assert any("'Prefix' is not one of" in p for p in problems)
     assert any("Not_A_Name" in p and "metadata/name" in p for p in problems)
-    assert all("inferencepools.v1.5.0" in p or "httproutes" in p for p in problems)
+    assert all("inferencepools.v1.5.0" in p or "inferencepools.v1.6.0" in p or "httproutes" in p for p in problems)
+    assert any("inferencepools.v1.6.0" in p for p in problems)

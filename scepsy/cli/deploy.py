@@ -41,6 +41,9 @@ def manifests(
     router: Annotated[str, typer.Option("--router", help="Routing: sglang (an SGLang model gateway per LLM) or inference-gateway (InferencePools, endpoint pickers and HTTPRoutes of the Gateway API Inference Extension).")] = "sglang",
     gateway_name: Annotated[str, typer.Option("--gateway-name", help="The platform's Gateway the HTTPRoutes attach to (--router inference-gateway).")] = "inference-gateway",
     gateway_namespace: Annotated[Optional[str], typer.Option("--gateway-namespace", help="Namespace of that Gateway (default: --namespace).")] = None,
+    gateway_provider: Annotated[str, typer.Option("--gateway-provider", help="The Gateway's implementation, for what the upstream chart adds for it: istio (a DestinationRule for the picker's TLS), gke (health check and backend policies, no route timeout) or none (kgateway, agentgateway, NGINX Gateway Fabric, others).")] = "istio",
+    endpoint_picker: Annotated[str, typer.Option("--endpoint-picker", help="Endpoint picker release: llm-d-router (v0.10.0) or inference-extension-v1.5.0.")] = "llm-d-router",
+    picker_replicas: Annotated[int, typer.Option("--picker-replicas", help="Endpoint pickers per pool, leader-elected (one active, the others standing by).")] = 2,
     scheduling: SchedulingOpt = "priority",
     json_output: JsonOpt = False,
 ) -> None:
@@ -53,7 +56,8 @@ def manifests(
             gateway_image=gateway_image, prometheus=prometheus, shm_gib=shm_gib,
             gpu_memory_utilization=gpu_memory_utilization, kubernetes_version=kubernetes_version,
             hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, device_plugin_namespace=device_plugin_namespace,
-            router=router, gateway_name=gateway_name, gateway_namespace=gateway_namespace, scheduling=scheduling,
+            router=router, gateway_name=gateway_name, gateway_namespace=gateway_namespace,
+            gateway_provider=gateway_provider, endpoint_picker=endpoint_picker, picker_replicas=picker_replicas, scheduling=scheduling,
         )
         for line in written.warnings:
             stderr.print(line, markup=False, highlight=False, soft_wrap=True)

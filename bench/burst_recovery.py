@@ -4,8 +4,10 @@
     python bench/burst_recovery.py instances/beam-4xa6000.yaml --policies fcfs,priority
     python bench/burst_recovery.py instances/beam-4xa6000.yaml --grid --policies priority
 
-Each instance is planned (its own objective); every workflow is loaded at `--base` x the
-`max_throughput_rps` the plan claims for it, with `--height` x it for `--length-s` from 60 s
+Each instance is planned (its own objective); every workflow is loaded at the recovery limit the
+plan prints for it (`recovery_limit_rps`, models/performance/recovery.py; `--base` gives a share of
+the claim instead) before and after the burst, with `--height` x the `max_throughput_rps` the plan
+claims for it for `--length-s` from 60 s
 (planner/studies/bursts.py), against the same arrivals without the burst. A row is recovered when,
 in the five minutes that open five minutes after the burst's end, at least 97% of the reference
 run's rate is served and the mean latency is within 25% of the reference's; `recovery_s` is the
@@ -33,12 +35,15 @@ GRID_LENGTHS_S = (60.0, 120.0, 300.0)
 GRID_BASES = (0.7, 0.8, 0.9)
 
 
-def rows(path: Path, policies: list[str], bursts: list[Burst], seed: int) -> list[dict]:
+def rows(path: Path, policies: list[str], bursts: list[Burst | None], seed: int) -> list[dict]:
+    """One row per burst, policy and workflow; a burst None is the standard one from the plan's
+    recovery limit (the smallest share of the claim over the workflows, all scaled together)."""
     instance = load_instance(path)
     plan = make_plan(instance)
     rates = {w.name: w.max_throughput_rps for w in plan.prediction.workflows}
+    limit = min(w.recovery_limit_rps / w.max_throughput_rps for w in plan.prediction.workflows)
     out = []
-    for burst in bursts:
+    for burst in (replace(STANDARD_BURST, base_load=limit) if b is None else b for b in bursts):
         for policy in policies:
             for r in recovery(instance, plan.allocation, rates, burst, seed, policy):
                 out.append({
@@ -71,18 +76,22 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="every shipped instance")
     parser.add_argument("--policies", default=SimulationSettings().scheduling,
                         help="engine scheduling policies, comma-separated (fcfs, priority)")
-    parser.add_argument("--base", type=float, default=STANDARD_BURST.base_load, help="load before and after the burst, share of the claim")
+    parser.add_argument("--base", type=float, default=None, help="load before and after the burst, share of the claim (default: the plan's recovery limit)")
     parser.add_argument("--height", type=float, default=STANDARD_BURST.height, help="load during the burst, share of the claim")
     parser.add_argument("--length-s", type=float, default=STANDARD_BURST.length_s, help="length of the burst, s")
     parser.add_argument("--grid", action="store_true", help="every height, length and load after it of the grid")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     paths = sorted((ROOT / "instances").glob("*.yaml")) if args.all else args.instances
+    bursts: list[Burst | None]
     if args.grid:
         bursts = [replace(STANDARD_BURST, base_load=b, height=h, length_s=n)
                   for b in GRID_BASES for h in GRID_HEIGHTS for n in GRID_LENGTHS_S]
+    elif args.base is None and (args.height, args.length_s) == (STANDARD_BURST.height, STANDARD_BURST.length_s):
+        bursts = [None]
     else:
-        bursts = [replace(STANDARD_BURST, base_load=args.base, height=args.height, length_s=args.length_s)]
+        base = STANDARD_BURST.base_load if args.base is None else args.base
+        bursts = [replace(STANDARD_BURST, base_load=base, height=args.height, length_s=args.length_s)]
     started = time.perf_counter()
     found = []
     for path in paths:

@@ -172,13 +172,6 @@ def _stage_throughput_limit_rps(llm: LlmPrediction, workflow: Workflow, stage: S
     return max(llm.usable_capacity_rps - others, 0.0) / stage.invocations
 
 
-def _stage_capacity_rps(llm: LlmPrediction, workflow: Workflow, stage: Stage) -> float:
-    """C_wm: workflow requests/s the LLM can take for this workflow at its whole capacity, with
-    the other workflows' load held at their rates (recovery.py)."""
-    others = llm.offered_rate_rps - workflow.arrival_rate * stage.invocations
-    return max(llm.replicas * llm.capacity_rps - others, 0.0) / stage.invocations
-
-
 def predict(instance: Instance, allocation: Allocation) -> Prediction:
     """Evaluate the Aggregate LLM Pipeline of every workflow for one allocation."""
     llms = tuple(predict_llm(instance, allocation.of(m.name)) for m in instance.llms)
@@ -205,8 +198,7 @@ def predict(instance: Instance, allocation: Allocation) -> Prediction:
                 bottleneck=bottleneck,
                 stages=stages,
                 latency_slo_s=workflow.latency_slo_s,
-                recovery_limit_rps=recovery_limit_rps(
-                    limits[bottleneck], [_stage_capacity_rps(by_name[s.llm], workflow, s) for s in workflow.stages]),
+                recovery_limit_rps=recovery_limit_rps(limits[bottleneck], list(limits.values())),
             )
         )
     return Prediction(llms, tuple(workflows))

@@ -3,19 +3,21 @@
 A plan claims `max_throughput_rps` (T_w), its bottleneck LLM kept within max_utilization u of its
 capacity. Production load is not steady: the standard burst offers `height` x T_w for `length_s`,
 then a steady load lambda. While the burst overloads an LLM, the excess queues; afterwards the LLM
-drains it with the capacity the load leaves free. With engines that serve older workflow requests
-first (models/performance/replica.py `priority`) an overloaded LLM keeps its capacity, since the
-workflows in service keep their prefixes cached; engines left first come first served lose it and
-may never drain (planner/studies/bursts.py measures both). For workflow w and each LLM m it calls:
+drains it with what the steady load leaves free. With engines that serve older workflow requests
+first (models/performance/replica.py `priority`) an overloaded LLM keeps serving at its capacity,
+since the workflows in service keep their prefixes cached; engines left first come first served
+lose it and may never drain (planner/studies/bursts.py measures both). For workflow w and each LLM
+m it calls, with T_wm the rate m takes for w within max_utilization (alp.py; T_w = min_m T_wm):
 
-    C_wm = (d_m T_m - sum_{w' != w} lambda_w' n_w'm) / n_wm     what m can take for w at u = 1, req/s
-    B_wm = length_s * max(height * T_w - C_wm, 0)               backlog the burst leaves, requests
-    R_w  = min(T_w, min_m (C_wm - B_wm / settle_s))             recovery limit, req/s
+    B_wm = length_s * max(height * T_w - T_wm, 0)      backlog the burst leaves on m, requests
+    R_w  = min(T_w, min_m (T_wm - B_wm / settle_s))    recovery limit, req/s
 
-R_w is the highest steady load after which the backlog drains within `settle_s`, the window in
-which a recovered workflow serves its load again at its steady latency (no more than the claim).
-It is the fluid bound: it assumes the LLM drains at its profiled capacity (the priority cure); the
-simulator checks it (bench/burst_recovery.py, docs/evidence.md).
+R_w is the highest steady load after which every backlog drains within `settle_s`, at the rate
+the plan lets each LLM take (max_utilization of its capacity: the steep end of a latency curve is
+no rate to drain at), no more than the claim. The standard burst gives R_w = 0.8 T_w wherever the
+bottleneck limits w. The simulator checks it: on every shipped instance, with priority engines, a
+workflow at R_w is back at its steady latency within `settle_s` (bench/burst_recovery.py,
+docs/evidence.md); at 95% of a claim beam search took 6 minutes, at 100% longer than the run.
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ class Burst:
 STANDARD_BURST = Burst()
 
 
-def recovery_limit_rps(claim_rps: float, capacities_rps: list[float], burst: Burst = STANDARD_BURST) -> float:
+def recovery_limit_rps(claim_rps: float, stage_limits_rps: list[float], burst: Burst = STANDARD_BURST) -> float:
     """R_w: the highest steady rate from which the workflow recovers after `burst` (module doc),
-    from its claim T_w and, per LLM it calls, C_wm, the rate that LLM can take for it at u = 1."""
+    from its claim T_w and, per LLM it calls, T_wm, the rate that LLM takes for it within
+    max_utilization."""
     limit = claim_rps
-    for capacity_rps in capacities_rps:
-        backlog = burst.length_s * max(burst.height * claim_rps - capacity_rps, 0.0)
-        limit = min(limit, capacity_rps - backlog / burst.settle_s)
+    for stage_rps in stage_limits_rps:
+        backlog = burst.length_s * max(burst.height * claim_rps - stage_rps, 0.0)
+        limit = min(limit, stage_rps - backlog / burst.settle_s)
     return max(limit, 0.0)

@@ -30,9 +30,9 @@ from scepsy.models.performance.recovery import STANDARD_BURST, Burst
 from scepsy.planner.studies.bursts import recovery
 
 ROOT = Path(__file__).resolve().parent.parent
-GRID_HEIGHTS = (1.2, 1.5, 2.0)
+GRID_HEIGHTS = (1.5, 2.0)
 GRID_LENGTHS_S = (60.0, 120.0, 300.0)
-GRID_BASES = (0.7, 0.8, 0.9)
+GRID_BASES = (0.8, 0.9)
 
 
 def rows(path: Path, policies: list[str], bursts: list[Burst | None], seed: int) -> list[dict]:

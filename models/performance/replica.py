@@ -12,9 +12,10 @@ the engine model (models/performance/engine.py):
    recompute preemption: its KV is dropped and it waits again with its generated tokens appended
    to the prompt).
 
-Scheduling policies, as vLLM v1 implements them (`--scheduling-policy`; vllm/v1/core/sched/
-request_queue.py `FCFSRequestQueue`, `PriorityRequestQueue`; vllm/v1/core/sched/scheduler.py
-`Scheduler.schedule`):
+Scheduling policies, as vLLM's v1 engine implements them (`--scheduling-policy`; read in
+vllm-project/vllm, tree 00024d314514: vllm/v1/core/sched/request_queue.py `FCFSRequestQueue`,
+`PriorityRequestQueue`, vllm/v1/core/sched/scheduler.py `Scheduler.schedule`, the preemption in
+its loop over running requests):
 - `fcfs`: the waiting queue is served in arrival order; the preempted sequence is the most recently
   admitted one (`self.running.pop()`) and it waits at the head of the queue;
 - `priority`: the waiting queue is served by (priority, arrival time), lowest first (a heap); the

@@ -62,8 +62,12 @@ class ScriptedEngine:
                 Route("/v1/rerank", self.rerank, methods=["POST"]),
                 Route("/v1/score", self.rerank, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
+                Route("/health", self.health, methods=["GET"]),  # what the SGLang gateway probes a worker with
             ]
         )
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
 
     async def _prelude(self, request: Request) -> tuple[dict, Response | None]:
         body = await request.body()

@@ -13,6 +13,8 @@ in the five minutes that open five minutes after the burst's end, at least 97% o
 run's rate is served and the mean latency is within 25% of the reference's; `recovery_s` is the
 time from the burst's end to the first minute from which every minute's arrivals are served within
 25% of the reference latency. `--grid` varies the burst's height and length and the load after it.
+`--entry` holds each LLM's calls beyond the plan's `entry_limit` at the workflow entry
+(models/simulation/entry.py), as `scepsy proxy --max-in-flight` does.
 Deterministic (seeded simulations).
 """
 
@@ -35,19 +37,21 @@ GRID_LENGTHS_S = (60.0, 120.0, 300.0)
 GRID_BASES = (0.8, 0.9)
 
 
-def rows(path: Path, policies: list[str], bursts: list[Burst | None], seed: int) -> list[dict]:
+def rows(path: Path, policies: list[str], bursts: list[Burst | None], seed: int, entry: bool = False) -> list[dict]:
     """One row per burst, policy and workflow; a burst None is the standard one from the plan's
     recovery limit (the smallest share of the claim over the workflows, all scaled together)."""
     instance = load_instance(path)
     plan = make_plan(instance)
     rates = {w.name: w.max_throughput_rps for w in plan.prediction.workflows}
     limit = min(w.recovery_limit_rps / w.max_throughput_rps for w in plan.prediction.workflows)
+    entry_limits = {m.llm: m.entry_limit for m in plan.prediction.llms if m.entry_limit is not None} if entry else None
     out = []
     for burst in (replace(STANDARD_BURST, base_load=limit) if b is None else b for b in bursts):
         for policy in policies:
-            for r in recovery(instance, plan.allocation, rates, burst, seed, policy):
+            for r in recovery(instance, plan.allocation, rates, burst, seed, policy, entry_limits):
                 out.append({
-                    "instance": path.stem, "workflow": r.workflow, "policy": policy, "claim_rps": r.rate_rps,
+                    "instance": path.stem, "workflow": r.workflow, "policy": policy + ("+entry" if entry else ""),
+                    "claim_rps": r.rate_rps,
                     "base": burst.base_load, "height": burst.height, "length_s": burst.length_s,
                     "served_rps": r.served_rps, "reference_rps": r.reference_served_rps,
                     "latency_mean_s": r.latency_mean_s, "reference_latency_s": r.reference_latency_mean_s,
@@ -80,6 +84,7 @@ def main() -> None:
     parser.add_argument("--height", type=float, default=STANDARD_BURST.height, help="load during the burst, share of the claim")
     parser.add_argument("--length-s", type=float, default=STANDARD_BURST.length_s, help="length of the burst, s")
     parser.add_argument("--grid", action="store_true", help="every height, length and load after it of the grid")
+    parser.add_argument("--entry", action="store_true", help="hold each LLM's calls at the entry beyond the plan's entry_limit")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     paths = sorted((ROOT / "instances").glob("*.yaml")) if args.all else args.instances
@@ -95,7 +100,7 @@ def main() -> None:
     started = time.perf_counter()
     found = []
     for path in paths:
-        found += rows(path, args.policies.split(","), bursts, args.seed)
+        found += rows(path, args.policies.split(","), bursts, args.seed, args.entry)
         print(table(found[-1:]).splitlines()[-1], flush=True)
     print(table(found))
     print(f"\n{len(found)} rows, {sum(r['recovered'] for r in found)} recovered, {time.perf_counter() - started:.0f} s")

@@ -757,20 +757,23 @@ def proxy(
     timeout_s: float = 600.0,
     max_body_mib: float = 16.0,
     workflow_priority: bool = False,
+    max_in_flight: Sequence[str] = (),
     on_start: Callable[[str], None] | None = None,
     on_stop: Callable[[Recorded], None] | None = None,
 ) -> Recorded:
     """Run the tracing proxy in front of OpenAI-compatible engines until interrupted, recording
     every call to the SQLite `store`. `upstreams`: LLM name -> engine base URL (or NAME=URL items);
     `workflow_priority` tags every chat/completions call with its workflow request's start, for
-    engines that schedule by priority (tracing/capture/proxy.py); `on_start(text)` says where it
-    listens, `on_stop` what it recorded (also when serving fails)."""
-    from scepsy.tracing.capture.proxy import ProxyConfig, parse_upstreams, serve
+    engines that schedule by priority; `max_in_flight` (LLM=N items) holds an LLM's calls beyond N
+    at the proxy, oldest workflow request first (tracing/capture/proxy.py); `on_start(text)` says
+    where it listens, `on_stop` what it recorded (also when serving fails)."""
+    from scepsy.tracing.capture.proxy import ProxyConfig, parse_in_flight, parse_upstreams, serve
     from scepsy.tracing.capture.store import TraceStore
 
     check_finite(timeout_s, "timeout_s")
     check_finite(max_body_mib, "max_body_mib")
     routes_of = dict(upstreams) if isinstance(upstreams, Mapping) else parse_upstreams(upstreams)
+    limits = parse_in_flight(max_in_flight, routes_of)
     try:
         trace_store = TraceStore(store)
     except Exception as exc:  # noqa: BLE001 - sqlite errors become one line
@@ -781,7 +784,8 @@ def proxy(
         on_start(f"scepsy proxy on http://{host}:{port}: {routes}; recording to {store}")
     try:
         config = ProxyConfig(routes_of, store=trace_store, record_bodies=record_bodies, timeout_s=timeout_s,
-                             max_body_bytes=int(max_body_mib * 2**20), workflow_priority=workflow_priority)
+                             max_body_bytes=int(max_body_mib * 2**20), workflow_priority=workflow_priority,
+                             max_in_flight=limits)
         serve(config, host=host, port=port)
     finally:
         trace_store.close()

@@ -311,3 +311,44 @@ def test_workflow_starts_are_forgotten_when_idle_and_bounded():
         starts.start_of(name, 106.0 + k)
     assert len(starts) == 3 and starts.start_of("a", 109.0) == 109.0  # "a" was the oldest entry: dropped
     assert starts.start_of("d", 200.0) == 108.0 and len(starts) == 1  # the idle ones went
+
+
+def test_max_in_flight_holds_an_llms_calls_and_lets_the_oldest_workflow_go_first(engine):
+    """One call may be outstanding: while a streamed call is held upstream, calls of a newer and an
+    older workflow request wait at the proxy, and the older one reaches the upstream first (by
+    order: the upstream releases the stream once both wait at the proxy)."""
+    import asyncio as aio
+
+    engine.gate = threading.Event()
+    app = create_app(ProxyConfig({"gen": engine.url}, store=Recorder(), max_in_flight={"gen": 1}))
+    limit = app.endpoint.limits["gen"]
+    with ServerThread(app) as proxy:
+        url = f"{proxy.url}/gen/v1/chat/completions"
+
+        async def scenario() -> list[int]:
+            async with httpx.AsyncClient(timeout=120) as client:
+                assert (await client.post(url, json=CHAT, headers={"X-Workflow-Id": "old"})).status_code == 200
+                held = aio.create_task(client.post(url, json={**CHAT, "stream": True}, headers={"X-Workflow-Id": "w1"}))
+                while not any(r["headers"].get("x-workflow-id") == "w1" for r in engine.received):
+                    await aio.sleep(0.01)
+                newer = aio.create_task(client.post(url, json=CHAT, headers={"X-Workflow-Id": "new"}))
+                older = aio.create_task(client.post(url, json=CHAT, headers={"X-Workflow-Id": "old"}))
+                while limit.waiting < 2:
+                    await aio.sleep(0.01)
+                assert engine.gate is not None
+                engine.gate.set()
+                return [a.status_code for a in await aio.gather(held, newer, older)]
+
+        assert aio.run(scenario()) == [200, 200, 200]
+    assert engine.gate_waits == [True]
+    assert [r["headers"].get("x-workflow-id") for r in engine.received] == ["old", "w1", "old", "new"]
+
+
+def test_max_in_flight_names_an_upstream_and_a_positive_count():
+    from scepsy.models.errors import InputError
+    from scepsy.tracing.capture.proxy import parse_in_flight
+
+    assert parse_in_flight(["gen=3"], {"gen": "http://x"}) == {"gen": 3}
+    for bad in ("ver=3", "gen=0", "gen=x", "gen"):
+        with pytest.raises(InputError):
+            parse_in_flight([bad], {"gen": "http://x"})

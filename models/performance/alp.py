@@ -20,20 +20,21 @@ T_w is the capacity a plan claims for w (a `max_throughput` plan at load factor 
 lambda_w at its bottleneck), and every command prints this one number; `headroom` is the share of
 an LLM's capacity its offered load leaves free (at least 1 - max_utilization in a feasible plan).
 Beside T_w each workflow has its recovery limit R_w: the highest load it returns to its steady
-state from after the standard burst (models/performance/recovery.py).
+state from after the standard burst, and each LLM its entry limit, the calls in flight the
+workflow entry lets through to it (models/performance/recovery.py).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scepsy.models.instance.instance import Instance, Llm, Stage, Workflow
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.profile import ProfileCurve
 from scepsy.models.performance.cards import find_gpu_card, find_model_card
 from scepsy.models.performance.fraction_shape import profile_share_model
-from scepsy.models.performance.recovery import recovery_limit_rps
+from scepsy.models.performance.recovery import entry_limit, recovery_limit_rps
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class LlmPrediction:
     utilization: float  # offered load / (replicas * capacity)
     overloaded: bool
     max_utilization: float = 1.0  # the instance's margin: the share of the capacity a plan may use
+    entry_limit: int | None = None  # the entry's calls in flight past it, at most (recovery.py); None: no load to size it by
     # an unprofiled fraction: the measured fractions its curve was derived from (models/instance/profile.py)
     profile_derived_from: tuple[float, ...] = ()
 
@@ -201,4 +203,16 @@ def predict(instance: Instance, allocation: Allocation) -> Prediction:
                 recovery_limit_rps=recovery_limit_rps(limits[bottleneck], list(limits.values())),
             )
         )
-    return Prediction(llms, tuple(workflows))
+    limits = _entry_limits(instance, allocation, workflows)
+    return Prediction(tuple(replace(p, entry_limit=limits.get(p.llm)) for p in llms), tuple(workflows))
+
+
+def _entry_limits(instance: Instance, allocation: Allocation, workflows: list[WorkflowPrediction]) -> dict[str, int]:
+    """Each LLM's entry limit, from its calls in flight with every workflow at the capacity the plan
+    reports (all scaled together until the first reaches its max_throughput_rps)."""
+    scales = [w.max_throughput_rps / w.arrival_rate_rps for w in workflows if w.arrival_rate_rps > 0]
+    if not scales or not math.isfinite(min(scales)) or min(scales) <= 0:
+        return {}
+    at = instance.with_arrival_rates({w.name: w.arrival_rate_rps * min(scales) for w in workflows})
+    limits = {m.name: entry_limit(predict_llm(at, allocation.of(m.name))) for m in instance.llms}
+    return {name: limit for name, limit in limits.items() if limit is not None}

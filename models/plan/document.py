@@ -127,6 +127,7 @@ class LlmRecord(_Record):
     utilization: float | None = None
     headroom: float | None = None  # the share of the capacity the load leaves free (1 - utilization)
     overloaded: bool | None = None
+    entry_limit: int | None = None  # calls in flight the workflow entry lets through (`scepsy proxy --max-in-flight`)
     # only for an unprofiled fraction: its curve is derived from these measured ones
     profile_derived_from_fractions: list[float] | None = None
 
@@ -437,7 +438,7 @@ def _prediction_records(prediction: Prediction) -> tuple[list[WorkflowRecord], l
             gpus=json_number(p.gpus), per_replica_rate=json_number(p.per_replica_rate_rps),
             offered_rate_rps=json_number(p.offered_rate_rps), latency_s=json_number(p.latency_s),
             capacity_rps=json_number(p.capacity_rps), utilization=json_number(p.utilization),
-            headroom=json_number(p.headroom), overloaded=p.overloaded,
+            headroom=json_number(p.headroom), overloaded=p.overloaded, entry_limit=p.entry_limit,
             **derived,
         ))
     return workflows, llms

@@ -71,7 +71,7 @@ def llm_table(prediction: Prediction) -> Table:
     table = Table(title="LLM allocation")
     columns = (
         "llm", "gpu_type", "tp", "fraction", "replicas", "gpus", "offered_rps", "per_replica_rps",
-        "capacity_rps", "utilization_%", "headroom_%", "latency_s",
+        "capacity_rps", "utilization_%", "headroom_%", "latency_s", "entry_limit",
     )
     for column in columns:
         table.add_column(column, justify="left" if column in ("llm", "gpu_type") else "right")
@@ -89,6 +89,7 @@ def llm_table(prediction: Prediction) -> Table:
             _fmt(100 * p.utilization, 1),
             _fmt(100 * p.headroom, 1),
             _fmt(p.latency_s),
+            "-" if p.entry_limit is None else str(p.entry_limit),
         )
     captions = []
     if prediction.llms:
@@ -99,7 +100,9 @@ def llm_table(prediction: Prediction) -> Table:
                         "the load at which the bottleneck reaches it; recovery_limit_rps is the highest load "
                         "a workflow returns to its steady latency from within 5 minutes of 2 minutes at 150% of "
                         "max_throughput_rps (engines that serve older workflows first, as scepsy manifests "
-                        "deploys them)")
+                        "deploys them); entry_limit: the calls in flight the workflow entry lets through to the "
+                        "LLM (scepsy proxy --max-in-flight LLM=N), which keeps that recovery behind routers "
+                        "that drop a call's priority")
     derived = [p for p in prediction.llms if p.profile_derived_from]
     if derived:
         captions.append("* unprofiled fraction, curve derived from the measured fractions " + "; ".join(

@@ -56,6 +56,7 @@ from scepsy.models.instance.instance import Instance, Workflow
 from scepsy.models.instance.statistic import InvocationStatistic, critical_time_s, request_use
 from scepsy.models.instance.streamed import Moments, QuantileSketch, RunningMoments
 from scepsy.models.instance.workflow import default_program
+from scepsy.models.simulation.entry import EntryGate
 from scepsy.models.simulation.programs import run_program
 from scepsy.models.performance.replica import PRIORITY_UNIT_S, ReplicaSim, Request, Router
 
@@ -103,6 +104,7 @@ class SimCluster:
         self.engines = dict(engines)
         self.scheduling = scheduling
         self.routers = {llm: Router(llm, routing) for llm in self.engines}
+        self.gates: dict[str, EntryGate] = {}  # the entry's hold on an LLM's calls (entry.py), where it has one
         self.counter = 0
         self.calls_made = 0
         self.call_budget = MAX_SIMULATED_CALLS  # MAX_RECORDED_CALLS while every call is kept (record_calls)
@@ -166,7 +168,8 @@ class RequestContext:
         if store_key is not None:
             self.record.stored[store_key] = len(self.record.calls)
         self.record.calls.append(request)
-        return self.cluster.routers[llm].route(request)
+        gate = self.cluster.gates.get(llm)
+        return gate.submit(request) if gate is not None else self.cluster.routers[llm].route(request)
 
     def all_of(self, events: Sequence[simpy.Event]) -> simpy.Event:
         return self.env.all_of(list(events))
@@ -185,6 +188,7 @@ class SimulationSettings:
     engine: EngineSettings = DEFAULT_SETTINGS
     routing: str = "cache_aware"  # or "least_outstanding" (models/performance/replica.py Router)
     scheduling: str = DEFAULT_SCHEDULING  # the engines' waiting queue: "priority" (older workflows first) or "fcfs"
+    entry_limits: Mapping[str, int] | None = None  # per LLM: its calls in flight past the entry (entry.py); None: no hold
     engine_model: str = "builtin"  # or "aiconfigurator" (models/performance/aiconfigurator.py)
     backend: str = "vllm"  # AIConfigurator's framework database: vllm, sglang or trtllm
     database_version: str = "current"
@@ -574,6 +578,8 @@ def simulate(
     for choice in allocation.llms:
         for _ in range(choice.replicas):
             cluster.add_replica(choice.llm)
+    for llm, limit in (settings.entry_limits or {}).items():
+        cluster.gates[llm] = EntryGate(env, cluster.routers[llm], limit)
     if controller is not None:
         env.process(controller(env, cluster))
 

@@ -97,10 +97,10 @@ class _Finishes:
 
 
 def _run(instance: Instance, allocation: Allocation, rates_rps: Mapping[str, float], burst: Burst, seed: int,
-         scheduling: str, with_burst: bool) -> tuple[dict, _Finishes]:
+         scheduling: str, with_burst: bool, entry_limits: Mapping[str, int] | None) -> tuple[dict, _Finishes]:
     arrivals = {w: burst_arrivals(rate, burst, seed, w, with_burst) for w, rate in rates_rps.items()}
     settings = SimulationSettings(duration_s=burst.duration_s, warmup_s=burst.end_s + burst.settle_s,
-                                  seed=seed, scheduling=scheduling)
+                                  seed=seed, scheduling=scheduling, entry_limits=entry_limits)
     finishes = _Finishes({})
     result = simulate(instance, allocation, settings, arrivals=arrivals, on_finish=finishes.add)
     return {w.name: w for w in result.workflows}, finishes
@@ -126,12 +126,13 @@ def _minute_latencies(finishes: list[tuple[float, float]], arrivals: list[float]
 
 
 def recovery(instance: Instance, allocation: Allocation, rates_rps: Mapping[str, float], burst: Burst = STANDARD_BURST,
-             seed: int = 0, scheduling: str | None = None) -> list[WorkflowRecovery]:
+             seed: int = 0, scheduling: str | None = None,
+             entry_limits: Mapping[str, int] | None = None) -> list[WorkflowRecovery]:
     """Run the burst and its reference on `allocation` (`rates_rps`: the rate per workflow the
     burst's shares are of; `scheduling`: the engines' policy, the simulator's default if None)."""
     policy = SimulationSettings().scheduling if scheduling is None else scheduling
-    burst_stats, burst_done = _run(instance, allocation, rates_rps, burst, seed, policy, True)
-    calm_stats, _ = _run(instance, allocation, rates_rps, burst, seed, policy, False)
+    burst_stats, burst_done = _run(instance, allocation, rates_rps, burst, seed, policy, True, entry_limits)
+    calm_stats, _ = _run(instance, allocation, rates_rps, burst, seed, policy, False, entry_limits)
     rows = []
     for workflow, rate in rates_rps.items():
         arrivals = burst_arrivals(rate, burst, seed, workflow)

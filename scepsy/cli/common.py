@@ -120,6 +120,7 @@ FLAGS: dict[str, str] = {
     "traces": "TRACES",
     "profile traces": "--traces",
     "upstreams": "--upstream",
+    "max_in_flight": "--max-in-flight",
     "warmup_s": "--warmup-s",
     "weights": "--weights",
     "welfare": "--welfare",

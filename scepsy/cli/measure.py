@@ -44,6 +44,7 @@ def proxy(
     no_bodies: Annotated[bool, typer.Option("--no-bodies", help="Do not record request/response bodies (traces then cannot be replayed).")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Answer 504 when an upstream sends nothing for this long.")] = 600.0,
     max_body_mib: Annotated[float, typer.Option("--max-body-mib", min=0.0, help="Store request/response bodies up to this size, MiB (larger ones: only their sizes).")] = 16.0,
+    max_in_flight: Annotated[list[str], typer.Option("--max-in-flight", help="LLM=N: at most N of the LLM's calls outstanding upstream; the others wait here, oldest workflow request first (repeat per LLM; scepsy plan prints N as entry_limit).")] = [],
     workflow_priority: Annotated[bool, typer.Option("--workflow-priority", help="Set each chat/completions call's `priority` to its workflow request's start (whole seconds since the epoch), for engines deployed by `scepsy manifests` (they serve older workflows first).")] = False,
 ) -> None:
     """Run the tracing proxy in front of OpenAI-compatible engines (until Ctrl-C)."""
@@ -51,7 +52,7 @@ def proxy(
 
     with errors():
         api.proxy(upstream, host=host, port=port, store=store, record_bodies=not no_bodies, timeout_s=timeout_s,
-                  max_body_mib=max_body_mib, workflow_priority=workflow_priority, on_start=_tell,
+                  max_body_mib=max_body_mib, workflow_priority=workflow_priority, max_in_flight=max_in_flight, on_start=_tell,
                   on_stop=lambda recorded: _tell(recorded.line()))
 
 

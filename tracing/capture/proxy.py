@@ -38,12 +38,23 @@ requests first, so that a burst cannot leave every workflow's next call queued b
 (models/simulation/simulator.py, docs/deploy.md). The starts are held for WORKFLOW_IDLE_S after a
 workflow request's last call, at most MAX_TRACKED_WORKFLOWS of them (the oldest go first). The
 body is then re-encoded (same JSON, compact separators); the recorded request body is the one sent.
+
+Calls in flight (`max_in_flight`, LLM name -> N: the entry's hold, `scepsy plan` prints N per LLM).
+At most N of an LLM's traced calls are outstanding upstream; the others wait in the proxy and go
+on, as calls finish, oldest workflow request first (its start, then the call's arrival; a call
+without a workflow request id counts as a workflow starting when it arrives). Routers that rebuild
+the request body without `priority` (the SGLang model gateway's chat completions route) then still
+leave the engines a bounded queue, so that after a burst the calls that wait are at the entry, in
+the order of their workflows' age (models/simulation/entry.py models it). Past MAX_HELD_CALLS
+waiting calls of one LLM a call is answered 429 with `Retry-After`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import heapq
+import itertools
 import json
 import math
 import os
@@ -94,6 +105,50 @@ class Clock:
 
     def now(self) -> float:
         return self._wall0 + (time.perf_counter() - self._perf0)
+
+
+MAX_HELD_CALLS = 10_000  # calls of one LLM waiting at the entry, past which it answers 429
+RETRY_AFTER_S = 1
+
+
+class InFlightLimit:
+    """At most `limit` holders at once; the others wait and are let in lowest key first."""
+
+    def __init__(self, limit: int, max_waiting: int = MAX_HELD_CALLS):
+        self.limit = limit
+        self.max_waiting = max_waiting
+        self.active = 0
+        self._waiting: list[tuple[float, int, asyncio.Future]] = []
+        self._order = itertools.count()
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for *_, future in self._waiting if not future.done())
+
+    def full(self) -> bool:
+        return self.active >= self.limit and len(self._waiting) >= self.max_waiting
+
+    async def acquire(self, key: float) -> None:
+        if self.active < self.limit and not self._waiting:
+            self.active += 1
+            return
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (key, next(self._order), future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # the slot came as the waiter left: pass it on
+            raise
+
+    def release(self) -> None:
+        """Hand the slot to the lowest waiting key, or free it."""
+        while self._waiting:
+            *_, future = heapq.heappop(self._waiting)
+            if not future.done():
+                future.set_result(None)
+                return
+        self.active -= 1
 
 
 class WorkflowStarts:
@@ -195,6 +250,7 @@ class ProxyConfig:
     connect_timeout_s: float = 10.0
     clock: Clock = field(default_factory=Clock)
     workflow_priority: bool = False  # tag calls with their workflow request's start (module doc)
+    max_in_flight: dict[str, int] = field(default_factory=dict)  # llm -> its calls outstanding upstream at most
 
     def __post_init__(self) -> None:
         self.upstreams = {name: url.rstrip("/") for name, url in self.upstreams.items()}
@@ -213,6 +269,19 @@ def parse_upstreams(items: Iterable[str]) -> dict[str, str]:
     if not upstreams:
         raise InputError(None, "upstreams", "no upstream given", "give NAME=URL for each LLM")
     return upstreams
+
+
+def parse_in_flight(items: Iterable[str], upstreams: Mapping[str, str]) -> dict[str, int]:
+    """LLM name -> calls in flight from LLM=N items (the command line's `--max-in-flight`)."""
+    limits: dict[str, int] = {}
+    for item in items:
+        name, _, count = item.partition("=")
+        if name not in upstreams:
+            raise InputError(None, "max_in_flight", f"{item!r} names no upstream", f"write LLM=N for one of: {', '.join(sorted(upstreams))}")
+        if not count.isdigit() or int(count) < 1:
+            raise InputError(None, "max_in_flight", f"{item!r} is not LLM=N with N >= 1", "write e.g. ver=14 (scepsy plan prints N per LLM)")
+        limits[name] = int(count)
+    return limits
 
 
 class _Call:
@@ -288,6 +357,7 @@ class ProxyEndpoint:
         self.config = config
         self.session: aiohttp.ClientSession | None = None
         self.starts = WorkflowStarts()
+        self.limits = {llm: InFlightLimit(limit) for llm, limit in config.max_in_flight.items()}
 
     def open(self) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s, sock_read=self.config.timeout_s)
@@ -358,12 +428,25 @@ class ProxyEndpoint:
         except HeaderError as exc:
             await _send_whole(send, *_json_error(400, f"{exc}; send a short UTF-8 workflow name and id", "invalid_workflow_header"))
             return
+        limit = self.limits.get(llm)
+        workflow_start_s = start_s
+        if call.workflow_id and (self.config.workflow_priority or limit is not None):
+            workflow_start_s = self.starts.start_of(call.workflow_id, start_s)
         if self.config.workflow_priority and call.workflow_id and payload is not None and upstream_path in PRIORITY_ENDPOINTS:
-            body = call.request_body = with_priority(body, payload, self.starts.start_of(call.workflow_id, start_s))
+            body = call.request_body = with_priority(body, payload, workflow_start_s)
         upstream = (scope["method"], url, self._upstream_headers(headers), body)
+        if limit is not None and limit.full():
+            status, error_headers, error = _json_error(
+                429, f"{limit.max_waiting} calls of {llm} are waiting at the entry; retry later", "too_many_requests")
+            await _send_whole(send, status, [*error_headers, (b"retry-after", str(RETRY_AFTER_S).encode())], error)
+            return
+        if limit is not None:
+            await limit.acquire(workflow_start_s)
         try:
             await self._forward(call, upstream, receive, send)
         finally:
+            if limit is not None:
+                limit.release()
             if self.config.store is not None:
                 self.config.store.put(call.record())
 

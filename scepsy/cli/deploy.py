@@ -13,6 +13,7 @@ from scepsy.cli.common import (
     JsonOpt,
     KubeconfigOpt,
     NamespaceOpt,
+    SettingsFileOpt,
     emit_json,
     errors,
     stderr,
@@ -40,9 +41,14 @@ def manifests(
     router: Annotated[str, typer.Option("--router", help="Routing: sglang (an SGLang model gateway per LLM) or inference-gateway (InferencePools, endpoint pickers and HTTPRoutes of the Gateway API Inference Extension).")] = "sglang",
     gateway_name: Annotated[str, typer.Option("--gateway-name", help="The platform's Gateway the HTTPRoutes attach to (--router inference-gateway).")] = "inference-gateway",
     gateway_namespace: Annotated[Optional[str], typer.Option("--gateway-namespace", help="Namespace of that Gateway (default: --namespace).")] = None,
+    controller: Annotated[bool, typer.Option("--controller", help="Also run `scepsy control` in the cluster: its Deployment, ServiceAccount, least-privilege RBAC and Lease (docs/deploy.md).")] = False,
+    controller_image: Annotated[Optional[str], typer.Option("--controller-image", help="With --controller: an image with scepsy and its k8s and control extras.")] = None,
+    prometheus_url: Annotated[Optional[str], typer.Option("--prometheus-url", help="With --controller: the Prometheus that scrapes the engines, e.g. http://prometheus.monitoring:9090.")] = None,
+    prometheus_selector: Annotated[str, typer.Option("--prometheus-selector", help="With --controller: label matchers narrowing the engines' series, e.g. 'namespace=\"scepsy\"'.")] = "",
+    settings_file: SettingsFileOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
-    """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, gateways)."""
+    """Write Kubernetes manifests that realise a placed plan (engines, GPU shares, gateways), and with --controller the controller's."""
     from scepsy import api
 
     with errors():
@@ -51,7 +57,9 @@ def manifests(
             gateway_image=gateway_image, prometheus=prometheus, shm_gib=shm_gib,
             gpu_memory_utilization=gpu_memory_utilization, kubernetes_version=kubernetes_version,
             hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, device_plugin_namespace=device_plugin_namespace,
-            router=router, gateway_name=gateway_name, gateway_namespace=gateway_namespace,
+            router=router, gateway_name=gateway_name, gateway_namespace=gateway_namespace, controller=controller,
+            controller_image=controller_image, prometheus_url=prometheus_url, prometheus_selector=prometheus_selector,
+            settings_file=settings_file,
         )
         for line in written.warnings:
             stderr.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -57,7 +57,7 @@ class ControllerSettings:
     prometheus_url: str
     prometheus_selector: str = ""
     settings_file: str | None = None  # the policy's knobs (checked by the caller)
-    replicas: int = 2
+    replicas: int = 2  # one leads, one stands by
 
 
 def _plural(kind: str) -> str:
@@ -209,8 +209,6 @@ def _deployment(namespace: str, image: str, args: list[str], digest: str, replic
 def controller_objects(plan: PlacedPlan, objects: list[dict], namespace: str, engine: str, gpu_sharing: str, router: str,
                        image: str | None, settings: ControllerSettings) -> list[dict]:
     """The controller's objects for the plan whose manifests are `objects` (module docstring)."""
-    if settings.replicas < 1:
-        raise InputError(None, "controller_replicas", f"{settings.replicas} is below 1", "run at least one controller")
     labels = names.labels(NAME, namespace, "controller")
     data, items = _inputs(plan, settings)
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()

@@ -682,3 +682,43 @@ def test_a_lost_gpu_is_read_from_the_node_and_planned_around(api, tmp_path, inst
     clock.now = 120.0
     assert loop.period()["fleet"]["lost_gpus"] == {"a6000-0": [1, 3]}
     assert sum("lost:" in line for line in said) == 1  # said when it changes, not every period
+
+
+def test_the_controllers_deployment_runs_from_its_configmap(api, tmp_path, instance, prometheus):
+    """`scepsy manifests --controller`, deployed on the API double: the controller Deployment's own
+    command line, with its ConfigMap's items where the pod mounts them, leads on the Lease (which
+    holds no holder yet) and runs a period of the live apply."""
+    from typer.testing import CliRunner
+
+    from scepsy import api as scepsy_api
+    from scepsy.cli import app
+    from scepsy.k8s.apply import load_manifests
+    from support.kube_api import PLURALS
+
+    plan = Path(__file__).parent / "golden" / "plans" / "beam-4xa6000-optimal.json"  # a plan `scepsy plan` wrote
+    out = tmp_path / "deploy"
+    scepsy_api.manifests(plan, out, controller=True, controller_image="registry.example.com/scepsy:0.1.0", prometheus_url=prometheus.url)
+    objects = load_manifests(out)
+    for node in instance.cluster.nodes:
+        api.put(node_object(node.name, capacity=node.gpus, allocatable=node.gpus))
+    for obj in objects:
+        if obj["kind"] in PLURALS:  # the double serves no cluster-scoped RBAC
+            api.put(obj)
+    for name, deployment in api.objects("Deployment").items():
+        if deployment["metadata"]["labels"]["app.kubernetes.io/component"] == "engine":
+            api.ready(name)
+    controller = api.objects("Deployment")["scepsy-controller"]["spec"]["template"]["spec"]
+    data = api.objects("ConfigMap")["scepsy-controller"]["data"]
+    mount = tmp_path / "mount"
+    for item in controller["volumes"][0]["configMap"]["items"]:
+        (mount / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (mount / item["path"]).write_text(data[item["key"]])
+    args = [str(a).replace("/etc/scepsy/controller", str(mount)).replace("$(POD_NAME)", "pod-a") for a in controller["containers"][0]["args"]]
+    args[args.index("--metrics-port") + 1] = "0"
+    args[args.index("--log") + 1] = str(tmp_path / "control.jsonl")
+    _rates(prometheus, 2.0, 1.0)
+    result = CliRunner().invoke(app, [*args, "--kubeconfig", str(api.kubeconfig(tmp_path)), "--periods", "1"])
+    assert result.exit_code == 0, result.output
+    assert "pod-a leads" in result.output
+    assert api.objects("Lease")["scepsy-controller"]["spec"]["holderIdentity"] == "pod-a"
+    assert [json.loads(line)["event"] for line in (tmp_path / "control.jsonl").read_text().splitlines()] == ["start", "period"]

@@ -106,15 +106,15 @@ def read_fleet(instance: Instance, nodes: Iterable[dict], busy: Collection[tuple
     lost_nodes: dict[str, str] = {}
     lost_gpus: dict[str, tuple[int, ...]] = {}
     for spec in instance.cluster.nodes:
-        node = by_name.get(spec.name)
-        if node is None:
+        found = by_name.get(spec.name)
+        if found is None:
             lost_nodes[spec.name] = "no such Node"
             continue
-        why = _why_lost(node)
+        why = _why_lost(found)
         if why is not None:
             lost_nodes[spec.name] = why
             continue
-        count = _lost_count(node, spec.gpus)
+        count = _lost_count(found, spec.gpus)
         if count:
             order = sorted(range(spec.gpus), key=lambda g: ((spec.name, g) in busy, -g))
             lost_gpus[spec.name] = tuple(sorted(order[:count]))

@@ -34,10 +34,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from scepsy.k8s import names
-from scepsy.k8s.plan_input import PlacedPlan
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import read_text
+
+from . import names
+from .plan_input import PlacedPlan
 
 NAME = names.CONTROLLER
 MOUNT = "/etc/scepsy/controller"
@@ -127,6 +128,9 @@ def _rbac(rules: dict[str | None, list[dict]], namespace: str) -> list[dict]:
 
 def _inputs(plan: PlacedPlan, settings: ControllerSettings) -> tuple[dict[str, str], list[dict]]:
     """The ConfigMap's data and the volume's items (key -> path under MOUNT)."""
+    if plan.instance.source is None:
+        raise InputError(plan.source, "instance", "the plan's instance was not read from a file",
+                         "give the instance file (the controller mounts it and its profiles)")
     instance = Path(plan.instance.source)
     fix = "keep the instance file and its profiles readable"
     data = {"instance.yaml": read_text(instance, fix), "plan.json": json.dumps(plan.raw, sort_keys=True, separators=(",", ":"))}
@@ -135,7 +139,7 @@ def _inputs(plan: PlacedPlan, settings: ControllerSettings) -> tuple[dict[str, s
     for index, profile in enumerate(profiles):
         relative = os.path.relpath(profile, instance.parent)
         if relative.startswith(".."):
-            raise InputError(plan.instance.source, "llms.profile", f"profile {profile} is outside the instance's folder",
+            raise InputError(str(instance), "llms.profile", f"profile {profile} is outside the instance's folder",
                              "keep the profiles in the instance file's folder or below it (the controller mounts them the same way)")
         key = f"profile-{index}.csv"
         data[key] = read_text(profile, fix)
@@ -145,7 +149,7 @@ def _inputs(plan: PlacedPlan, settings: ControllerSettings) -> tuple[dict[str, s
         items.append({"key": "settings.yaml", "path": "settings.yaml"})
     size = sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
     if size > MAX_CONFIGMAP_BYTES:
-        raise InputError(plan.instance.source, None, f"the instance, its profiles and the plan take {size} bytes, over a ConfigMap's {MAX_CONFIGMAP_BYTES}",
+        raise InputError(str(instance), None, f"the instance, its profiles and the plan take {size} bytes, over a ConfigMap's {MAX_CONFIGMAP_BYTES}",
                          "trim the profiles to the GPU types and TP degrees of this cluster")
     return data, items
 

@@ -34,7 +34,7 @@ from scepsy.control.fleet import Fleet, read_fleet, shrink
 from scepsy.control.gauges import DesiredGauges
 from scepsy.control.knobs import control_settings, describe_defaults
 from scepsy.control.policy import ControlSettings
-from scepsy.control.prometheus import PrometheusClient, PrometheusSettings
+from scepsy.control.prometheus import Answer, PrometheusClient, PrometheusSettings
 from scepsy.k8s.apply import connect
 from scepsy.models.errors import InputError
 from scepsy.models.instance.instance import load_instance
@@ -201,7 +201,7 @@ def test_a_real_prometheus_behind_tls_and_basic_auth(tmp_path):
     authorization = "Basic " + base64.b64encode(b"scepsy:secret").decode()
     with PrometheusServer(tmp_path / "prom", {}, web_config=web, ready_headers={"Authorization": authorization},
                           ca_file=cert) as prometheus:
-        def ask(**options) -> object:
+        def ask(**options) -> Answer:
             client = PrometheusClient(PrometheusSettings(prometheus.url, attempts=1, **options))
             try:
                 return client.query("vector(1)")

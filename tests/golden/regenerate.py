@@ -68,8 +68,8 @@ CASES = (
     Case("beam-4xa6000", "halves", "vllm", "device-plugin-mps", controller=True),
 )
 # the controller's Deployment settings of the controller cases (an image the operator builds)
-CONTROLLER = {"image": "registry.example.com/scepsy:0.1.0", "prometheus_url": "http://prometheus.monitoring:9090",
-              "prometheus_selector": 'namespace="scepsy"'}
+CONTROLLER_IMAGE = "registry.example.com/scepsy:0.1.0"
+CONTROLLER_PROMETHEUS = ("http://prometheus.monitoring:9090", 'namespace="scepsy"')
 
 
 def plan_path(case: Case) -> Path:
@@ -131,7 +131,7 @@ def emit(case: Case) -> dict[str, str]:
     from scepsy.k8s.manifests import ManifestSettings, emit as emit_files
     from scepsy.k8s.plan_input import load_placed_plan
 
-    controller = ControllerSettings(**CONTROLLER) if case.controller else None
+    controller = ControllerSettings(CONTROLLER_IMAGE, *CONTROLLER_PROMETHEUS) if case.controller else None
     return emit_files(load_placed_plan(plan_path(case)), ManifestSettings(engine=case.engine, gpu_sharing=case.sharing, router=case.router),
                       controller)
 

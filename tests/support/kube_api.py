@@ -341,7 +341,9 @@ def node_object(name: str, ready: str = "True", capacity: int = 4, allocatable: 
             capacity={"cpu": "64", "memory": "515884Mi", "nvidia.com/gpu": str(capacity)},
             allocatable={"cpu": "63500m", "memory": "513836Mi", "nvidia.com/gpu": str(allocatable)},
             conditions=[client.V1NodeCondition(type="Ready", status=ready, reason=reason, message="")]))
-    return client.ApiClient().sanitize_for_serialization(node)
+    wire = client.ApiClient().sanitize_for_serialization(node)
+    assert isinstance(wire, dict)
+    return wire
 
 
 def dump_events(events: list[tuple]) -> str:

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from scepsy.k8s.controller import LEASE_DURATION_S
 from scepsy.k8s.names import CONTROLLER
 from scepsy.models.errors import InputError, ScepsyError
 
@@ -33,7 +34,7 @@ class LeaderSettings:
     identity: str  # unique per candidate: the pod's name
     namespace: str
     lease: str = LEASE_NAME
-    lease_duration_s: float = 15.0
+    lease_duration_s: float = LEASE_DURATION_S  # the Lease the manifests write says the same
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
 
@@ -58,8 +59,15 @@ class Election:
     def __init__(self, api_client, settings: LeaderSettings):
         from kubernetes import client
         from kubernetes.leaderelection import electionconfig, leaderelection
+
+        root = logging.getLogger()
+        handlers, level = list(root.handlers), root.level
         from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
+        # the lock's module calls logging.basicConfig(level=INFO) when imported: every library's INFO
+        # line would reach stderr, where the controller writes one line per event
+        root.handlers[:] = handlers
+        root.setLevel(level)
         logging.getLogger("leaderelection").setLevel(logging.WARNING)  # an INFO line every retry would fill stderr
         self.settings = settings
         self.error: str | None = None  # why the election ended, where it failed

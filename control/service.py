@@ -13,12 +13,11 @@ from collections.abc import Callable
 from scepsy.control.gauges import DesiredGauges
 from scepsy.control.leader import Election, LeaderSettings
 from scepsy.control.live import LiveLoop
+from scepsy.models.errors import InputError
 
 
 def header_pairs(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """`Name: value` items (curl's -H) as (name, value); InputError naming `prometheus_headers`."""
-    from scepsy.models.errors import InputError
-
     pairs = []
     for item in items:
         name, sep, value = item.partition(":")
@@ -32,8 +31,6 @@ def header_pairs(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], .
 
 def serve_metrics(gauges: DesiredGauges, host: str, port: int, say: Callable[[str], None]) -> None:
     """Serve /metrics and /healthz (port 0: a free one), and say where."""
-    from scepsy.models.errors import InputError
-
     try:
         bound_host, bound_port = gauges.serve(port, host)
     except OSError as exc:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import io
 import json
 import subprocess
 import threading
@@ -309,3 +308,39 @@ def test_a_candidate_waits_while_the_lease_is_held_then_leads_and_stops_when_it_
         assert api.objects("Lease")["scepsy-controller"]["spec"]["holderIdentity"] == "pod-other"
     finally:
         api.__exit__(None, None, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# scepsy manifests --controller
+
+
+GOLDEN_PLAN = Path(__file__).parent / "golden" / "plans" / "beam-4xa6000-optimal.json"
+
+
+@pytest.mark.parametrize("extra, option", [
+    ([], "--controller-image"),
+    (["--controller-image", "registry.example.com/scepsy:0.1.0"], "--prometheus-url"),
+    (["--controller-image", "Not An Image!", "--prometheus-url", "http://p:9090"], "--controller-image"),
+])
+def test_manifests_controller_refuses_missing_inputs_in_one_line(tmp_path, extra, option):
+    result = runner.invoke(app, ["manifests", str(GOLDEN_PLAN), "--out", str(tmp_path / "out"), "--controller", *extra])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {option}: "), lines
+
+
+def test_manifests_controller_checks_the_settings_file_and_mounts_it(tmp_path):
+    knobs = tmp_path / "knobs.yaml"
+    knobs.write_text("headroom: -1\n")
+    base = ["manifests", str(GOLDEN_PLAN), "--controller", "--controller-image", "registry.example.com/scepsy:0.1.0",
+            "--prometheus-url", "http://prometheus.monitoring:9090", "--settings", str(knobs)]
+    bad = runner.invoke(app, [*base, "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and f"error: {knobs}: headroom: " in bad.output
+    knobs.write_text("headroom: 0.2\n")
+    good = runner.invoke(app, [*base, "--out", str(tmp_path / "good")])
+    assert good.exit_code == 0, good.output
+    deployment = yaml.safe_load((tmp_path / "good" / "70-deployment-scepsy-controller.yaml").read_text())
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--settings") + 1] == "/etc/scepsy/controller/settings.yaml"
+    configmap = yaml.safe_load((tmp_path / "good" / "40-configmap-scepsy-controller.yaml").read_text())
+    assert configmap["data"]["settings.yaml"] == "headroom: 0.2\n"

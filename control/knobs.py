@@ -73,11 +73,11 @@ def _unknown(name: object, where: str | None, argument: bool) -> InputError:
 def read_file(path: Path | str) -> dict[str, object]:
     """The knobs of a settings file (a YAML mapping; an empty file sets none)."""
     source = str(path)
-    data = load_yaml(path, "pass a YAML file of knob: value lines (`scepsy control --help` lists the knobs)")
+    data = load_yaml(path, "pass a YAML file of knob: value lines (scepsy control --help lists the knobs)")
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise InputError(source, None, "not a mapping of knob: value", "write e.g. `headroom: 0.2`, one knob per line")
+        raise InputError(source, None, "not a mapping of knob: value", "write e.g. headroom: 0.2, one knob per line")
     out: dict[str, object] = {}
     for name, value in data.items():
         if name not in knob_types():
@@ -121,7 +121,7 @@ def control_settings(base: Mapping[str, object], file: Path | str | None = None,
     except (ValueError, TypeError) as exc:
         name = _named_knob(str(exc), values)
         where = origin.get(name) if name is not None else None
-        raise InputError(where, name, str(exc), "change that knob (`scepsy control --help` lists each default)",
+        raise InputError(where, name, str(exc), "change that knob (scepsy control --help lists each default)",
                          argument=where is None) from None
 
 

@@ -23,7 +23,7 @@ def header_pairs(items: list[str] | tuple[str, ...]) -> tuple[tuple[str, str], .
         name, sep, value = item.partition(":")
         name, value = name.strip(), value.strip()
         if not sep or not name or any(c in name for c in " \t\r\n") or any(c in value for c in "\r\n"):
-            raise InputError(None, "prometheus_headers", f"{item!r} is not a `Name: value` header",
+            raise InputError(None, "prometheus_headers", f"{item!r} is not a header 'Name: value'",
                              "write e.g. 'X-Scope-OrgID: tenant-1'")
         pairs.append((name, value))
     return tuple(pairs)

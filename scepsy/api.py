@@ -1158,7 +1158,8 @@ def control(
         raise InputError(None, "metrics_port", f"{metrics_port} is not a port", "give 1 to 65535, or 0 for any free port")
     for path, field in ((prometheus_bearer_token_file, "prometheus_bearer_token_file"), (prometheus_ca_file, "prometheus_ca_file")):
         if path is not None and kind_of(Path(path)) != "file":
-            raise InputError(str(path), field, "file not found", "give the path of a readable file (in a pod: a mounted Secret or projected token)")
+            raise InputError(str(path), field, "file not found", "give the path of a readable file (in a pod: a mounted Secret or projected token)",
+                             argument=True)
     prometheus_settings = PrometheusSettings(
         prometheus_url, selector=selector, engine=engine,
         bearer_token_file=None if prometheus_bearer_token_file is None else str(prometheus_bearer_token_file),
@@ -1167,7 +1168,8 @@ def control(
     try:
         prometheus_settings.tls()
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-        raise InputError(str(prometheus_ca_file), "prometheus_ca_file", f"not a CA bundle ({exc})", "give the PEM file of the CA that signed Prometheus' certificate") from None
+        raise InputError(str(prometheus_ca_file), "prometheus_ca_file", f"not a CA bundle ({exc})",
+                         "give the PEM file of the CA that signed Prometheus' certificate", argument=True) from None
     policy = control_settings({"period_s": period_s, "startup_s": startup_s, "predictor": predictor}, settings_file, setting)
     leader = None if leader_identity is None else LeaderSettings(leader_identity, namespace)
     loaded = load(instance)

@@ -166,6 +166,22 @@ def test_the_bearer_token_file_is_read_before_every_query_and_headers_are_sent(t
     assert gone.missing is not None and gone.missing.reason == "error" and "bearer token file" in gone.missing.detail
 
 
+@pytest.mark.parametrize("extra, start", [
+    (["--prometheus-header", "no colon"], "error: --prometheus-header: "),
+    (["--prometheus-ca-file", "{tmp}/missing.pem"], "error: {tmp}/missing.pem: --prometheus-ca-file: file not found"),
+    (["--prometheus-ca-file", "{tmp}/plan.json"], "error: {tmp}/plan.json: --prometheus-ca-file: not a CA bundle"),
+    (["--prometheus-bearer-token-file", "{tmp}/missing"], "error: {tmp}/missing: --prometheus-bearer-token-file: file not found"),
+])
+def test_the_prometheus_options_refuse_bad_input_in_one_line(tmp_path, extra, start):
+    (tmp_path / "plan.json").write_text("{}")
+    arguments = [a.format(tmp=tmp_path) for a in extra]
+    result = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(tmp_path / "plan.json"), "--prometheus-url",
+                                 "http://127.0.0.1:9", *arguments])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(start.format(tmp=tmp_path)), lines
+
+
 def _self_signed(folder: Path) -> tuple[Path, Path]:
     """A CA-less self-signed certificate for 127.0.0.1 (openssl)."""
     cert, key = folder / "tls.crt", folder / "tls.key"

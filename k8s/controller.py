@@ -145,7 +145,7 @@ def _inputs(plan: PlacedPlan, settings: ControllerSettings) -> tuple[dict[str, s
         data[key] = read_text(profile, fix)
         items.append({"key": key, "path": Path(relative).as_posix()})
     if settings.settings_file is not None:
-        data["settings.yaml"] = read_text(settings.settings_file, "pass the settings file of the policy's knobs (scepsy control --settings)")
+        data["settings.yaml"] = read_text(settings.settings_file, "pass a readable `settings_file` of the policy's knobs")
         items.append({"key": "settings.yaml", "path": "settings.yaml"})
     size = sum(len(k.encode()) + len(v.encode()) for k, v in data.items())
     if size > MAX_CONFIGMAP_BYTES:

@@ -304,9 +304,10 @@ def test_a_candidate_waits_while_the_lease_is_held_then_leads_and_stops_when_it_
     api.__enter__()
     try:
         api.put({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "scepsy-controller", "namespace": "scepsy"},
-                 "spec": {"holderIdentity": "pod-other", "leaseDurationSeconds": 3, "acquireTime": "2026-01-01T00:00:00.000000Z",
+                 "spec": {"holderIdentity": "pod-other", "leaseDurationSeconds": 6, "acquireTime": "2026-01-01T00:00:00.000000Z",
                           "renewTime": "2026-01-01T00:00:00.000000Z"}})
-        settings = LeaderSettings("pod-a", "scepsy", lease_duration_s=3.0, renew_deadline_s=2.0, retry_period_s=1.0)  # the library's least
+        # short for a test, with a renew deadline of four retries: a loaded machine does not lose the Lease on its own
+        settings = LeaderSettings("pod-a", "scepsy", lease_duration_s=6.0, renew_deadline_s=4.0, retry_period_s=1.0)
         election = Election(connect(api.kubeconfig(tmp_path)), settings)
         election.start()
         election.wait_to_lead(lambda: None)

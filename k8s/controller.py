@@ -185,6 +185,8 @@ def _deployment(namespace: str, image: str, args: list[str], digest: str, replic
         # CP-SAT re-plans on one core; the plan cache and the instance's profiles stay well under a GiB
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "2Gi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}},
+        # the root filesystem is read-only: the decision log and /tmp (the kubernetes dynamic client's
+        # discovery cache, tempfile.gettempdir()) are emptyDirs
         "volumeMounts": [{"name": "inputs", "mountPath": MOUNT, "readOnly": True},
                          {"name": "log", "mountPath": "/var/log/scepsy"}, {"name": "tmp", "mountPath": "/tmp"}],
     }

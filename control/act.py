@@ -73,6 +73,8 @@ class Cluster(Protocol):
 
     def autoscalers(self) -> list[dict]: ...
 
+    def nodes(self) -> list[dict]: ...
+
     def get(self, obj: dict) -> dict | None: ...
 
     def apply(self, obj: dict, dry_run: bool) -> dict: ...
@@ -489,6 +491,19 @@ class KubeCluster:
         """HorizontalPodAutoscalers and, where KEDA is installed, ScaledObjects."""
         return (self._list("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
                 + self._list("keda.sh/v1alpha1", "ScaledObject", "scaledobjects", optional=True))
+
+    def nodes(self) -> list[dict]:
+        """The cluster's Nodes (cluster-scoped: their conditions and allocatable GPUs, control/fleet.py)."""
+        from kubernetes.dynamic.exceptions import DynamicApiError
+
+        try:
+            resource = self.applier.client.resources.get(api_version="v1", kind="Node")
+            found = resource.get(_request_timeout=self.timeout_s)
+        except DynamicApiError as exc:
+            raise ApplyFailed(f"list nodes: the API server answered {exc.status} {exc.reason}") from None
+        except Exception as exc:  # noqa: BLE001 - transport failures and timeouts of the client (urllib3)
+            raise ApplyFailed(f"list nodes: {type(exc).__name__}: {exc}") from None
+        return [dict(item, kind="Node") for item in found.to_dict().get("items") or []]
 
     def get(self, obj: dict) -> dict | None:
         try:

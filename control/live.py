@@ -13,7 +13,9 @@ Each period, in this order:
 1. observe: per-LLM rates through the Prometheus HTTP API (retried with backoff inside the
    client), readiness through the Kubernetes API; a rate that is missing (unreachable, slow, no
    series, NaN, stale) is None, and the policy then holds: the last good plan stays and nothing
-   scales down on missing data. Each missing rate is said on stderr and in the log;
+   scales down on missing data. Each missing rate is said on stderr and in the log. The Nodes give
+   the lost nodes and GPUs (control/fleet.py); when they change, the policy plans on the cluster
+   that is there from then on (the log's `fleet`);
 2. act on a change in progress: the actuation continues (new replicas must be Ready before the
    replicas they replace are deleted; while a rate is missing, no replica is deleted); while it
    runs, the policy is not asked for another target;
@@ -48,14 +50,16 @@ from scepsy.control.act import (
     read_cluster,
     refuse_autoscalers,
 )
+from scepsy.control.fleet import Fleet, read_fleet, shrink
 from scepsy.control.gauges import DesiredGauges
 from scepsy.control.observe import missing_llms, observation
-from scepsy.control.policy import ControllerState, Decision, PolicyContext, decide
+from scepsy.control.policy import ControllerState, Decision, PolicyContext, decide, make_context
 from scepsy.control.prometheus import PrometheusClient, read_llms
 from scepsy.k8s.manifests import ManifestSettings, build_objects
 from scepsy.k8s.plan_input import placed_plan
 from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, Placement
+from scepsy.models.instance.instance import Instance
 from scepsy.models.plan.document import plan_document
 
 ACT_MODES = ("apply", "dry-run", "gauges")
@@ -103,6 +107,8 @@ class LiveLoop:
     retry_at_s: float | None = None
     periods: int = 0
     actions: dict[str, int] = field(default_factory=dict)  # periods by action
+    fleet: Fleet = field(default_factory=Fleet)  # what is lost of the instance's cluster (control/fleet.py)
+    whole: Instance | None = None  # the instance with every GPU (the context's shrinks with the fleet)
     _objects_cache: dict[tuple, list[dict]] = field(default_factory=dict)
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -124,7 +130,8 @@ class LiveLoop:
         key = (allocation, placement)
         if key not in self._objects_cache:
             raw = plan_document(self.instance_file, allocation, placement)
-            plan = placed_plan("scepsy control", raw, self.context.instance, allocation, placement)
+            # the whole instance: a plan that still runs replicas on a lost GPU is written as it runs
+            plan = placed_plan("scepsy control", raw, self.whole or self.context.instance, allocation, placement)
             self._objects_cache = {key: build_objects(plan, self.manifests)}
         return self._objects_cache[key]
 
@@ -188,6 +195,7 @@ class LiveLoop:
             self._write(record)
             return record
         record["missing"] = missing
+        record["fleet"] = self._read_fleet()
         if self.actuation is not None and not self.actuation.finished:
             record.update(action="acting", reason="a change is in progress" + ("; its deletions wait for the missing rates" if missing else ""))
             record["act"] = self._act(now, allow_removals=not missing)
@@ -209,6 +217,27 @@ class LiveLoop:
                 self._revert()
         self._write(record)
         return record
+
+    def _read_fleet(self) -> dict:
+        """Read the Nodes; where what is lost changed, plan on the cluster that is there from now
+        on (the policy's context with the lost GPUs reserved). A failed read keeps the last view."""
+        assert self.running is not None
+        if self.whole is None:
+            self.whole = self.context.instance
+        try:
+            nodes = self.cluster.nodes()
+        except ApplyFailed as exc:
+            self.say(f"scepsy control: cannot read the nodes ({exc}); planning on the GPUs last seen")
+            return {**self.fleet.document(), "unread": str(exc)}
+        busy = {(r.node, g) for r in self.running.replicas for g in r.gpus}
+        fleet = read_fleet(self.whole, nodes, busy)
+        if fleet != self.fleet:
+            self.say(f"scepsy control: lost: {fleet.text()}" if not fleet.unmatched else f"scepsy control: {fleet.text()}")
+            context = self.context
+            self.context = make_context(shrink(self.whole, fleet), context.settings, slos_s=context.slos_s,
+                                        plan_time_limit_s=context.replanner.plan_time_limit_s)
+            self.fleet = fleet
+        return fleet.document()
 
     def _begin(self, decision: Decision, now: float) -> dict:
         assert self.state is not None and self.running is not None
@@ -271,13 +300,21 @@ class LiveLoop:
             self.state = replace(self.state, allocation=allocation, placement=placement, last_good=(allocation, placement))
         return out
 
-    def run(self, sleep: Callable[[float], None], periods: int | None = None) -> None:
-        """Periods until `periods` have run (None: until interrupted), one every period_s."""
+    def run(self, sleep: Callable[[float], None], periods: int | None = None,
+            before_period: Callable[[], None] | None = None) -> None:
+        """Periods until `periods` have run (None: until interrupted), one every period_s;
+        `before_period` may stop the loop by raising (a lost Lease)."""
+        if before_period is not None:
+            before_period()
         self.start()
         period_s = self.context.settings.period_s
         while periods is None or self.periods < periods:
             began = self.clock()
+            if before_period is not None:
+                before_period()
             self.period()
+            if self.gauges is not None:
+                self.gauges.period_done()
             if periods is not None and self.periods >= periods:
                 break
             sleep(max(0.0, began + period_s - self.clock()))

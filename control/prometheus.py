@@ -17,6 +17,13 @@ both label every metric with the served model name, which the manifests set to t
     queue, running               sum by (model_name) (<gauge>)
     KV-cache usage               max by (model_name) (<gauge>)
 
+A Prometheus behind authentication or TLS (a managed service, a proxy such as
+kube-rbac-proxy in front of an in-cluster one) is read with `bearer_token_file` (re-read before
+every query: a projected service-account token rotates), `headers` (e.g. a tenant header, or
+`Authorization: Basic ...`), `ca_file` (the CA bundle that signed its certificate) and
+`verify_tls` (False only for a test server's self-signed certificate). An unreadable token file
+makes the query's value `Missing` ("error") like any other failure.
+
 A value is `Missing` with a reason: `unreachable`, `timeout`, `error` (Prometheus answered an
 error), `no series` (nothing matched: no target up, no LLM of that name, fewer than two samples in
 the window), `nan` (NaN or infinite) or `stale` (the newest sample is older than `max_age_s`).
@@ -25,6 +32,7 @@ the window), `nan` (NaN or infinite) or `stale` (the newest sample is older than
 from __future__ import annotations
 
 import math
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -82,6 +90,33 @@ class PrometheusSettings:
     max_age_s: float = 60.0  # a newest sample older than this is stale (4 missed scrapes)
     selector: str = ""  # extra label matchers, e.g. 'namespace="scepsy"'
     engine: str = "vllm"  # whose metric names to read (k8s/engines.py METRICS)
+    bearer_token_file: str | None = None  # `Authorization: Bearer <its content>` on every query
+    ca_file: str | None = None  # CA bundle (PEM) that verifies an https Prometheus; None: the system's
+    verify_tls: bool = True  # False: accept any certificate (a test server's self-signed one)
+    headers: tuple[tuple[str, str], ...] = ()  # extra request headers, (name, value)
+
+    def tls(self) -> ssl.SSLContext | bool:
+        """httpx's `verify`: an SSL context of the CA bundle, the system's trust, or False."""
+        if not self.verify_tls:
+            return False
+        if self.ca_file is not None:
+            return ssl.create_default_context(cafile=self.ca_file)
+        return True
+
+
+MAX_TOKEN_BYTES = 64 * 1024  # a service-account JWT is about a kilobyte
+
+
+def read_token(path: str) -> str:
+    """The bearer token in a file (stripped), read with a size bound; OSError or ValueError."""
+    with open(path, "rb") as stream:
+        data = stream.read(MAX_TOKEN_BYTES + 1)
+    if len(data) > MAX_TOKEN_BYTES:
+        raise ValueError(f"{path} is over {MAX_TOKEN_BYTES} bytes: not a token")
+    token = data.decode("utf-8", errors="strict").strip()
+    if not token:
+        raise ValueError(f"{path} is empty")
+    return token
 
 
 @dataclass
@@ -96,7 +131,8 @@ class PrometheusClient:
     def _http(self) -> httpx.Client:
         if self._client is None:
             self._client = httpx.Client(base_url=self.settings.url.rstrip("/"), timeout=self.settings.timeout_s,
-                                        transport=self.transport)
+                                        transport=self.transport, headers=dict(self.settings.headers),
+                                        verify=self.settings.tls())
         return self._client
 
     def close(self) -> None:
@@ -119,10 +155,21 @@ class PrometheusClient:
 
     def _once(self, promql: str, attempt: int) -> tuple[Answer, bool]:
         where = self.settings.url
+        headers = {}
+        if self.settings.bearer_token_file is not None:
+            try:
+                headers["Authorization"] = f"Bearer {read_token(self.settings.bearer_token_file)}"
+            except (OSError, ValueError) as exc:
+                return Answer(promql, missing=Missing("error", f"cannot read the bearer token file ({exc})"), attempts=attempt), False
         try:
-            response = self._http().get("/api/v1/query", params={"query": promql})
+            response = self._http().get("/api/v1/query", params={"query": promql}, headers=headers)
         except httpx.TimeoutException:
             return Answer(promql, missing=Missing("timeout", f"no answer from {where} within {self.settings.timeout_s:g} s"), attempts=attempt), True
+        except httpx.ConnectError as exc:
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc):  # retrying cannot help: the CA bundle is wrong
+                return Answer(promql, missing=Missing("unreachable", f"{where}'s TLS certificate does not verify against "
+                                                      f"{self.settings.ca_file or 'the system CA bundle'}"), attempts=attempt), False
+            return Answer(promql, missing=Missing("unreachable", f"cannot reach {where} ({type(exc).__name__})"), attempts=attempt), True
         except httpx.HTTPError as exc:
             return Answer(promql, missing=Missing("unreachable", f"cannot reach {where} ({type(exc).__name__})"), attempts=attempt), True
         retry = response.status_code >= 500 or response.status_code == 429

@@ -1,8 +1,8 @@
 """Apply a manifests directory with server-side apply, and report the replicas' pod status.
 
 `deploy` reads the files that kustomization.yaml lists, orders the objects by dependency
-(Namespace, RBAC, ConfigMaps, resource claims, Services, Deployments; file order within a kind),
-and applies each with server-side apply (field manager `scepsy`, conflicts forced: scepsy owns
+(Namespace, RBAC, ConfigMaps, the controller's Lease, resource claims, Services, Deployments; file
+order within a kind), and applies each with server-side apply (field manager `scepsy`, conflicts forced: scepsy owns
 what it generated), optionally as a server-side dry run. Each object is classified:
     created     the object did not exist before;
     configured  it existed and the applied result differs from it;
@@ -32,6 +32,7 @@ APPLY_ORDER = (
     "ClusterRoleBinding",
     "ConfigMap",
     "Secret",
+    "Lease",  # before the controller's Deployment: its RBAC lets it update the Lease, not create it
     "ResourceClaimTemplate",
     "ResourceClaim",
     "Service",

@@ -42,6 +42,7 @@ from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import ReplicaPlacement
 
 from . import gateway, inference_gateway, names, operations
+from .controller import ControllerSettings, controller_objects
 from .engines import DEFAULT_IMAGES, ENGINE_PORTS, ENGINES, SCHEDULING_ARGS, SCHEDULING_POLICIES
 from .plan_input import PlacedPlan
 from .sharing import GpuAccess, realise, unpinned
@@ -99,7 +100,7 @@ IMAGE_REFERENCE = re.compile(
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
-def _check_image(field: str, image: str | None) -> None:
+def check_image(field: str, image: str | None) -> None:
     if image is not None and (len(image) > 255 or not IMAGE_REFERENCE.match(image)):
         raise InputError(None, field, f"{image!r} is not an image reference", "write e.g. vllm/vllm-openai:v0.11.0")
 
@@ -132,8 +133,8 @@ def check_settings(settings: ManifestSettings) -> None:
     if settings.shm_gib < 1:
         raise InputError(None, "shm_gib", f"{settings.shm_gib} is below 1", "give the /dev/shm size of TP > 1 engines in GiB, e.g. 16")
     parse_kubernetes_version(settings.kubernetes_version)
-    _check_image("image", settings.image)
-    _check_image("gateway_image", settings.gateway_image)
+    check_image("image", settings.image)
+    check_image("gateway_image", settings.gateway_image)
     for field, value in (("hf_token_secret", settings.hf_token_secret), ("hf_cache_pvc", settings.hf_cache_pvc),
                          ("device_plugin_namespace", settings.device_plugin_namespace)):
         if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
@@ -378,8 +379,11 @@ KIND_ORDER = {
     "PriorityClass": 0,
     "ServiceAccount": 1,
     "Role": 2,
+    "ClusterRole": 2,
     "RoleBinding": 3,
+    "ClusterRoleBinding": 3,
     "ConfigMap": 4,
+    "Lease": 4,
     "ResourceClaimTemplate": 5,
     "ResourceClaim": 5,
     "Service": 6,
@@ -474,5 +478,10 @@ def write(files: dict[str, str], out_dir: Path) -> list[Path]:
     return paths
 
 
-def emit(plan: PlacedPlan, settings: ManifestSettings) -> dict[str, str]:
-    return render(build_objects(plan, settings))
+def emit(plan: PlacedPlan, settings: ManifestSettings, controller: ControllerSettings | None = None) -> dict[str, str]:
+    """The files of the plan's objects, and with `controller` the controller's (k8s/controller.py)."""
+    objects = build_objects(plan, settings)
+    if controller is not None:
+        objects += controller_objects(plan, objects, settings.namespace, settings.engine, settings.gpu_sharing, settings.router,
+                                      settings.image, controller)
+    return render(objects)

@@ -13,6 +13,7 @@ import re
 
 PART_OF = "scepsy"
 MANAGED_BY = "scepsy"
+CONTROLLER = "scepsy-controller"  # the controller's Deployment, ServiceAccount, RBAC and Lease
 LLM_LABEL = "scepsy.io/llm"
 REPLICA_LABEL = "scepsy.io/replica"
 WORKFLOW_LABEL = "scepsy.io/workflow"

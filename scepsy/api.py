@@ -886,6 +886,11 @@ def manifests(
     endpoint_picker: str = "llm-d-router",
     picker_replicas: int = 2,
     scheduling: str = "priority",
+    controller: bool = False,
+    controller_image: str | None = None,
+    prometheus_url: str | None = None,
+    prometheus_selector: str = "",
+    settings_file: PathLike | None = None,
 ) -> Manifests:
     """Write the Kubernetes manifests that realise a placed plan (a plan JSON of `plan`) into the
     folder `out`: engines, GPU shares, gateways (docs/deploy.md); `instance` overrides the
@@ -897,7 +902,9 @@ def manifests(
     `picker_replicas` leader-elected pickers per pool.
     `scheduling` "priority" runs the generating engines with priority scheduling, for calls tagged
     with their workflow request's start (`proxy(workflow_priority=True)`); "fcfs" leaves the
-    engines' default."""
+    engines' default. With `controller`, also `scepsy control` in the cluster (k8s/controller.py): its Deployment (image
+    `controller_image`, reading `prometheus_url`, `prometheus_selector` and the policy's
+    `settings_file`), ServiceAccount, least-privilege RBAC and Lease."""
     from scepsy.k8s.manifests import ManifestSettings, emit, pinning_warnings, write
     from scepsy.k8s.plan_input import load_placed_plan
 
@@ -911,11 +918,32 @@ def manifests(
         picker_replicas=picker_replicas, scheduling=scheduling,
     )
     folder = check_output_dir(out, [plan, instance])
+    control = None
+    if controller:
+        control = _controller_settings(controller_image, prometheus_url, prometheus_selector, settings_file)
     placed = load_placed_plan(plan, None if instance is None else Path(instance))
-    objects = emit(placed, settings)
+    objects = emit(placed, settings, control)
     with writing(folder / "kustomization.yaml"):
         paths = write(objects, folder)
     return Manifests(folder, tuple(paths), len(placed.replicas), engine, gpu_sharing, tuple(pinning_warnings(placed, settings)))
+
+
+def _controller_settings(image: str | None, prometheus_url: str | None, selector: str, settings_file: PathLike | None):
+    """The controller's Deployment settings, checked (the settings file: by the policy's own check)."""
+    from scepsy.control.knobs import control_settings
+    from scepsy.k8s.controller import ControllerSettings
+    from scepsy.k8s.manifests import check_image
+
+    if image is None:
+        raise InputError(None, "controller_image", "the controller needs an image with scepsy installed",
+                         "build one (docs/deploy.md, \"The controller in the cluster\") and pass its reference")
+    check_image("controller_image", image)
+    if prometheus_url is None or not prometheus_url.startswith(("http://", "https://")):
+        raise InputError(None, "prometheus_url", "the controller reads the engines' rates from Prometheus: give its http(s) URL",
+                         "give e.g. http://prometheus.monitoring:9090")
+    if settings_file is not None:
+        control_settings({}, settings_file)  # refuse a bad knob now, not in the pod
+    return ControllerSettings(image, prometheus_url, selector, None if settings_file is None else str(settings_file))
 
 
 @dataclass(frozen=True)
@@ -1007,6 +1035,8 @@ def simulate_control(
     seed: int = 0,
     plot: PathLike | None = None,
     progress: Callable[[float], None] | None = None,
+    settings_file: PathLike | None = None,
+    setting: Sequence[str] = (),
 ) -> ControlSimulation:
     """`scepsy control --simulate`: the controller (control/policy.py) drives the workflow
     simulator from `plan` (a plan JSON with its placement) on `arrivals` (JSONL {workflow,
@@ -1015,8 +1045,9 @@ def simulate_control(
     beside `baselines` (default: all of static, static-peak, k8s-hpa, saturation, oracle) on the
     same arrivals and GPUs. SLOs: each workflow's latency_slo_s, else twice the plan's predicted
     latency at the instance's rates. `plot` writes the timeline PNG; `progress` gets the systems
-    done so far (fractional)."""
-    from scepsy.control.policy import ControlSettings
+    done so far (fractional). The policy's knobs: `period_s`, `startup_s`, `predictor`, then those
+    of `settings_file` (YAML, knob: value), then `setting` (NAME=VALUE items)."""
+    from scepsy.control.knobs import control_settings
     from scepsy.control.report import plot_runs
     from scepsy.control.simulation import SYSTEMS, ClosedLoopSettings, run_systems
     from scepsy.models.plan.document import deployable_plan, read_document
@@ -1028,6 +1059,7 @@ def simulate_control(
     if period_s <= 0:
         raise InputError(None, "period_s", f"{period_s:g} is not > 0", "give the control period in seconds, e.g. 60")
     check_choice(predictor, ("constant", "ewma", "kalman"), "predictor", "predictor")
+    knobs = control_settings({"period_s": period_s, "startup_s": startup_s, "predictor": predictor}, settings_file, setting)
     chosen = list(SYSTEMS[1:]) if baselines is None else list(baselines)
     for name in chosen:
         check_choice(name, SYSTEMS[1:], "baselines", "baseline")
@@ -1038,13 +1070,20 @@ def simulate_control(
     _, document_ = read_document(plan, "pass a plan JSON written by `scepsy plan --out`")
     allocation, placement = deployable_plan(source, document_, loaded)
     timestamps = load_arrivals(arrivals, [w.name for w in loaded.workflows]) if isinstance(arrivals, (str, Path)) else arrivals
-    settings = ClosedLoopSettings(ControlSettings(period_s=period_s, startup_s=startup_s, predictor=predictor), seed=seed)
+    settings = ClosedLoopSettings(knobs, seed=seed)
     runs = run_systems(loaded, allocation, placement, timestamps, ["scepsy-control", *chosen], settings, progress=progress)
     written = None
     if plot is not None:
         with writing(plot, "plot"):
             written = plot_runs(runs, plot)
     return ControlSimulation(tuple(runs), written)
+
+
+def control_knobs() -> str:
+    """The policy's knobs and their defaults, one line (what `scepsy control --help` lists)."""
+    from scepsy.control.knobs import describe_defaults
+
+    return describe_defaults()
 
 
 @dataclass(frozen=True)
@@ -1078,7 +1117,15 @@ def control(
     gpu_sharing: str = "hami",
     router: str = "sglang",
     image: str | None = None,
-    gauges_port: int | None = None,
+    metrics_port: int = 9464,
+    metrics_host: str = "127.0.0.1",
+    settings_file: PathLike | None = None,
+    setting: Sequence[str] = (),
+    prometheus_bearer_token_file: PathLike | None = None,
+    prometheus_ca_file: PathLike | None = None,
+    prometheus_verify_tls: bool = True,
+    prometheus_headers: Sequence[str] = (),
+    leader_identity: str | None = None,
     periods: int | None = None,
     say: Callable[[str], None] | None = None,
     show: Callable[[str], None] | None = None,
@@ -1089,16 +1136,24 @@ def control(
     (`prometheus_url`, the engines' metrics, `selector` narrowing them, e.g. 'namespace="scepsy"'),
     decide (control/policy.py, the function the simulation runs) and act on the cluster
     (`namespace` of `kubeconfig`/`context`): `act` "apply" (server-side apply of what changed),
-    "dry-run" (print the diff) or "gauges" (serve the target as Prometheus gauges on
-    `gauges_port` for KEDA). What runs is read from the cluster; `plan` (the plan JSON that was
-    deployed) gives the SLOs where the instance has none (twice its predicted latency). The
-    manifest settings (`engine`, `gpu_sharing`, `router`, `image`) must be those the plan was
-    deployed with. Each period is one JSON line appended to `log`; `periods` None runs until
-    interrupted. docs/control.md, "Running it live"."""
+    "dry-run" (print the diff) or "gauges" (also serve the target as Prometheus gauges for KEDA).
+    Every mode serves /metrics and /healthz on `metrics_host`:`metrics_port` (0: a free port).
+    What runs is read from the cluster, and the lost nodes and GPUs from its Nodes; `plan` (the
+    plan JSON that was deployed) gives the SLOs where the instance has none (twice its predicted
+    latency). The manifest settings (`engine`, `gpu_sharing`, `router`, `image`) must be those the
+    plan was deployed with. The policy's knobs: `period_s`, `startup_s`, `predictor`, then those
+    of `settings_file` (YAML, knob: value), then `setting` (NAME=VALUE items). Prometheus is read
+    with `prometheus_bearer_token_file`, `prometheus_ca_file`, `prometheus_verify_tls` and
+    `prometheus_headers` ("Name: value"). With `leader_identity` the loop runs only while this
+    controller holds the Lease `scepsy-controller` of `namespace`. Each period is one JSON line
+    appended to `log`; `periods` None runs until interrupted. docs/control.md, "Running it live"."""
+    from scepsy.control import service
     from scepsy.control.act import KubeCluster
     from scepsy.control.gauges import DesiredGauges
+    from scepsy.control.knobs import control_settings
+    from scepsy.control.leader import LeaderSettings
     from scepsy.control.live import LiveLoop, LiveSettings
-    from scepsy.control.policy import ControlSettings, make_context
+    from scepsy.control.policy import make_context
     from scepsy.control.prometheus import PrometheusClient, PrometheusSettings
     from scepsy.k8s.apply import connect
     from scepsy.k8s.engines import ENGINES
@@ -1119,31 +1174,45 @@ def control(
     live_settings = LiveSettings(act=act, ready_timeout_s=ready_timeout_s)
     manifest_settings = ManifestSettings(engine=engine, gpu_sharing=gpu_sharing, namespace=namespace, router=router, image=image)
     check_settings(manifest_settings)
-    if act == "gauges" and gauges_port is None:
-        raise InputError(None, "gauges_port", "act gauges serves the target replicas, but no port was given", "give the port to serve /metrics on, e.g. 9464")
+    if not 0 <= metrics_port <= 65535:
+        raise InputError(None, "metrics_port", f"{metrics_port} is not a port", "give 1 to 65535, or 0 for any free port")
+    for path, field in ((prometheus_bearer_token_file, "prometheus_bearer_token_file"), (prometheus_ca_file, "prometheus_ca_file")):
+        if path is not None and kind_of(Path(path)) != "file":
+            raise InputError(str(path), field, "file not found", "give the path of a readable file (in a pod: a mounted Secret or projected token)",
+                             argument=True)
+    prometheus_settings = PrometheusSettings(
+        prometheus_url, selector=selector, engine=engine,
+        bearer_token_file=None if prometheus_bearer_token_file is None else str(prometheus_bearer_token_file),
+        ca_file=None if prometheus_ca_file is None else str(prometheus_ca_file), verify_tls=prometheus_verify_tls,
+        headers=service.header_pairs(tuple(prometheus_headers)))
+    try:
+        prometheus_settings.tls()
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise InputError(str(prometheus_ca_file), "prometheus_ca_file", f"not a CA bundle ({exc})",
+                         "give the PEM file of the CA that signed Prometheus' certificate", argument=True) from None
+    policy = control_settings({"period_s": period_s, "startup_s": startup_s, "predictor": predictor}, settings_file, setting)
+    leader = None if leader_identity is None else LeaderSettings(leader_identity, namespace)
     loaded = load(instance)
     source = str(plan)
     _, plan_doc = read_document(plan)
     allocation, _ = deployable_plan(source, plan_doc, loaded)
-    try:
-        policy = ControlSettings(period_s=period_s, startup_s=startup_s, predictor=predictor)
-    except ValueError as exc:
-        raise InputError(None, "predictor", str(exc), "use constant, ewma or kalman") from None
     policy_context = make_context(loaded, policy, allocation=allocation)  # InputError where an SLO cannot be had
     log_path = check_output(log, [instance if not isinstance(instance, Instance) else None, plan], "log")
-    cluster = KubeCluster(connect(None if kubeconfig is None else Path(kubeconfig), context), namespace)
-    prometheus = PrometheusClient(PrometheusSettings(prometheus_url, selector=selector, engine=engine))
-    gauges = DesiredGauges() if act == "gauges" else None
-    if gauges is not None and gauges_port is not None:
-        gauges.serve(gauges_port)
+    api_client = connect(None if kubeconfig is None else Path(kubeconfig), context)
+    cluster = KubeCluster(api_client, namespace)
+    prometheus = PrometheusClient(prometheus_settings)
+    speak = say or (lambda line: None)
+    # stale after three periods, and never before a period plus five minutes (a re-plan's solver time, API retries)
+    gauges = DesiredGauges(clock, stale_after_s=max(3 * policy.period_s, policy.period_s + 300.0))
+    service.serve_metrics(gauges, metrics_host, metrics_port, speak)
     try:
         with open(log_path, "a", encoding="utf-8") as stream:
             loop = LiveLoop(policy_context, cluster, prometheus, manifest_settings, live_settings, stream,
-                            say or (lambda line: None), show or (lambda line: None), clock,
-                            instance_file=loaded.source, gauges=gauges)
-            loop.run(sleep, periods)
+                            speak, show or (lambda line: None), clock, instance_file=loaded.source, gauges=gauges)
+            service.run(loop, gauges, sleep, periods, api_client, leader)
     except OSError as exc:
         raise InputError(str(log_path), "log", f"cannot write ({exc.strerror})", "give `log` a writable path") from None
     finally:
         prometheus.close()
+        gauges.shutdown()
     return ControlRun(loop.periods, dict(loop.actions), str(log_path))

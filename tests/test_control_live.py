@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from support import prometheus_server
-from support.kube_api import KubeApi
+from support.kube_api import KubeApi, node_object
 from support.prometheus_double import PrometheusDouble, vector
 from support.prometheus_server import PrometheusServer
 
@@ -78,6 +78,8 @@ def _cluster(api: KubeApi, tmp_path: Path, timeout_s: float = 10.0) -> KubeClust
 def _deploy(api: KubeApi, instance, plan, ready: bool = True) -> list[dict]:
     """What `scepsy deploy` of the plan left running: every object, every engine pod Ready."""
     objects = _objects(instance, plan)
+    for node in instance.cluster.nodes:  # the cluster's Nodes, every GPU healthy
+        api.put(node_object(node.name, capacity=node.gpus, allocatable=node.gpus))
     for obj in objects:
         api.put(obj)
     for name in api.objects("Deployment"):
@@ -498,7 +500,7 @@ def test_cli_live_path_dry_run_and_its_errors(api, tmp_path, instance, prometheu
     runner = CliRunner()
     result = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan), "--prometheus-url", prometheus.url,
                                  "--kubeconfig", str(api.kubeconfig(tmp_path)), "--act", "dry-run", "--periods", "1",
-                                 "--log", str(log), "--predictor", "constant"])
+                                 "--log", str(log), "--predictor", "constant", "--metrics-port", "0"])
     assert result.exit_code == 0, result.output
     assert "dry run: create deployment/" in result.output and "1 periods (1 replan)" in result.output
     assert [json.loads(line)["event"] for line in log.read_text().splitlines()] == ["start", "period"]
@@ -509,9 +511,36 @@ def test_cli_live_path_dry_run_and_its_errors(api, tmp_path, instance, prometheu
     bad = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan), "--prometheus-url", prometheus.url,
                               "--kubeconfig", str(api.kubeconfig(tmp_path)), "--act", "maybe", "--log", str(log)])
     assert bad.exit_code == 2 and "--act" in bad.output and "unknown mode 'maybe'" in bad.output
-    gauges = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan), "--prometheus-url", prometheus.url,
-                                 "--kubeconfig", str(api.kubeconfig(tmp_path)), "--act", "gauges", "--log", str(log)])
-    assert gauges.exit_code == 2 and "--gauges-port" in gauges.output
+    knob = runner.invoke(app, ["control", str(INSTANCE_FILE), "--plan", str(plan), "--prometheus-url", prometheus.url,
+                               "--kubeconfig", str(api.kubeconfig(tmp_path)), "--setting", "slo_margin=0", "--log", str(log)])
+    assert knob.exit_code == 2 and "error: slo_margin: " in knob.output and "Traceback" not in knob.output
+
+
+@pytest.mark.parametrize("act", ["apply", "dry-run", "gauges"])
+def test_every_act_mode_serves_metrics_and_healthz_while_it_runs(api, tmp_path, instance, prometheus, act):
+    """The server is up before the first period (a standby or a slow start answers its probes)
+    and answers /healthz and /metrics while the loop runs; it is gone after."""
+    from scepsy import api as scepsy_api
+
+    _deploy(api, instance, _plan([(0, 0)], [(0, 2)]))
+    _rates(prometheus, 2.0, 1.0)
+    plan = _plan_file(tmp_path, instance, _plan([(0, 0)], [(0, 2)]))
+    seen: dict[str, httpx.Response] = {}
+
+    def say(line: str) -> None:
+        if "serving /metrics and /healthz on " in line:
+            base = line.rsplit(" ", 1)[1]
+            seen["healthz"] = httpx.get(base + "/healthz")
+            seen["metrics"] = httpx.get(base + "/metrics")
+            seen["base"] = httpx.Response(200, text=base)
+
+    run = scepsy_api.control(INSTANCE_FILE, plan, prometheus_url=prometheus.url, kubeconfig=api.kubeconfig(tmp_path), act=act,
+                             log=tmp_path / "log.jsonl", metrics_port=0, periods=1, predictor="constant", say=say)
+    assert run.periods == 1
+    assert (seen["healthz"].status_code, seen["healthz"].text) == (200, "ok\n")
+    assert seen["metrics"].status_code == 200 and "scepsy_leader 1.0" in seen["metrics"].text
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(seen["base"].text + "/healthz")
 
 
 def test_gauges_publish_the_target_for_keda_and_write_nothing(api, tmp_path, instance, prometheus):
@@ -590,3 +619,106 @@ def test_the_loop_abandons_a_replica_that_never_becomes_ready_and_says_so(api, t
     assert loop.state is not None and {c.llm: c.replicas for c in loop.state.allocation.llms} == {"gen": 1, "ver": 1}
     clock.now = 240.0
     assert loop.period()["action"] == "replan"  # the policy decides again from what serves
+
+
+def _allowed(rules: dict, verb: str, group: str, resource: str, namespace: str | None) -> bool:
+    """Whether RBAC rules (namespace -> rules; None: the ClusterRole's) allow a request."""
+    return any(group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+               for rule in rules.get(namespace, []))
+
+
+def test_the_controllers_rbac_allows_every_call_of_the_live_apply(api, tmp_path, instance, prometheus):
+    """A scale-down (new replicas, deletions, the plan ConfigMap) and a scale-up (created
+    Deployments and disruption budgets) run against the API double, which records each request as
+    RBAC sees it; the rules `scepsy manifests --controller` writes allow every one of them, and
+    grant no verb beyond get, list, create, patch, update and delete."""
+    from scepsy.k8s.controller import controller_rules
+
+    big = _plan([(0, 0), (1, 1)], [(0, 2), (1, 3)])
+    rules = controller_rules(_objects(instance, big), NAMESPACE)
+    _deploy(api, instance, big)
+    clock = Clock()
+    loop, _ = _loop(api, tmp_path, instance, prometheus, clock, [])
+    _rates(prometheus, 0.05, 0.03)
+    for now in (60.0, 120.0, 180.0):
+        clock.now = now
+        record = loop.period()
+        for name in (record.get("act") or {}).get("waiting_for", []):
+            api.ready(name)
+    _rates(prometheus, 50.0, 30.0)
+    small = _plan([(0, 0)], [(0, 2)], share=1)
+    with KubeApi(NAMESPACE) as second:
+        _deploy(second, instance, small)
+        up, _ = _loop(second, tmp_path, instance, prometheus, Clock(), [])
+        up.clock = lambda: 60.0
+        up.period()
+        calls = set(api.requests) | set(second.requests)
+    verbs = {verb for verb, *_ in calls}
+    assert {"list", "get", "create", "patch", "delete"} <= verbs, verbs  # the runs exercised every kind of call
+    refused = sorted(c for c in calls if not _allowed(rules, c[0], c[1], c[2], c[3]))
+    assert refused == [], refused
+    granted = {verb for where in rules.values() for rule in where for verb in rule["verbs"]}
+    assert granted <= {"get", "list", "create", "patch", "update", "delete"}
+
+
+def test_a_lost_gpu_is_read_from_the_node_and_planned_around(api, tmp_path, instance, prometheus):
+    """Two of the node's four GPUs turn unhealthy (the device plugin's allocatable drops to 2):
+    the loop says so, logs it, and whatever it starts for a rise in load lands on the two GPUs
+    left (the ones the running replicas use)."""
+    _deploy(api, instance, _plan([(0, 0)], [(0, 2)], share=1))
+    api.put(node_object("a6000-0", capacity=4, allocatable=2))
+    said: list[str] = []
+    clock = Clock()
+    loop, _ = _loop(api, tmp_path, instance, prometheus, clock, said)
+    _rates(prometheus, 50.0, 30.0)
+    clock.now = 60.0
+    record = loop.period()
+    assert record["fleet"] == {"lost_nodes": {}, "lost_gpus": {"a6000-0": [1, 3]}}
+    assert "scepsy control: lost: GPU 1,3 of a6000-0" in said
+    assert loop.context.instance.cluster.free_units("a6000-0", 1) == 0
+    gpus = {g for d in api.objects("Deployment").values() if d["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
+            for g in d["spec"]["template"]["metadata"]["annotations"]["scepsy.io/gpus"].split(",")}
+    assert gpus <= {"0", "2"}, gpus
+    clock.now = 120.0
+    assert loop.period()["fleet"]["lost_gpus"] == {"a6000-0": [1, 3]}
+    assert sum("lost:" in line for line in said) == 1  # said when it changes, not every period
+
+
+def test_the_controllers_deployment_runs_from_its_configmap(api, tmp_path, instance, prometheus):
+    """`scepsy manifests --controller`, deployed on the API double: the controller Deployment's own
+    command line, with its ConfigMap's items where the pod mounts them, leads on the Lease (which
+    holds no holder yet) and runs a period of the live apply."""
+    from typer.testing import CliRunner
+
+    from scepsy import api as scepsy_api
+    from scepsy.cli import app
+    from scepsy.k8s.apply import load_manifests
+    from support.kube_api import PLURALS
+
+    plan = Path(__file__).parent / "golden" / "plans" / "beam-4xa6000-optimal.json"  # a plan `scepsy plan` wrote
+    out = tmp_path / "deploy"
+    scepsy_api.manifests(plan, out, controller=True, controller_image="registry.example.com/scepsy:0.1.0", prometheus_url=prometheus.url)
+    objects = load_manifests(out)
+    for node in instance.cluster.nodes:
+        api.put(node_object(node.name, capacity=node.gpus, allocatable=node.gpus))
+    for obj in objects:
+        if obj["kind"] in PLURALS:  # the double serves no cluster-scoped RBAC
+            api.put(obj)
+    for name, deployment in api.objects("Deployment").items():
+        if deployment["metadata"]["labels"]["app.kubernetes.io/component"] == "engine":
+            api.ready(name)
+    controller = api.objects("Deployment")["scepsy-controller"]["spec"]["template"]["spec"]
+    data = api.objects("ConfigMap")["scepsy-controller"]["data"]
+    mount = tmp_path / "mount"
+    for item in controller["volumes"][0]["configMap"]["items"]:
+        (mount / item["path"]).parent.mkdir(parents=True, exist_ok=True)
+        (mount / item["path"]).write_text(data[item["key"]])
+    args = [str(a).replace("/etc/scepsy/controller", str(mount)).replace("$(POD_NAME)", "pod-a") for a in controller["containers"][0]["args"]]
+    args[args.index("--metrics-port") + 1] = "0"
+    args[args.index("--log") + 1] = str(tmp_path / "control.jsonl")
+    _rates(prometheus, 2.0, 1.0)
+    result = CliRunner().invoke(app, [*args, "--kubeconfig", str(api.kubeconfig(tmp_path)), "--periods", "1"])
+    assert result.exit_code == 0, result.output
+    assert "pod-a leads" in result.output
+    assert api.objects("Lease")["scepsy-controller"]["spec"]["holderIdentity"] == "pod-a"
+    assert [json.loads(line)["event"] for line in (tmp_path / "control.jsonl").read_text().splitlines()] == ["start", "period"]

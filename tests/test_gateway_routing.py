@@ -261,9 +261,9 @@ def _chat(gateway_url: str, llm: str, tag: str, max_tokens: int = 2) -> None:
 
 # every kind of LLM (both workflows of the combined instance), and several replicas per LLM (the
 # equal-halves plan of beam-4xa6000: gen x3, ver x5), for both engines' personalities
-ROUTING_CASES = [c for c in CASES if c.router == "sglang" and (c.instance, c.plan_kind, c.sharing) in
+ROUTING_CASES = [c for c in CASES if c.router == "sglang" and not c.controller and (c.instance, c.plan_kind, c.sharing) in
                  {("combined-8xh100", "optimal", "hami"), ("beam-4xa6000", "halves", "device-plugin-mps")}]
-HALVES = {c.engine: c for c in CASES if c.plan_kind == "halves"}
+HALVES = {c.engine: c for c in CASES if c.plan_kind == "halves" and not c.controller}
 
 
 @pytest.mark.parametrize("case", ROUTING_CASES, ids=lambda c: c.name)

@@ -49,7 +49,16 @@ FLAGS: dict[str, str] = {
     "prometheus_url": "--prometheus-url",
     "selector": "--prometheus-selector",
     "act": "--act",
-    "gauges_port": "--gauges-port",
+    "controller_image": "--controller-image",
+    "metrics_port": "--metrics-port",
+    "metrics_host": "--metrics-host",
+    "settings_file": "--settings",
+    "setting": "--setting",
+    "prometheus_bearer_token_file": "--prometheus-bearer-token-file",
+    "prometheus_ca_file": "--prometheus-ca-file",
+    "prometheus_verify_tls": "--prometheus-tls-verify",
+    "prometheus_headers": "--prometheus-header",
+    "leader_identity": "--leader-identity",
     "log": "--log",
     "periods": "--periods",
     "ready_timeout_s": "--ready-timeout-s",
@@ -159,6 +168,13 @@ DatabaseVersionOpt = Annotated[str, typer.Option("--database-version", help="Wit
 SchedulingOpt = Annotated[str, typer.Option("--scheduling", help="The generating engines' waiting queue: priority (older workflow requests first: vLLM --scheduling-policy priority, SGLang --enable-priority-scheduling, calls tagged by scepsy proxy --workflow-priority; what scepsy manifests deploys) or fcfs (the engines' default).")]
 HostOpt = Annotated[str, typer.Option("--host", help="Address to bind (loopback unless told otherwise).")]
 PortOpt = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.")]
+# the controller's reading of Prometheus and its settings (scepsy control, live and --simulate)
+PrometheusTokenOpt = Annotated[Optional[Path], typer.Option("--prometheus-bearer-token-file", help="Live: file whose content is sent as `Authorization: Bearer` to Prometheus (re-read on every query: a projected token rotates).")]
+PrometheusCaOpt = Annotated[Optional[Path], typer.Option("--prometheus-ca-file", help="Live: CA bundle (PEM) that signed an https Prometheus' certificate (default: the system's).")]
+PrometheusVerifyOpt = Annotated[bool, typer.Option("--prometheus-tls-verify/--prometheus-no-tls-verify", help="Live: verify Prometheus' TLS certificate (turn off only for a test server).")]
+PrometheusHeaderOpt = Annotated[Optional[list[str]], typer.Option("--prometheus-header", help="Live: extra request header to Prometheus, 'Name: value' (repeatable), e.g. 'X-Scope-OrgID: tenant-1'.")]
+SettingsFileOpt = Annotated[Optional[Path], typer.Option("--settings", help="YAML file of the policy's knobs (knob: value per line); `scepsy control --help` lists them with their defaults.")]
+SettingOpt = Annotated[Optional[list[str]], typer.Option("--setting", help="A knob of the policy, NAME=VALUE (repeatable; over --settings), e.g. headroom=0.2.")]
 
 
 # optional dependencies (pyproject.toml extras): the module, and the extra that installs it

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from scepsy.cli.app import app
 from scepsy.cli.common import (
@@ -15,7 +16,13 @@ from scepsy.cli.common import (
     KubeconfigOpt,
     NamespaceOpt,
     OutOpt,
+    PrometheusCaOpt,
+    PrometheusHeaderOpt,
+    PrometheusTokenOpt,
+    PrometheusVerifyOpt,
     SeedOpt,
+    SettingOpt,
+    SettingsFileOpt,
     check_out,
     emit_json,
     errors,
@@ -27,7 +34,26 @@ from scepsy.cli.common import (
 from scepsy.models.errors import InputError
 
 
-@app.command()
+class _ControlCommand(TyperCommand):
+    """`control`, whose help ends with the policy's knobs and their defaults, read from the policy
+    when the help is shown (so it cannot disagree with it)."""
+
+    @property
+    def epilog(self) -> str | None:
+        from scepsy import api
+
+        try:
+            knobs = api.control_knobs()
+        except ImportError:  # the `control` extra is missing: the command itself will say so
+            return "Policy knobs: docs/control.md (pip install 'scepsy[control]')."
+        return f"Policy knobs (--settings FILE, --setting NAME=VALUE) and their defaults: {knobs}."
+
+    @epilog.setter
+    def epilog(self, value: str | None) -> None:
+        """click sets the epilog it was given (none): the property above is the epilog."""
+
+
+@app.command(cls=_ControlCommand)
 def control(
     instance: InstanceArg,
     plan: Annotated[Path, typer.Option("--plan", help="Plan JSON with its placement (scepsy plan --out): what runs at the start.")],
@@ -45,7 +71,15 @@ def control(
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
     act: Annotated[str, typer.Option("--act", help="Live: apply (server-side apply of what changed), dry-run (print the diff) or gauges (serve the target replicas for KEDA).")] = "apply",
-    gauges_port: Annotated[Optional[int], typer.Option("--gauges-port", min=1, max=65535, help="Live, with --act gauges: port of the /metrics with the desired replicas.")] = None,
+    metrics_port: Annotated[int, typer.Option("--metrics-port", min=0, max=65535, help="Live: port of /metrics (decisions; with --act gauges the desired replicas) and /healthz (0: any free port).")] = 9464,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="Live: address /metrics and /healthz listen on (0.0.0.0 in a pod).")] = "127.0.0.1",
+    settings_file: SettingsFileOpt = None,
+    setting: SettingOpt = None,
+    prometheus_bearer_token_file: PrometheusTokenOpt = None,
+    prometheus_ca_file: PrometheusCaOpt = None,
+    prometheus_verify_tls: PrometheusVerifyOpt = True,
+    prometheus_header: PrometheusHeaderOpt = None,
+    leader_identity: Annotated[Optional[str], typer.Option("--leader-identity", help="Live: run only while holding the Lease scepsy-controller of --namespace, as this identity (the pod's name); default: no leader election.")] = None,
     log: Annotated[Path, typer.Option("--log", help="Live: JSONL file each period's decision and its inputs are appended to.")] = Path("scepsy-control.jsonl"),
     periods: Annotated[Optional[int], typer.Option("--periods", min=1, help="Live: stop after this many periods (default: run until interrupted).")] = None,
     ready_timeout_s: Annotated[float, typer.Option("--ready-timeout-s", min=1.0, help="Live: a new replica not Ready after this many seconds is abandoned; the ones it replaces keep serving.")] = 900.0,
@@ -60,7 +94,7 @@ def control(
     from scepsy import api
 
     with errors():
-        check_out(out, [instance, plan, arrivals])
+        check_out(out, [instance, plan, arrivals, settings_file])
         if not simulate:
             if prometheus_url is None:
                 raise InputError(None, "prometheus_url", "the live controller reads the engines' rates from Prometheus",
@@ -69,7 +103,10 @@ def control(
                 instance, plan, prometheus_url=prometheus_url, namespace=namespace, kubeconfig=kubeconfig, context=context,
                 act=act, log=log, period_s=period_s, startup_s=startup_s, predictor=predictor, ready_timeout_s=ready_timeout_s,
                 selector=prometheus_selector, engine=engine, gpu_sharing=gpu_sharing, router=router, image=image,
-                gauges_port=gauges_port, periods=periods,
+                metrics_port=metrics_port, metrics_host=metrics_host, settings_file=settings_file, setting=setting or [],
+                prometheus_bearer_token_file=prometheus_bearer_token_file, prometheus_ca_file=prometheus_ca_file,
+                prometheus_verify_tls=prometheus_verify_tls, prometheus_headers=prometheus_header or [],
+                leader_identity=leader_identity, periods=periods,
                 say=say,
                 show=lambda line: stdout.print(line, markup=False, highlight=False, soft_wrap=True),
             )
@@ -83,7 +120,8 @@ def control(
         systems = split_list(baselines)
         with progress("simulating", len(systems) + 1) as advance:
             result = api.simulate_control(instance, plan, arrivals, startup_s=startup_s, period_s=period_s, baselines=systems,
-                                          predictor=predictor, seed=seed, plot=plot, progress=advance)
+                                          predictor=predictor, seed=seed, plot=plot, progress=advance,
+                                          settings_file=settings_file, setting=setting or [])
         emit_json(result.document(), out, json_output)
         if not json_output:
             stdout.print(result.view())

@@ -11,7 +11,9 @@ engines on hami and dra-mps; a whole-GPU plan of beam-4xa6000 with both engines 
 equal-halves plan of beam-4xa6000 (every GPU split into two 0.5 shares, a fixed allocation) with both
 engines on device-plugin-mps, the only backend that needs equal shares; and the combined instance
 with both engines on hami routed through the Gateway API Inference Extension
-(`--router inference-gateway`).
+(`--router inference-gateway`); with the controller's own objects (`--controller`), beam-4xa6000
+on hami and its equal-halves plan on device-plugin-mps (whose config ConfigMap lies in another
+namespace: a Role there).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Case:
     engine: str
     sharing: str
     router: str = "sglang"
+    controller: bool = False
 
     @property
     def plan_name(self) -> str:
@@ -46,7 +49,8 @@ class Case:
     def name(self) -> str:
         kind = "" if self.plan_kind == "optimal" else f"-{self.plan_kind}"
         router = "" if self.router == "sglang" else f"-{self.router}"
-        return f"{self.instance}{kind}-{self.engine}-{self.sharing}{router}"
+        controller = "-controller" if self.controller else ""
+        return f"{self.instance}{kind}-{self.engine}-{self.sharing}{router}{controller}"
 
 
 CASES = (
@@ -60,7 +64,12 @@ CASES = (
     Case("beam-4xa6000", "halves", "sglang", "device-plugin-mps"),
     Case("combined-8xh100", "optimal", "vllm", "hami", "inference-gateway"),
     Case("combined-8xh100", "optimal", "sglang", "hami", "inference-gateway"),
+    Case("beam-4xa6000", "optimal", "vllm", "hami", controller=True),
+    Case("beam-4xa6000", "halves", "vllm", "device-plugin-mps", controller=True),
 )
+# the controller's Deployment settings of the controller cases (an image the operator builds)
+CONTROLLER_IMAGE = "registry.example.com/scepsy:0.1.0"
+CONTROLLER_PROMETHEUS = ("http://prometheus.monitoring:9090", 'namespace="scepsy"')
 
 
 def plan_path(case: Case) -> Path:
@@ -118,10 +127,13 @@ def plan_text(case: Case) -> str:
 
 
 def emit(case: Case) -> dict[str, str]:
+    from scepsy.k8s.controller import ControllerSettings
     from scepsy.k8s.manifests import ManifestSettings, emit as emit_files
     from scepsy.k8s.plan_input import load_placed_plan
 
-    return emit_files(load_placed_plan(plan_path(case)), ManifestSettings(engine=case.engine, gpu_sharing=case.sharing, router=case.router))
+    controller = ControllerSettings(CONTROLLER_IMAGE, *CONTROLLER_PROMETHEUS) if case.controller else None
+    return emit_files(load_placed_plan(plan_path(case)), ManifestSettings(engine=case.engine, gpu_sharing=case.sharing, router=case.router),
+                      controller)
 
 
 def main() -> int:

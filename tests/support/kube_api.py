@@ -12,7 +12,11 @@ the API server does, and:
   propagation: the pod drains through its preStop hook); `drained(deployment)` removes the pod;
 - refuses the applies the test names (`refuse`: 422 Invalid, as admission would) and leaves the
   applies unanswered while `hang` is set (the client times out);
-- records every write and readiness change in `events`, in order, for the tests to check.
+- records every write and readiness change in `events`, in order, for the tests to check, and
+  every request to a resource as (verb, API group, resource, namespace) in `requests` (RBAC's view
+  of it: GET of a collection is `list`, PATCH `patch`, POST `create`, PUT `update`);
+- creates (POST) and replaces (PUT, with the resourceVersion check: 409 Conflict on a stale one)
+  objects, which the leader election's Lease needs.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from support.kube_pods import send_json
 # group/version -> (plural, kind, namespaced)
 RESOURCES: dict[str, list[tuple[str, str, bool]]] = {
     "v1": [("namespaces", "Namespace", False), ("configmaps", "ConfigMap", True), ("services", "Service", True),
-           ("serviceaccounts", "ServiceAccount", True), ("pods", "Pod", True), ("secrets", "Secret", True)],
+           ("serviceaccounts", "ServiceAccount", True), ("pods", "Pod", True), ("secrets", "Secret", True),
+           ("nodes", "Node", False)],
     "apps/v1": [("deployments", "Deployment", True)],
     "rbac.authorization.k8s.io/v1": [("roles", "Role", True), ("rolebindings", "RoleBinding", True)],
     "resource.k8s.io/v1": [("resourceclaims", "ResourceClaim", True), ("resourceclaimtemplates", "ResourceClaimTemplate", True)],
@@ -39,6 +44,7 @@ RESOURCES: dict[str, list[tuple[str, str, bool]]] = {
     "policy/v1": [("poddisruptionbudgets", "PodDisruptionBudget", True)],
     "autoscaling/v2": [("horizontalpodautoscalers", "HorizontalPodAutoscaler", True)],
     "keda.sh/v1alpha1": [("scaledobjects", "ScaledObject", True)],
+    "coordination.k8s.io/v1": [("leases", "Lease", True)],
 }
 PLURALS = {kind: (gv, plural, namespaced) for gv, rows in RESOURCES.items() for plural, kind, namespaced in rows}
 
@@ -73,6 +79,7 @@ class KubeApi:
         self.keda = keda
         self.store: dict[str, dict] = {}
         self.events: list[tuple] = []
+        self.requests: list[tuple[str, str, str, str | None]] = []
         self.refuse: set[tuple[str, str]] = set()  # (kind, name) whose apply admission refuses
         self.hang = threading.Event()
         self.release = threading.Event()
@@ -167,6 +174,25 @@ class KubeApi:
 
     # -- the HTTP side ---------------------------------------------------------------------------
 
+    def _record(self, method: str, path: str) -> None:
+        """RBAC's (verb, group, resource, namespace) of a request to a resource path."""
+        parts = path.strip("/").split("/")
+        if parts[:2] == ["api", "v1"]:
+            group, rest = "", parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 3:
+            group, rest = parts[1], parts[3:]
+        else:
+            return
+        namespace = None
+        if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) > 2:
+            namespace, rest = rest[1], rest[2:]
+        if not rest:
+            return
+        collection = len(rest) == 1
+        verb = {"GET": "list" if collection else "get", "PATCH": "patch", "POST": "create", "PUT": "update", "DELETE": "delete"}[method]
+        with self.lock:
+            self.requests.append((verb, group, rest[0], namespace))
+
     def _list(self, prefix: str, query: dict) -> dict | None:
         for gv, rows in RESOURCES.items():
             for plural, kind, namespaced in rows:
@@ -195,6 +221,7 @@ class KubeApi:
             def do_GET(self):
                 url = urlparse(self.path)
                 path = url.path.rstrip("/")
+                api._record("GET", path)
                 if path == "/version":
                     return self._send(200, {"major": "1", "minor": "34", "gitVersion": "v1.34.0", "gitCommit": "0", "gitTreeState": "clean",
                                             "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24", "compiler": "gc", "platform": "linux/amd64"})
@@ -223,6 +250,7 @@ class KubeApi:
 
             def do_PATCH(self):
                 url = urlparse(self.path)
+                api._record("PATCH", url.path)
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 obj: dict = yaml.safe_load(body)
                 kind, name = obj["kind"], obj["metadata"]["name"]
@@ -236,14 +264,50 @@ class KubeApi:
                 dry = "dryRun" in parse_qs(url.query)
                 with api.lock:
                     existed = url.path in api.store
+                if not existed:  # the API server authorizes an apply that creates as `create` too
+                    api._record("POST", url.path.rsplit("/", 1)[0])
+                with api.lock:
                     if not dry:
                         api._put(copy.deepcopy(obj))
                         api.events.append(("apply", kind, name))
                     answer = copy.deepcopy(api.store.get(url.path, obj))
                 return self._send(200 if existed else 201, answer)
 
+            def do_POST(self):
+                path = urlparse(self.path).path.rstrip("/")
+                api._record("POST", path)
+                obj: dict = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                meta = obj.setdefault("metadata", {})
+                meta.setdefault("namespace", path.split("/namespaces/")[1].split("/")[0] if "/namespaces/" in path else None)
+                obj.setdefault("kind", next(k for k, (gv, plural, _) in PLURALS.items() if path.endswith("/" + plural)))
+                with api.lock:
+                    target = path_of(obj["kind"], meta["name"], meta.get("namespace"))
+                    if target in api.store:
+                        return self._send(409, _status(409, "AlreadyExists", f"{target} already exists"))
+                    api._put(obj)
+                    api.events.append(("create", obj["kind"], meta["name"]))
+                    return self._send(201, copy.deepcopy(api.store[target]))
+
+            def do_PUT(self):
+                path = urlparse(self.path).path.rstrip("/")
+                api._record("PUT", path)
+                obj: dict = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with api.lock:
+                    live = api.store.get(path)
+                    if live is None:
+                        return self._send(404, _status(404, "NotFound", f"{path} not found"))
+                    version = (obj.get("metadata") or {}).get("resourceVersion")
+                    if version is not None and version != live["metadata"]["resourceVersion"]:
+                        return self._send(409, _status(409, "Conflict", "the object has been modified; please apply your changes to the latest version"))
+                    obj.setdefault("kind", live["kind"])
+                    obj.setdefault("apiVersion", live["apiVersion"])
+                    api._put(obj)
+                    api.events.append(("update", obj["kind"], obj["metadata"]["name"]))
+                    return self._send(200, copy.deepcopy(api.store[path]))
+
             def do_DELETE(self):
                 path = urlparse(self.path).path
+                api._record("DELETE", path)
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:
                     self.rfile.read(length)
@@ -261,6 +325,25 @@ class KubeApi:
                 return self._send(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 200})
 
         return Handler
+
+
+def node_object(name: str, ready: str = "True", capacity: int = 4, allocatable: int = 4, unschedulable: bool | None = None) -> dict:
+    """A GPU Node as the API server sends it: the kubernetes client's model (V1Node), serialized by
+    the client (camelCase, as on the wire); `capacity` and `allocatable` count `nvidia.com/gpu`."""
+    from kubernetes import client
+
+    reason = {"True": "KubeletReady", "False": "KubeletNotReady"}.get(ready, "NodeStatusUnknown")
+    node = client.V1Node(
+        api_version="v1", kind="Node",
+        metadata=client.V1ObjectMeta(name=name, labels={"kubernetes.io/hostname": name, "nvidia.com/gpu.product": "NVIDIA-RTX-A6000"}),
+        spec=client.V1NodeSpec(unschedulable=unschedulable),
+        status=client.V1NodeStatus(
+            capacity={"cpu": "64", "memory": "515884Mi", "nvidia.com/gpu": str(capacity)},
+            allocatable={"cpu": "63500m", "memory": "513836Mi", "nvidia.com/gpu": str(allocatable)},
+            conditions=[client.V1NodeCondition(type="Ready", status=ready, reason=reason, message="")]))
+    wire = client.ApiClient().sanitize_for_serialization(node)
+    assert isinstance(wire, dict)
+    return wire
 
 
 def dump_events(events: list[tuple]) -> str:

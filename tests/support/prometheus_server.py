@@ -6,13 +6,17 @@ targets, each target labelled `llm`), Prometheus listens on a free loopback port
 returns once the HTTP API answers; `wait_for_targets` polls `GET /api/v1/targets` until every
 target's `health` is "up", and `wait_for` polls an instant query until it has a result, so that no
 test sleeps a fixed time. Prometheus' own flags: `--config.file`, `--storage.tsdb.path`,
-`--web.listen-address` (Prometheus docs, "Configuration" and `prometheus --help`).
+`--web.listen-address` (Prometheus docs, "Configuration" and `prometheus --help`), and
+`--web.config.file` for a test that gives `web_config` (Prometheus docs, "HTTPS and
+authentication": `tls_server_config` makes it serve https, `basic_auth_users` maps a user to a
+bcrypt hash); `ready_headers` and `ca_file` are what the readiness check then needs.
 """
 
 from __future__ import annotations
 
 import shutil
 import socket
+import ssl
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,7 +52,11 @@ def scrape_config(targets: Mapping[str, Sequence[str]], interval_s: float = 1.0)
 
 
 class PrometheusServer:
-    def __init__(self, folder: Path, targets: Mapping[str, Sequence[str]], interval_s: float = 1.0):
+    def __init__(self, folder: Path, targets: Mapping[str, Sequence[str]], interval_s: float = 1.0,
+                 web_config: Mapping | None = None, ready_headers: Mapping[str, str] | None = None, ca_file: Path | None = None):
+        self.web_config = web_config
+        self.ready_headers = dict(ready_headers or {})
+        self.ca_file = ca_file
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.port = _free_port()
@@ -59,7 +67,8 @@ class PrometheusServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        scheme = "https" if self.web_config and "tls_server_config" in self.web_config else "http"
+        return f"{scheme}://127.0.0.1:{self.port}"
 
     def __enter__(self) -> PrometheusServer:
         self.start()
@@ -71,6 +80,10 @@ class PrometheusServer:
     def start(self) -> None:
         argv = [BINARY, f"--config.file={self.config}", f"--storage.tsdb.path={self.folder / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]
+        if self.web_config is not None:
+            web = self.folder / "web.yml"
+            web.write_text(yaml.safe_dump(dict(self.web_config), sort_keys=False))
+            argv.append(f"--web.config.file={web}")
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self._poll(lambda: self._ready(), "Prometheus to answer /-/ready")
@@ -91,7 +104,8 @@ class PrometheusServer:
         if self.process is not None and self.process.poll() is not None:
             raise AssertionError(f"prometheus exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
         try:
-            return httpx.get(self.url + "/-/ready", timeout=5.0).status_code == 200
+            verify = ssl.create_default_context(cafile=str(self.ca_file)) if self.ca_file is not None else True
+            return httpx.get(self.url + "/-/ready", timeout=5.0, headers=self.ready_headers, verify=verify).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -43,6 +43,7 @@ from scepsy.models.instance.allocation import ReplicaPlacement
 
 from . import gateway, inference_gateway, names, operations
 from .controller import ControllerSettings, controller_objects
+from .entry import entry_objects
 from .engines import DEFAULT_IMAGES, ENGINE_PORTS, ENGINES, SCHEDULING_ARGS, SCHEDULING_POLICIES
 from .plan_input import PlacedPlan
 from .sharing import GpuAccess, realise, unpinned
@@ -77,6 +78,7 @@ class ManifestSettings:
     endpoint_picker: str = inference_gateway.DEFAULT_PICKER  # llm-d-router | inference-extension-v1.5.0
     picker_replicas: int = inference_gateway.DEFAULT_PICKER_REPLICAS  # leader-elected pickers per pool
     scheduling: str = "priority"  # the generating engines' waiting queue (engines.SCHEDULING_ARGS)
+    entry_image: str | None = None  # an image with scepsy: emit the workflow entry (entry.py); None: none
 
 
 def parse_kubernetes_version(text: str) -> tuple[int, int]:
@@ -135,6 +137,11 @@ def check_settings(settings: ManifestSettings) -> None:
     parse_kubernetes_version(settings.kubernetes_version)
     check_image("image", settings.image)
     check_image("gateway_image", settings.gateway_image)
+    check_image("entry_image", settings.entry_image)
+    if settings.entry_image is not None and settings.router != "sglang":
+        raise InputError(None, "entry_image", "the workflow entry is emitted in front of the SGLang gateways only",
+                         "leave out `entry_image` with the inference gateway as `router` and run the proxy with its workflow priority "
+                         "in front of your Gateway (docs/deploy.md)")
     for field, value in (("hf_token_secret", settings.hf_token_secret), ("hf_cache_pvc", settings.hf_cache_pvc),
                          ("device_plugin_namespace", settings.device_plugin_namespace)):
         if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
@@ -370,6 +377,8 @@ def build_objects(plan: PlacedPlan, settings: ManifestSettings) -> list[dict]:
         else:
             gateways = {m.name for m in plan.llms if gateway.has_gateway(settings.engine, m.model)}
             objects += operations.pod_monitors(plan, settings.namespace, settings.engine, gateways)
+    if settings.entry_image is not None:
+        objects += entry_objects(plan, settings.namespace, settings.entry_image)
     return objects
 
 

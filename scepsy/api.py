@@ -738,11 +738,13 @@ def export_traces(traces: Sequence[PathLike], out: PathLike, format: str = "json
 class Recorded:
     """What a proxy run recorded (`scepsy proxy`, after Ctrl-C)."""
 
-    store: Path
+    store: Path | None  # None: the proxy ran without a store (the workflow entry)
     written: int
     write_errors: int
 
     def line(self) -> str:
+        if self.store is None:
+            return "recorded nothing (no store)"
         failed = f" ({self.write_errors} failed to write)" if self.write_errors else ""
         return f"recorded {self.written} calls to {self.store}{failed}"
 
@@ -752,7 +754,7 @@ def proxy(
     *,
     host: str = "127.0.0.1",
     port: int = 9000,
-    store: PathLike = "traces.db",
+    store: PathLike | None = "traces.db",
     record_bodies: bool = True,
     timeout_s: float = 600.0,
     max_body_mib: float = 16.0,
@@ -762,7 +764,7 @@ def proxy(
     on_stop: Callable[[Recorded], None] | None = None,
 ) -> Recorded:
     """Run the tracing proxy in front of OpenAI-compatible engines until interrupted, recording
-    every call to the SQLite `store`. `upstreams`: LLM name -> engine base URL (or NAME=URL items);
+    every call to the SQLite `store` (None: recording nothing, as the workflow entry runs). `upstreams`: LLM name -> engine base URL (or NAME=URL items);
     `workflow_priority` tags every chat/completions call with its workflow request's start, for
     engines that schedule by priority; `max_in_flight` (LLM=N items) holds an LLM's calls beyond N
     at the proxy, oldest workflow request first (tracing/capture/proxy.py); `on_start(text)` says
@@ -774,22 +776,26 @@ def proxy(
     check_finite(max_body_mib, "max_body_mib")
     routes_of = dict(upstreams) if isinstance(upstreams, Mapping) else parse_upstreams(upstreams)
     limits = parse_in_flight(max_in_flight, routes_of)
-    try:
-        trace_store = TraceStore(store)
-    except Exception as exc:  # noqa: BLE001 - sqlite errors become one line
-        raise InputError(str(store), "store", f"cannot open the trace store ({exc})", "choose a writable `store` path",
-                         argument=True) from None
+    trace_store = None
+    if store is not None:
+        try:
+            trace_store = TraceStore(store)
+        except Exception as exc:  # noqa: BLE001 - sqlite errors become one line
+            raise InputError(str(store), "store", f"cannot open the trace store ({exc})", "choose a writable `store` path",
+                             argument=True) from None
     routes = ", ".join(f"{name}={url} (/{name}/v1/...)" for name, url in sorted(routes_of.items()))
     if on_start is not None:
-        on_start(f"scepsy proxy on http://{host}:{port}: {routes}; recording to {store}")
+        on_start(f"scepsy proxy on http://{host}:{port}: {routes}; " + (f"recording to {store}" if store is not None else "recording nothing"))
     try:
         config = ProxyConfig(routes_of, store=trace_store, record_bodies=record_bodies, timeout_s=timeout_s,
                              max_body_bytes=int(max_body_mib * 2**20), workflow_priority=workflow_priority,
                              max_in_flight=limits)
         serve(config, host=host, port=port)
     finally:
-        trace_store.close()
-        recorded = Recorded(Path(store), trace_store.written, trace_store.write_errors)
+        recorded = Recorded(None, 0, 0)
+        if trace_store is not None:
+            trace_store.close()
+            recorded = Recorded(Path(store), trace_store.written, trace_store.write_errors) if store is not None else recorded
         if on_stop is not None:
             on_stop(recorded)
     return recorded
@@ -886,6 +892,7 @@ def manifests(
     endpoint_picker: str = "llm-d-router",
     picker_replicas: int = 2,
     scheduling: str = "priority",
+    entry_image: str | None = None,
     controller: bool = False,
     controller_image: str | None = None,
     prometheus_url: str | None = None,
@@ -902,7 +909,9 @@ def manifests(
     `picker_replicas` leader-elected pickers per pool.
     `scheduling` "priority" runs the generating engines with priority scheduling, for calls tagged
     with their workflow request's start (`proxy(workflow_priority=True)`); "fcfs" leaves the
-    engines' default. With `controller`, also `scepsy control` in the cluster (k8s/controller.py): its Deployment (image
+    engines' default. With `entry_image`, also the workflow entry in front of the LLMs' Services
+    (k8s/entry.py: `scepsy proxy --workflow-priority` holding each LLM's calls beyond the plan's
+    entry limit). With `controller`, also `scepsy control` in the cluster (k8s/controller.py): its Deployment (image
     `controller_image`, reading `prometheus_url`, `prometheus_selector` and the policy's
     `settings_file`), ServiceAccount, least-privilege RBAC and Lease."""
     from scepsy.k8s.manifests import ManifestSettings, emit, pinning_warnings, write
@@ -916,6 +925,7 @@ def manifests(
         device_plugin_namespace=device_plugin_namespace, router=router, gateway_name=gateway_name,
         gateway_namespace=gateway_namespace, gateway_provider=gateway_provider, endpoint_picker=endpoint_picker,
         picker_replicas=picker_replicas, scheduling=scheduling,
+        entry_image=entry_image,
     )
     folder = check_output_dir(out, [plan, instance])
     control = None

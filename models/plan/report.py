@@ -101,7 +101,7 @@ def llm_table(prediction: Prediction) -> Table:
                         "a workflow returns to its steady latency from within 5 minutes of 2 minutes at 150% of "
                         "max_throughput_rps (engines that serve older workflows first, as scepsy manifests "
                         "deploys them); entry_limit: the calls in flight the workflow entry lets through to the "
-                        "LLM (scepsy proxy --max-in-flight LLM=N), which keeps that recovery behind routers "
+                        "LLM (the workflow entry's max_in_flight), which keeps that recovery behind routers "
                         "that drop a call's priority")
     derived = [p for p in prediction.llms if p.profile_derived_from]
     if derived:

@@ -130,6 +130,7 @@ FLAGS: dict[str, str] = {
     "profile traces": "--traces",
     "upstreams": "--upstream",
     "max_in_flight": "--max-in-flight",
+    "entry_image": "--entry-image",
     "warmup_s": "--warmup-s",
     "weights": "--weights",
     "welfare": "--welfare",

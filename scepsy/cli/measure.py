@@ -41,6 +41,7 @@ def proxy(
     port: PortOpt = 9000,
     host: HostOpt = "127.0.0.1",
     store: Annotated[Path, typer.Option("--store", help="SQLite trace store (WAL mode).")] = Path("traces.db"),
+    no_store: Annotated[bool, typer.Option("--no-store", help="Record nothing (the workflow entry of a deployment: --workflow-priority, --max-in-flight).")] = False,
     no_bodies: Annotated[bool, typer.Option("--no-bodies", help="Do not record request/response bodies (traces then cannot be replayed).")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Answer 504 when an upstream sends nothing for this long.")] = 600.0,
     max_body_mib: Annotated[float, typer.Option("--max-body-mib", min=0.0, help="Store request/response bodies up to this size, MiB (larger ones: only their sizes).")] = 16.0,
@@ -51,7 +52,7 @@ def proxy(
     from scepsy import api
 
     with errors():
-        api.proxy(upstream, host=host, port=port, store=store, record_bodies=not no_bodies, timeout_s=timeout_s,
+        api.proxy(upstream, host=host, port=port, store=None if no_store else store, record_bodies=not no_bodies, timeout_s=timeout_s,
                   max_body_mib=max_body_mib, workflow_priority=workflow_priority, max_in_flight=max_in_flight, on_start=_tell,
                   on_stop=lambda recorded: _tell(recorded.line()))
 
@@ -91,6 +92,7 @@ def traces_export(
     traces: TracesArg,
     out: Annotated[Path, typer.Option("--out", help="Output file.")],
     fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
+    no_store: Annotated[bool, typer.Option("--no-store", help="Record nothing (the workflow entry of a deployment: --workflow-priority, --max-in-flight).")] = False,
     no_bodies: Annotated[bool, typer.Option("--no-bodies", help="Leave request/response bodies out.")] = False,
 ) -> None:
     """Export traces as JSONL (one call per line) or Parquet."""

@@ -342,12 +342,14 @@ def simulate_rates(
     arrivals: Mapping[str, Sequence[float]] | PathLike | None = None,
     calls_out: PathLike | None = None,
     progress: Callable[[float], None] | None = None,
+    entry: bool = False,
 ) -> list[SimulatedRun]:
     """`scepsy simulate`: one simulation per rate of every workflow (req/s; None: the instance's),
     each with its prediction, on `allocation` (a file or an Allocation; None: plan the instance
     first). `arrivals`: timestamps per workflow, or a file of them (JSONL or an Azure-format CSV);
     `calls_out` writes every LLM call as JSONL (the request source of `synthesize_profile`);
-    `progress` gets the runs done so far (fractional)."""
+    `progress` gets the runs done so far (fractional); `entry` holds each LLM's calls at the
+    plan's entry limit, as the workflow entry does (k8s/entry.py)."""
     for rate in rates:
         check_finite(rate, "rates")
     if calls_out is not None:
@@ -355,6 +357,9 @@ def simulate_rates(
     loaded = load(instance)
     chosen = allocation_of(loaded, allocation)
     timestamps = load_arrivals(arrivals, [w.name for w in loaded.workflows]) if isinstance(arrivals, (str, Path)) else arrivals
+    if entry:
+        limits = {p.llm: p.entry_limit for p in predict(loaded, chosen).llms if p.entry_limit is not None}
+        settings = replace(settings, entry_limits=limits)
     runs = []
     for index, rate in enumerate(rates):
         at = loaded if rate is None else loaded.with_arrival_rates({w.name: rate for w in loaded.workflows})

@@ -196,6 +196,7 @@ def simulation_view(result, prediction=None, rate_rps: float | None = None) -> G
     head = (
         f"simulated {result.duration_s:g} s (measured after {result.warmup_s:g} s), seed {result.seed}, "
         f"engines scheduling {result.scheduling}"
+        + (", entry holding " + ", ".join(f"{llm} at {n}" for llm, n in result.entry_limits) if result.entry_limits else "")
         + (f", rate {rate_rps:g} requests/s per workflow" if rate_rps is not None else "")
         + f", gpus_mean {result.gpus_mean:.2f}"
         + (f", clipped_calls {result.clipped_calls}" if result.clipped_calls else "")

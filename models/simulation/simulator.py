@@ -266,6 +266,7 @@ class SimulationResult:
     gpus_mean: float  # GPUs in use, time-averaged over the window
     clipped_calls: int
     scheduling: str = DEFAULT_SCHEDULING  # the engines' waiting queue the run modelled
+    entry_limits: tuple[tuple[str, int], ...] = ()  # the entry's hold per LLM (entry.py), if any
     calls: tuple[dict, ...] = field(default=(), repr=False)
 
     def workflow(self, name: str) -> WorkflowStats:
@@ -283,6 +284,7 @@ class SimulationResult:
             "warmup_s": num(self.warmup_s),
             "seed": self.seed,
             "scheduling": self.scheduling,
+            "entry_limits": dict(self.entry_limits),
             "gpus_mean": num(self.gpus_mean),
             "clipped_calls": self.clipped_calls,
             "workflows": [
@@ -691,6 +693,7 @@ def _run(instance, allocation, settings, arrivals, progress, env, cluster, ledge
         gpus_mean=gpus,
         clipped_calls=cluster.clipped,
         scheduling=settings.scheduling,
+        entry_limits=tuple(sorted((settings.entry_limits or {}).items())),
         calls=_recorded_calls(instance, ledger.recorded),
     )
 

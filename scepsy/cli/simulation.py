@@ -42,6 +42,7 @@ def simulate(
     calls_out: Annotated[Optional[Path], typer.Option("--calls-out", help="Write every LLM call as JSONL (input of profiles synthesize --requests).")] = None,
     routing: Annotated[str, typer.Option("--routing", help="cache_aware (SGLang-like: least outstanding with prefix affinity) or least_outstanding.")] = "cache_aware",
     scheduling: SchedulingOpt = "priority",
+    entry: Annotated[bool, typer.Option("--entry", help="Hold each LLM's calls at the plan's entry_limit, oldest workflow request first, as the workflow entry does (scepsy manifests --entry-image).")] = False,
     engine_model: EngineModelOpt = "builtin",
     backend: EngineBackendOpt = "vllm",
     database_version: DatabaseVersionOpt = "current",
@@ -60,7 +61,7 @@ def simulate(
         settings = api.simulation_settings(duration_s, warmup_s, seed, routing, engine_model, backend, database_version,
                                            scheduling)
         with progress("simulating", len(points)) as advance:
-            runs = api.simulate_rates(instance, plan, points, settings, arrivals, calls_out, advance)
+            runs = api.simulate_rates(instance, plan, points, settings, arrivals, calls_out, advance, entry=entry)
         emit_json(api.simulation_document(str(instance), runs), out, json_output)
         if not json_output:
             for run in runs:

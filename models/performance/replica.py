@@ -131,6 +131,10 @@ class FcfsQueue:
     def pop(self) -> Request:
         return self._items.popleft()
 
+    def remove(self, request: Request) -> None:
+        """Take out a request that will not run (its client left)."""
+        self._items.remove(request)
+
     @staticmethod
     def victim(candidates: list[Request]) -> Request:
         return candidates[-1]  # the most recently admitted
@@ -160,6 +164,11 @@ class PriorityQueue:
 
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[3]
+
+    def remove(self, request: Request) -> None:
+        """Take out a request that will not run (its client left)."""
+        self._heap = [entry for entry in self._heap if entry[3] is not request]
+        heapq.heapify(self._heap)
 
     @staticmethod
     def victim(candidates: list[Request]) -> Request:

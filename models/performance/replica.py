@@ -13,7 +13,7 @@ the engine model (models/performance/engine.py):
    to the prompt).
 
 Scheduling policies, as vLLM's v1 engine implements them (`--scheduling-policy`; read in
-vllm-project/vllm, tree 00024d314514: vllm/v1/core/sched/request_queue.py `FCFSRequestQueue`,
+vllm-project/vllm@00024d314514: vllm/v1/core/sched/request_queue.py `FCFSRequestQueue`,
 `PriorityRequestQueue`, vllm/v1/core/sched/scheduler.py `Scheduler.schedule`, the preemption in
 its loop over running requests):
 - `fcfs`: the waiting queue is served in arrival order; the preempted sequence is the most recently

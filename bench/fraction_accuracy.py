@@ -39,7 +39,8 @@ from scepsy.models.performance.alp import predict
 from scepsy.models.performance.fraction_shape import share_model
 from scepsy.models.instance.instance import load_instance
 from scepsy.models.instance.profile import LlmProfile, build_profile, load_profile
-from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
+from scepsy.models.profiles.request_sources import load_request_source
+from scepsy.models.profiles.synthesize import SynthesisSettings, synthesize
 from scepsy.models.instance.profile import write_profile
 from scepsy.planner.allocation.search import PlanSettings
 from scepsy.planner.allocation.planning import make_plan

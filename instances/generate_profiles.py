@@ -110,7 +110,8 @@ def profile_rows(name: str, gpu_type: str, tp: int, calls, model_name: str, min_
     SynthesisSettings fields: the same curves measured again, as bench/fraction_accuracy.py does to
     tell the measurements' own noise)."""
     from scepsy.models.catalog import catalog
-    from scepsy.models.profiles.synthesize import SynthesisSettings, source_from_calls, synthesize
+    from scepsy.models.profiles.request_sources import source_from_calls
+    from scepsy.models.profiles.synthesize import SynthesisSettings, synthesize
 
     source = source_from_calls(calls, f"traced calls of {name}")
     settings = {"replications": REPLICATIONS.get(name, 1), "confirm_window_s": CONFIRM_WINDOW_S, **settings}

@@ -14,7 +14,8 @@ from scepsy.models.performance.aiconfigurator import AiconfiguratorTimer, Engine
 from scepsy.models.catalog.catalog import gpu, model  # noqa: E402
 from scepsy.models.performance.engine import Engine, IterationWork, causal_attention  # noqa: E402
 from scepsy.models.catalog.model_config import card_from_config  # noqa: E402
-from scepsy.models.profiles.synthesize import RequestShape, RequestSource, SynthesisSettings, synthesize  # noqa: E402
+from scepsy.models.profiles.request_sources import RequestShape, RequestSource  # noqa: E402
+from scepsy.models.profiles.synthesize import SynthesisSettings, synthesize  # noqa: E402
 
 CONFIGS = Path(__file__).parent / "fixtures" / "model_configs"
 

@@ -33,8 +33,8 @@ import simpy
 from typer.testing import CliRunner
 
 from scepsy.cli import app
-from scepsy.models.performance.engine import IterationWork, causal_attention
-from scepsy.models.performance.replica import ReplicaSim, Request
+from scepsy.models.performance.engine import EngineSettings, IterationWork, causal_attention
+from scepsy.models.performance.replica import SCHEDULING_POLICIES, ReplicaSim, Request, waiting_queue
 from scepsy.models.catalog.catalog import encoder_task
 from scepsy.tracing.emulation.emulator import EmulatorConfig, create_app, emulator_config
 from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app as create_proxy
@@ -286,6 +286,37 @@ def test_client_disconnect_frees_the_sequence(gen):
     assert _metric(gen.url, "scepsy_emulator_aborted_sequences_total") == 1
     assert _metric(gen.url, "vllm:generation_tokens_total") < 100
 
+
+
+def test_a_client_leaving_while_its_request_waits_frees_its_place():
+    """One sequence slot: the second streamed request waits; when its client leaves, it leaves
+    the queue at once (the first keeps running) and the replica goes on serving."""
+    config = emulator_config(**GEN, settings=EngineSettings(max_num_seqs=1))
+    with EmulatorServer(config) as server:
+        running = {"model": "gen", "prompt": ids(10, 1), "max_tokens": 2000, "stream": True}
+        with httpx.stream("POST", server.url + "/v1/completions", json=running) as first:
+            lines = first.iter_lines()
+            next(lines)
+            waiting = {"model": "gen", "prompt": ids(10, 100), "max_tokens": 5, "stream": True}
+            with httpx.stream("POST", server.url + "/v1/completions", json=waiting):
+                wait_for(lambda: _metric(server.url, "vllm:num_requests_waiting") == 1)
+            wait_for(lambda: _metric(server.url, "vllm:num_requests_waiting") == 0)
+            assert _metric(server.url, "vllm:num_requests_running") == 1
+            assert _metric(server.url, "scepsy_emulator_aborted_sequences_total") == 1
+        wait_for(lambda: _metric(server.url, "vllm:num_requests_running") == 0)
+        answer = client(server.url).completions.create(model="gen", prompt=ids(10, 200), max_tokens=2)
+        assert usage_of(answer).completion_tokens == 2
+
+
+@pytest.mark.parametrize("policy", SCHEDULING_POLICIES)
+def test_a_request_leaves_either_waiting_queue_alone(policy):
+    queue = waiting_queue(policy)
+    kept, leaving, last = Request(10, priority=2.0), Request(10, priority=1.0), Request(10, priority=3.0)
+    for request in (kept, leaving, last):
+        queue.push(request)
+    queue.remove(leaving)
+    assert len(queue) == 2 and leaving not in list(queue)
+    assert [queue.pop(), queue.pop()] == [kept, last]
 
 def test_prefix_cache_hits_a_repeated_prompt(gen):
     c = client(gen.url)

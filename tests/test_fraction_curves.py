@@ -388,7 +388,8 @@ def test_a_kv_regime_change_is_derived_with_the_engine_models_load_shape():
     from scepsy.models.instance.profile import build_profile
     from scepsy.models.catalog.catalog import find_gpu, find_model
     from scepsy.models.performance.fraction_shape import share_model
-    from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
+    from scepsy.models.profiles.request_sources import load_request_source
+    from scepsy.models.profiles.synthesize import SynthesisSettings, synthesize
 
     model, gpu = catalog.model("qwen2.5-7b"), catalog.gpu("H100-SXM")
     frame, _ = synthesize(model, gpu, [2], [0.1, 0.2, 0.3, 1.0], load_request_source("fixed:512,128"),

@@ -50,7 +50,8 @@ def _cheap_job(job):
     """One (profile, GPU type, TP, fraction) part measured for real, small: a fixed request shape,
     two rates; profile "big" is a model whose weights do not fit the fraction (no rows)."""
     from scepsy.models.catalog import catalog
-    from scepsy.models.profiles.synthesize import SynthesisSettings, load_request_source, synthesize
+    from scepsy.models.profiles.request_sources import load_request_source
+    from scepsy.models.profiles.synthesize import SynthesisSettings, synthesize
 
     name, gpu_type, tp, fraction = job[:4]
     settings = SynthesisSettings(requests_per_point=40, rate_points=(0.3, 0.8), max_extensions=0, refine_steps=0,

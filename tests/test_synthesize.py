@@ -15,13 +15,8 @@ from scepsy.cli import app
 from scepsy.models.catalog import catalog
 from scepsy.models.errors import InputError
 from scepsy.models.instance.profile import PROFILE_COLUMNS, load_profile, write_profile
-from scepsy.models.profiles.synthesize import (
-    RequestShape,
-    SynthesisSettings,
-    load_request_source,
-    stable_capacity_rps,
-    synthesize,
-)
+from scepsy.models.profiles.request_sources import RequestShape, load_request_source
+from scepsy.models.profiles.synthesize import SynthesisSettings, stable_capacity_rps, synthesize
 
 FAST = SynthesisSettings(requests_per_point=80, rate_points=(0.1, 0.5, 0.8, 1.0, 1.3))
 
@@ -181,7 +176,8 @@ def test_traced_requests_are_replayed_with_their_dependencies():
     from scepsy.models.instance.allocation import Allocation, LlmAllocation
     from scepsy.models.instance.instance import load_instance
     from scepsy.models.simulation.simulator import SimulationSettings, simulate
-    from scepsy.models.profiles.synthesize import source_from_calls, synthesize_curve
+    from scepsy.models.profiles.request_sources import source_from_calls
+    from scepsy.models.profiles.synthesize import synthesize_curve
     from scepsy.models.performance.engine import Engine
 
     instance = load_instance(Path(__file__).resolve().parent.parent / "instances" / "beam-4xa6000.yaml")

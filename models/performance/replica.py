@@ -13,7 +13,7 @@ the engine model (models/performance/engine.py):
    to the prompt).
 
 Scheduling policies, as vLLM's v1 engine implements them (`--scheduling-policy`; read in
-vllm-project/vllm main, December 2026: vllm/v1/core/sched/request_queue.py `FCFSRequestQueue`,
+vllm-project/vllm@00024d314514: vllm/v1/core/sched/request_queue.py `FCFSRequestQueue`,
 `PriorityRequestQueue`, vllm/v1/core/sched/scheduler.py `Scheduler.schedule`, the preemption in
 its loop over running requests):
 - `fcfs`: the waiting queue is served in arrival order; the preempted sequence is the most recently
@@ -131,6 +131,10 @@ class FcfsQueue:
     def pop(self) -> Request:
         return self._items.popleft()
 
+    def remove(self, request: Request) -> None:
+        """Take out a request that will not run (its client left)."""
+        self._items.remove(request)
+
     @staticmethod
     def victim(candidates: list[Request]) -> Request:
         return candidates[-1]  # the most recently admitted
@@ -160,6 +164,11 @@ class PriorityQueue:
 
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[3]
+
+    def remove(self, request: Request) -> None:
+        """Take out a request that will not run (its client left)."""
+        self._heap = [entry for entry in self._heap if entry[3] is not request]
+        heapq.heapify(self._heap)
 
     @staticmethod
     def victim(candidates: list[Request]) -> Request:

@@ -541,7 +541,7 @@ def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mappi
 
 def write_calls(results: Iterable[SimulationResult], path: Path | str) -> None:
     """Every recorded call of the runs (`record_calls`), one JSON object a line in run order: the
-    request source of `profiles synthesize` (models/profiles/synthesize.py reads it back)."""
+    request source of `profiles synthesize` (models/profiles/request_sources.py reads it back)."""
     import json
 
     from scepsy.models.output import writing

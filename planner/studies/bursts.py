@@ -53,7 +53,8 @@ def burst_arrivals(rate_rps: float, burst: Burst, seed: int, workflow: str, with
 
 
 def _poisson(rng: random.Random, rate_rps: float, start_s: float, end_s: float) -> list[float]:
-    times, now = [], start_s
+    times: list[float] = []
+    now = start_s
     if rate_rps <= 0:
         return times
     while True:

@@ -42,7 +42,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 @dataclass(frozen=True)
 class Snapshot:
-    """The replica's numbers at one scrape (tracing/emulation/emulator.py `Emulator.snapshot`)."""
+    """The replica's numbers at one scrape (tracing/emulation/endpoints.py `Emulator.snapshot`)."""
 
     model_name: str
     personality: str

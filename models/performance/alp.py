@@ -27,7 +27,7 @@ workflow entry lets through to it (models/performance/recovery.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from scepsy.models.instance.instance import Instance, Llm, Stage, Workflow
 from scepsy.models.instance.allocation import Allocation, LlmAllocation
@@ -148,6 +148,7 @@ def predict_llm(instance: Instance, choice: LlmAllocation) -> LlmPrediction:
     capacity = curve.capacity_rps
     overloaded = rate > instance.max_utilization * capacity * (1 + 1e-9)
     latency = math.inf if overloaded else float(curve.latency_s(rate, instance.call_latency_metric))
+    usable_rps = instance.max_utilization * capacity  # per replica, the most the plan lets it take
     return LlmPrediction(
         llm=choice.llm,
         model=llm.model,
@@ -162,6 +163,8 @@ def predict_llm(instance: Instance, choice: LlmAllocation) -> LlmPrediction:
         utilization=offered / (choice.replicas * capacity),
         overloaded=overloaded,
         max_utilization=instance.max_utilization,
+        entry_limit=entry_limit(choice.replicas * usable_rps,
+                                float(curve.latency_s(usable_rps, "mean")) if usable_rps > 0 else math.inf),
         profile_derived_from=curve.derived_from,
     )
 
@@ -203,16 +206,4 @@ def predict(instance: Instance, allocation: Allocation) -> Prediction:
                 recovery_limit_rps=recovery_limit_rps(limits[bottleneck], list(limits.values())),
             )
         )
-    limits = _entry_limits(instance, allocation, workflows)
-    return Prediction(tuple(replace(p, entry_limit=limits.get(p.llm)) for p in llms), tuple(workflows))
-
-
-def _entry_limits(instance: Instance, allocation: Allocation, workflows: list[WorkflowPrediction]) -> dict[str, int]:
-    """Each LLM's entry limit, from its calls in flight with every workflow at the capacity the plan
-    reports (all scaled together until the first reaches its max_throughput_rps)."""
-    scales = [w.max_throughput_rps / w.arrival_rate_rps for w in workflows if w.arrival_rate_rps > 0]
-    if not scales or not math.isfinite(min(scales)) or min(scales) <= 0:
-        return {}
-    at = instance.with_arrival_rates({w.name: w.arrival_rate_rps * min(scales) for w in workflows})
-    limits = {m.name: entry_limit(predict_llm(at, allocation.of(m.name))) for m in instance.llms}
-    return {name: limit for name, limit in limits.items() if limit is not None}
+    return Prediction(llms, tuple(workflows))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -66,25 +65,18 @@ def recovery_limit_rps(claim_rps: float, stage_limits_rps: list[float], burst: B
 
 
 # The entry's hold (`scepsy proxy --max-in-flight`, models/simulation/entry.py): an LLM's calls in
-# flight past the entry, at most ENTRY_LIMIT_FACTOR x those Little's law gives at the capacity the
-# plan reports (offered rate x call latency there). With engines left first come first served, on
-# beam search over one A6000, 1.5, 2 and 3 times all recover from the standard burst (99% served,
-# latency within 5% of the reference); the steady state does not change (within 0.5%).
+# flight past the entry, at most ENTRY_LIMIT_FACTOR x those Little's law gives with the LLM at the
+# most the plan lets it take (max_utilization x its capacity, at the mean call latency there),
+# whatever the workflows' mix. With engines left first come first served, on beam search over one
+# A6000, 1.5, 2 and 3 times all recover from the standard burst (99% served, latency within 5%);
+# the steady state does not change (within 0.5%).
 ENTRY_LIMIT_FACTOR = 2.0
 
 
-class _LlmLoad(Protocol):
-    @property
-    def offered_rate_rps(self) -> float: ...
-
-    @property
-    def latency_s(self) -> float: ...
-
-
-def entry_limit(at_capacity: _LlmLoad) -> int | None:
-    """The entry limit of an LLM from its prediction at the plan's reported capacity (None where
-    that load overloads it: no finite calls in flight to size by)."""
-    in_flight = at_capacity.offered_rate_rps * at_capacity.latency_s
+def entry_limit(usable_rps: float, latency_s: float) -> int | None:
+    """The entry limit of an LLM taking `usable_rps` (all replicas, requests/s) at a mean call
+    latency of `latency_s` (None where that is not finite: no calls in flight to size by)."""
+    in_flight = usable_rps * latency_s
     if not math.isfinite(in_flight):
         return None
     return max(1, math.ceil(ENTRY_LIMIT_FACTOR * in_flight))

@@ -151,8 +151,32 @@ def test_the_cycle_finder_finds_cycles():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_relative_imports_stay_inside_the_package():
-    for path in source_files():
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level > 1:
-                pytest.fail(f"{path} uses a relative import that leaves its package")
+# Files that still use relative imports while another change rewrites them; they are converted
+# when it lands, and this set is then emptied (it may only shrink).
+RELATIVE_IMPORTS_PENDING = frozenset({"k8s/gateway.py", "k8s/inference_gateway.py"})
+
+
+def python_files() -> list[Path]:
+    """Every Python file of the checkout: the packages, the CLI, tests, benchmarks, examples, notebooks."""
+    skip = {".venv", "build", "dist", ".git", "node_modules"}  # rglob does not enter symlinks (scepsy/models, src/)
+    return sorted(path for path in REPO.rglob("*.py") if not skip & set(path.relative_to(REPO).parts))
+
+
+def relative_imports(path: Path) -> list[int]:
+    """The line numbers of `from . import x` / `from .module import x` in one file."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.level > 0]
+
+
+def test_imports_are_absolute():
+    """One import style: `from scepsy.<package>... import`, never relative."""
+    found = {str(path.relative_to(REPO)): lines for path in python_files() if (lines := relative_imports(path))}
+    offenders = sorted(f"{name}:{lines[0]}" for name, lines in found.items() if name not in RELATIVE_IMPORTS_PENDING)
+    assert not offenders, "relative imports (write from scepsy.<package>... import): " + ", ".join(offenders)
+    assert RELATIVE_IMPORTS_PENDING <= set(found), "a pending file is converted: drop it from RELATIVE_IMPORTS_PENDING"
+
+
+def test_the_import_check_sees_relative_imports(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import os\nfrom scepsy.models import errors\nfrom . import names\nfrom ..k8s.names import x\n")
+    assert relative_imports(sample) == [3, 4]

@@ -34,6 +34,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import IO, Any
 
 from scepsy.control.act import (
@@ -51,7 +52,7 @@ from scepsy.control.act import (
 from scepsy.control.gauges import DesiredGauges
 from scepsy.control.observe import missing_llms, observation
 from scepsy.control.policy import ControllerState, Decision, PolicyContext, decide
-from scepsy.control.prometheus import PrometheusClient, read_llms
+from scepsy.control.prometheus import PrometheusClient, PrometheusSettings, read_llms
 from scepsy.k8s.manifests import ManifestSettings, build_objects
 from scepsy.k8s.plan_input import placed_plan
 from scepsy.models.errors import InputError
@@ -281,3 +282,27 @@ class LiveLoop:
             if periods is not None and self.periods >= periods:
                 break
             sleep(max(0.0, began + period_s - self.clock()))
+
+
+def run_live(context: PolicyContext, cluster: Cluster, prometheus_settings: PrometheusSettings,
+             manifests: ManifestSettings, settings: LiveSettings, log_path: Path,
+             say: Callable[[str], None], show: Callable[[str], None], clock: Callable[[], float],
+             sleep: Callable[[float], None], periods: int | None = None, instance_file: str | None = None,
+             gauges_port: int | None = None) -> LiveLoop:
+    """Run the loop for `periods` (None: until interrupted), appending each period to `log_path`;
+    with `act` "gauges" the target is served on `gauges_port`. The Prometheus client is closed
+    after; the loop is returned with its counts."""
+    prometheus = PrometheusClient(prometheus_settings)
+    gauges = DesiredGauges() if settings.act == "gauges" else None
+    if gauges is not None and gauges_port is not None:
+        gauges.serve(gauges_port)
+    try:
+        with open(log_path, "a", encoding="utf-8") as stream:
+            loop = LiveLoop(context, cluster, prometheus, manifests, settings, stream, say, show, clock,
+                            instance_file=instance_file, gauges=gauges)
+            loop.run(sleep, periods)
+    except OSError as exc:
+        raise InputError(str(log_path), "log", f"cannot write ({exc.strerror})", "give `log` a writable path") from None
+    finally:
+        prometheus.close()
+    return loop

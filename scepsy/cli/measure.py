@@ -50,7 +50,7 @@ def proxy(
 
     with errors():
         api.proxy(upstream, host=host, port=port, store=store, record_bodies=not no_bodies, timeout_s=timeout_s,
-                  max_body_mib=max_body_mib, on_start=_tell, on_stop=lambda recorded: _tell(recorded.line()))
+                  max_body_mib=max_body_mib, on_start=_tell, on_stop=lambda recorded: _tell(api.recorded_view(recorded)))
 
 
 @app.command()
@@ -151,7 +151,7 @@ def topology(
     with errors():
         found = api.topology(node_name, gpu_type, replay=replay, record=record, out=out)
         if json_output:
-            emit_json(found.to_json(), None, True)
+            emit_json(api.topology_document(found), None, True)
         else:
             sys.stdout.write(found.to_yaml())
         for warning in found.warnings:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Burst collapse of closed-loop agentic workflows, and its cure, in NVIDIA aisimulate.
 
-A workflow request issues 6 scoring calls one after another (each call is sent
+A workflow request makes 6 scoring calls one after another (each call is sent
 when the previous one completes); the calls of one workflow share a
 1,536-token prefix, each adds 128 tokens of its own and generates 4 tokens.
 One Qwen3-8B replica on one H200 runs aisimulate's vLLM scheduler mock with

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from scepsy.control.policy import ControlSettings
+from scepsy.control.policy import ControlSettings, SettingError
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import load_yaml
 
@@ -119,7 +119,7 @@ def control_settings(base: Mapping[str, object], file: Path | str | None = None,
     try:
         return ControlSettings(**values)  # type: ignore[arg-type]  # converted to each knob's type above
     except (ValueError, TypeError) as exc:
-        name = _named_knob(str(exc), values)
+        name = exc.field if isinstance(exc, SettingError) else _named_knob(str(exc), values)
         where = origin.get(name) if name is not None else None
         raise InputError(where, name, str(exc), "change that knob (scepsy control --help lists each default)",
                          argument=where is None) from None

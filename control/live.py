@@ -36,6 +36,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import IO, Any
 
 from scepsy.control.act import (

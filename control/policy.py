@@ -70,6 +70,14 @@ ACTIONS = ("keep", "replan", "hold")
 VARIABILITY_WEIGHT = 0.2  # the burst variability's exponential weight on the newest period: about 5 periods of memory
 
 
+class SettingError(ValueError):
+    """A knob of ControlSettings out of its range; `field` names the knob."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass(frozen=True)
 class ControlSettings:
     """The policy's knobs; docs/control.md gives each default's reason."""
@@ -92,22 +100,22 @@ class ControlSettings:
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
-            raise ValueError(f"unknown predictor {self.predictor!r}; use one of {', '.join(PREDICTORS)}")
+            raise SettingError("predictor", f"unknown predictor {self.predictor!r}; use one of {', '.join(PREDICTORS)}")
         for name in ("period_s", "slo_margin", "scale_up_at", "rate_step"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a finite number > 0, not {value!r}")
+                raise SettingError(name, f"{name} must be a finite number > 0, not {value!r}")
         for name in ("startup_s", "headroom", "hysteresis", "stabilization_s", "sustain_s", "burst_z", "flap_window_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
+                raise SettingError(name, f"{name} must be a finite number >= 0, not {value!r}")
         if self.scale_up_at < self.slo_margin:
-            raise ValueError(f"scale_up_at ({self.scale_up_at:g}) must be at least slo_margin ({self.slo_margin:g}): "
-                             "a plan made to the planning SLO would trigger its own scale-up")
+            raise SettingError("scale_up_at", f"scale_up_at ({self.scale_up_at:g}) must be at least slo_margin ({self.slo_margin:g}): "
+                               "a plan made to the planning SLO would trigger its own scale-up")
         if self.max_moves_per_period < 1:
-            raise ValueError("max_moves_per_period must be at least 1")
+            raise SettingError("max_moves_per_period", "max_moves_per_period must be at least 1")
         if self.confirm_periods < 1:
-            raise ValueError("confirm_periods must be at least 1")
+            raise SettingError("confirm_periods", "confirm_periods must be at least 1")
 
     @property
     def horizon(self) -> float:

@@ -37,8 +37,8 @@ from pathlib import Path
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import read_text
 
-from . import names
-from .plan_input import PlacedPlan
+from scepsy.k8s import names
+from scepsy.k8s.plan_input import PlacedPlan
 
 NAME = names.CONTROLLER
 MOUNT = "/etc/scepsy/controller"

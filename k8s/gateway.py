@@ -51,11 +51,11 @@ from dataclasses import dataclass
 
 from scepsy.models.catalog.catalog import serving_task
 
-from . import names
-from .engines import ENGINE_PORTS, METRICS
-from .plan_input import PlacedPlan
-from .sizing import gateway_resources, most_replicas, tree_chars_per_worker
-from .workloads import single_pod_deployment
+from scepsy.k8s import names
+from scepsy.k8s.engines import ENGINE_PORTS, METRICS
+from scepsy.k8s.plan_input import PlacedPlan
+from scepsy.k8s.sizing import gateway_resources, most_replicas, tree_chars_per_worker
+from scepsy.k8s.workloads import single_pod_deployment
 
 GATEWAY_VERSION = "0.3.2"  # sglang-router on PyPI == lmsysorg/sgl-model-gateway tag (pyproject test extra)
 GATEWAY_IMAGE = f"lmsysorg/sgl-model-gateway:v{GATEWAY_VERSION}"

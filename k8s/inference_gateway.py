@@ -41,12 +41,12 @@ import yaml
 
 from scepsy.models.catalog.catalog import serving_task
 
-from . import names
-from .engines import ENGINE_PORTS
-from .gateway import DRAIN_LIMIT_S, ENGINE_TERMINATION_GRACE_S, replica_selector
-from .plan_input import PlacedPlan
-from .sizing import most_replicas, picker_resources
-from .workloads import single_pod_deployment
+from scepsy.k8s import names
+from scepsy.k8s.engines import ENGINE_PORTS
+from scepsy.k8s.gateway import DRAIN_LIMIT_S, ENGINE_TERMINATION_GRACE_S, replica_selector
+from scepsy.k8s.plan_input import PlacedPlan
+from scepsy.k8s.sizing import most_replicas, picker_resources
+from scepsy.k8s.workloads import single_pod_deployment
 
 POOL_API = "inference.networking.k8s.io/v1"
 ROUTE_API = "gateway.networking.k8s.io/v1"

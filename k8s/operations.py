@@ -14,8 +14,8 @@
 
 from __future__ import annotations
 
-from . import names
-from .plan_input import PlacedPlan
+from scepsy.k8s import names
+from scepsy.k8s.plan_input import PlacedPlan
 
 PRIORITY_CLASS = "scepsy-serving"
 PRIORITY_VALUE = 100000  # far below system-cluster-critical (2e9), above the default 0

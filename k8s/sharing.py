@@ -65,8 +65,8 @@ import yaml
 from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import ReplicaPlacement
 
-from . import names
-from .plan_input import PlacedPlan
+from scepsy.k8s import names
+from scepsy.k8s.plan_input import PlacedPlan
 
 BACKENDS = ("hami", "dra-mps", "device-plugin-mps", "none")
 HAMI_SCHEDULER = "hami-scheduler"

@@ -70,9 +70,9 @@ from scepsy.placement.feasibility.solver import STATUS_NAMES, cpsat_solver
 from scepsy.placement.feasibility.counts import Counts, CpsatCounts, Group, Kept, add_count_rows, count_variables, decode_counts
 from scepsy.placement.feasibility.packing import packing_weights
 
-from .current import Candidate, keep_candidates, movable_replicas
-from .heuristic import first_fit_placement
-from .objective import Spot, evaluate, number_replicas
+from scepsy.placement.current import Candidate, keep_candidates, movable_replicas
+from scepsy.placement.heuristic import first_fit_placement
+from scepsy.placement.objective import Spot, evaluate, number_replicas
 
 Gpu = tuple[str, int]  # (node, gpu index)
 Var: TypeAlias = cp_model.IntVar

@@ -46,8 +46,8 @@ from functools import lru_cache
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Cluster
 
-from .current import Candidate, keep_candidates
-from .objective import Spot, number_replicas
+from scepsy.placement.current import Candidate, keep_candidates
+from scepsy.placement.objective import Spot, number_replicas
 
 Domains = tuple[tuple[int, ...], ...]
 

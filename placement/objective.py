@@ -19,7 +19,7 @@ from scepsy.models.instance.instance import Cluster
 from scepsy.models.plan.fragmentation import domain_counts_after
 from scepsy.models.plan.plan import PlacementObjective
 
-from .current import keep_candidates, movable_replicas
+from scepsy.placement.current import keep_candidates, movable_replicas
 
 
 def evaluate(cluster: Cluster, allocation: Allocation, placement: Placement, current: Placement | None = None) -> PlacementObjective:

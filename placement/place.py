@@ -28,10 +28,10 @@ from scepsy.models.plan.plan import PlacementInfo
 from scepsy.models.instance.placement_check import validate_placement
 from scepsy.placement.feasibility.placeability import Placer, PlacementCheck, exact_placement
 
-from .cpsat import CpsatOutcome, ModelTooLargeError, build_placement_model, solve_placement
-from .diagnose import explain_unplaceable, necessary_condition_violated
-from .heuristic import heuristic_placement
-from .objective import evaluate
+from scepsy.placement.cpsat import CpsatOutcome, ModelTooLargeError, build_placement_model, solve_placement
+from scepsy.placement.diagnose import explain_unplaceable, necessary_condition_violated
+from scepsy.placement.heuristic import heuristic_placement
+from scepsy.placement.objective import evaluate
 
 METHODS = ("cpsat", "heuristic")
 DEFAULT_TIME_LIMIT_S = 10.0

@@ -1,6 +1,6 @@
 """scepsy: GPU capacity planning for multi-LLM agentic workflows.
 
-The public API (scepsy/api.py): `from scepsy import plan, place, predict, simulate`. It is
+The public API (scepsy/api/): `from scepsy import plan, place, predict, simulate`. It is
 imported on first use, so that `import scepsy.models...` stays light.
 """
 

@@ -77,7 +77,7 @@ def test_one_writer_for_planned_and_placed_documents(tmp_path):
 
 
 def test_profile_summaries_come_from_the_api(tmp_path):
-    """`profiles synthesize --json` prints what api.synthesize_profile(...).summary() gives."""
+    """`profiles synthesize --json` prints what api.synthesis_document(api.synthesize_profile(...)) gives."""
     from scepsy import api
     from scepsy.models.profiles.synthesize import SynthesisSettings
 
@@ -88,7 +88,7 @@ def test_profile_summaries_come_from_the_api(tmp_path):
     assert result.exit_code == 0, result.output
     synthesized = api.synthesize_profile("e5-base-v2", "A6000", [1], [0.1, 1.0], "fixed:48,0",
                                          settings=SynthesisSettings(requests_per_point=60))
-    assert json.loads(result.output) == synthesized.summary(out)
+    assert json.loads(result.output) == api.synthesis_document(synthesized, out)
     assert synthesized.capacities_rps() and all(capacity > 0 for capacity in synthesized.capacities_rps().values())
 
 
@@ -160,3 +160,28 @@ def test_the_core_install_leaves_the_optional_dependencies_out():
 def test_the_api_is_typed_for_static_tools():
     assert (REPO / "scepsy" / "py.typed").is_file()
     assert scepsy.__all__ == ["plan", "place", "predict", "simulate"]
+
+
+@pytest.mark.parametrize("settings, field", [
+    ({"period_s": 0.0}, "period_s"),
+    ({"period_s": float("nan")}, "period_s"),
+    ({"startup_s": -1.0}, "startup_s"),
+    ({"predictor": "oracle"}, "predictor"),
+])
+def test_the_controller_settings_are_checked_once_naming_the_knob(settings, field):
+    """ControlSettings checks its knobs (control/policy.py); the API names the knob that is out of
+    range, whichever it is (the command's options bound the numbers themselves)."""
+    from scepsy import api
+    from scepsy.models.errors import InputError
+
+    with pytest.raises(InputError) as raised:
+        api.control_settings(**settings)
+    assert raised.value.field == field and str(raised.value).startswith(f"{field}: ")
+
+
+def test_the_command_names_an_unknown_predictor(tmp_path):
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    result = runner.invoke(app, ["control", str(DEFAULT), "--plan", str(plan), "--simulate", "--arrivals", "azure:conv",
+                                 "--predictor", "oracle"])
+    assert result.exit_code == 2 and result.output.startswith("error: --predictor: unknown predictor 'oracle'"), result.output

@@ -57,8 +57,12 @@ MODES = {
 HELPERS = {
     "plan_document", "placement_document", "prediction_document", "simulation_document", "stats_document",
     "plan_view", "placement_view", "prediction_view", "simulation_view", "stats_view",
-    "placement_settings", "simulation_settings", "replay_settings", "emulator_config", "SimulationSettings",
-    "SynthesisSettings",
+    "study_document", "sweep_document", "synthesis_document", "replay_document", "topology_document",
+    "manifests_document", "deployed_document", "status_document", "control_simulation_document", "control_run_document",
+    "study_view", "sweep_view", "replay_view", "recorded_view", "manifests_view", "deployed_view", "status_view",
+    "control_simulation_view",
+    "placement_settings", "simulation_settings", "replay_settings", "emulator_config", "control_settings",
+    "SimulationSettings", "SynthesisSettings",
 }
 ADD_A_COMMAND = ("add it to COMMANDS in tests/test_cli_api.py: the one scepsy.api function it calls and arguments "
                  "that reach that call")
@@ -212,7 +216,7 @@ def _string_constants(tree: ast.AST) -> list[tuple[str, bool]]:
 
 def library_files() -> list[Path]:
     files = [path for package in ("models", "planner", "placement", "k8s", "tracing") for path in sorted((REPO / package).rglob("*.py"))]
-    return files + [REPO / "scepsy" / "api.py", REPO / "scepsy" / "pipeline.py"]
+    return files + sorted((REPO / "scepsy" / "api").glob("*.py")) + [REPO / "scepsy" / "pipeline.py"]
 
 
 # the position of the argument name in calls that take one (InputError: when its file is None)

@@ -426,7 +426,7 @@ def test_api_control_dry_run_prints_the_diff_logs_each_period_and_writes_nothing
     assert _writes(api) == []  # nothing applied or deleted
     # nothing changed, so the next period decides the same from what runs
     assert records[2]["action"] == "replan" and records[2]["act"]["changes"] == records[1]["act"]["changes"]
-    assert run.document()["actions"] == {"replan": 2}
+    assert scepsy_api.control_run_document(run)["actions"] == {"replan": 2}
 
 
 def test_api_control_refuses_beside_an_hpa_with_one_line(api, tmp_path, instance, prometheus):

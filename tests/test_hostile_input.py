@@ -400,3 +400,41 @@ def test_recording_every_call_is_bounded_by_its_memory(ws, monkeypatch):
     _expect([*args, "--calls-out", ws / "calls.jsonl"], 2, "--calls-out", "more than the 50 ")
     assert not (ws / "calls.jsonl").exists()
     _expect([*args, "--json"], 0)
+
+
+# every command that reads traces, and files that hold none or are not OTLP: one line naming the file, exit 2
+TRACE_COMMANDS = {
+    "traces export": lambda trace, tmp: ["traces", "export", trace, "--out", tmp / "out.jsonl"],
+    "aggregate": lambda trace, tmp: ["aggregate", trace, "--out", tmp / "out.yaml"],
+    "profile": lambda trace, tmp: ["profile", "--traces", trace, "--llm", "gen", "--endpoint", "http://127.0.0.1:9",
+                                   "--gpu-type", "A6000", "--out", tmp / "out.csv"],
+}
+NO_TRACES = {  # file name, content, what the line says
+    "empty": ("spans.json", b"", "an empty file"),
+    "blank": ("spans.json", b"\n  \n", "no call records and no spans"),
+    "no spans": ("spans.json", b'{"resourceSpans": []}', "no call records and no spans"),
+    "resourceSpans an object": ("spans.json", b'{"resourceSpans": {"scopeSpans": []}}', "resourceSpans: is not a list"),
+    "resourceSpans a string": ("otlp", b'{"resourceSpans": "x"}\n', "resourceSpans: is not a list"),
+    "scopeSpans a number": ("spans.jsonl", b'{"resourceSpans": [{"scopeSpans": 3}]}', "resourceSpans[0].scopeSpans: is not a list"),
+    "spans of strings": ("spans.json", b'{"resourceSpans": [{"scopeSpans": [{"spans": ["a"]}]}]}', "scopeSpans[0].spans: is not a list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NO_TRACES))
+@pytest.mark.parametrize("command", sorted(TRACE_COMMANDS))
+def test_trace_files_without_traces_exit_2_naming_the_file(tmp_path, command, case):
+    name, content, fragment = NO_TRACES[case]
+    trace = tmp_path / name
+    trace.write_bytes(content)
+    result = _expect(TRACE_COMMANDS[command](trace, tmp_path), 2, str(trace), fragment)
+    assert len(result.err.strip().splitlines()) == 1
+    assert not any(path.name.startswith("out.") for path in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", sorted(TRACE_COMMANDS))
+def test_a_proxy_store_without_calls_exits_2_naming_it(tmp_path, command):
+    from scepsy.tracing.capture.store import write_store
+
+    store = tmp_path / "empty.db"
+    write_store(store, [])
+    _expect(TRACE_COMMANDS[command](store, tmp_path), 2, str(store), "no call records and no spans")

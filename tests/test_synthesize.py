@@ -114,6 +114,19 @@ def test_cli_synthesize_writes_and_merges(tmp_path):
     assert set(frame["gpu_type"]) == {"A6000", "H100"} and (frame["gpu_type"] == "A6000").sum() == summary["rows"]
 
 
+def test_merging_keeps_the_other_fractions_of_the_same_gpu_type_and_tp(tmp_path):
+    """--merge replaces the (gpu_type, tp, fraction) configurations synthesized now and keeps the
+    others, the rule of every profile writer (tracing/profiling/replay.py merge_profile_rows)."""
+    from scepsy import api
+
+    out = tmp_path / "gen.csv"
+    first = api.synthesize_profile("e5-base-v2", "A6000", [1], [0.1, 1.0], "fixed:48,0", settings=FAST, out=out)
+    api.synthesize_profile("e5-base-v2", "A6000", [1], [1.0], "fixed:48,0", settings=FAST, merge_into=out, out=out)
+    frame = pd.read_csv(out)
+    assert set(frame["fraction"]) == {0.1, 1.0}
+    assert (frame["fraction"] == 0.1).sum() == (first.frame["fraction"] == 0.1).sum() > 0
+
+
 def test_cli_synthesize_pools_replications(tmp_path, capsys):
     """`--replications 2` writes the single draw's rates with pooled values and says so; 0 is exit 2."""
     runner = CliRunner()

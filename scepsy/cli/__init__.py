@@ -1,5 +1,5 @@
 """The `scepsy` command: one module per group of commands, each command a thin adapter over one
-function of the public API (scepsy/api.py; tests/test_cli_api.py); nothing imports it. The command
+function of the public API (scepsy/api/; tests/test_cli_api.py); nothing imports it. The command
 reference docs/cli.md is generated from it (scepsy/cli/reference.py).
 
 Exit codes: 0 success; 2 bad input (one line naming file, field and fix); 3 infeasible (the binding

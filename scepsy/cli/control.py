@@ -110,7 +110,7 @@ def control(
                 say=say,
                 show=lambda line: stdout.print(line, markup=False, highlight=False, soft_wrap=True),
             )
-            emit_json(run.document(), out, json_output)
+            emit_json(api.control_run_document(run), out, json_output)
             if not json_output:
                 stdout.print(f"{run.periods} periods ({', '.join(f'{n} {a}' for a, n in sorted(run.actions.items()))}); decisions in {run.log}",
                              highlight=False, markup=False)
@@ -122,8 +122,8 @@ def control(
             result = api.simulate_control(instance, plan, arrivals, startup_s=startup_s, period_s=period_s, baselines=systems,
                                           predictor=predictor, seed=seed, plot=plot, progress=advance,
                                           settings_file=settings_file, setting=setting or [])
-        emit_json(result.document(), out, json_output)
+        emit_json(api.control_simulation_document(result), out, json_output)
         if not json_output:
-            stdout.print(result.view())
+            stdout.print(api.control_simulation_view(result))
             if result.plot is not None:
                 stdout.print(f"wrote {result.plot}")

@@ -71,9 +71,9 @@ def manifests(
         for line in written.warnings:
             stderr.print(line, markup=False, highlight=False, soft_wrap=True)
         if json_output:
-            emit_json(written.document(), None, True)
+            emit_json(api.manifests_document(written), None, True)
         else:
-            stdout.print(written.line(), highlight=False)
+            stdout.print(api.manifests_view(written), highlight=False)
 
 
 @app.command()
@@ -90,9 +90,9 @@ def deploy(
     with errors():
         applied = api.deploy(directory, kubeconfig=kubeconfig, context=context, dry_run=dry_run)
         if json_output:
-            emit_json(applied.document(), None, True)
+            emit_json(api.deployed_document(applied), None, True)
         else:
-            for line in applied.lines():
+            for line in api.deployed_view(applied):
                 stdout.print(line, highlight=False, markup=False)
 
 
@@ -109,6 +109,6 @@ def status(
     with errors():
         found = api.status(namespace, kubeconfig=kubeconfig, context=context)
         if json_output:
-            emit_json(found.document(), None, True)
+            emit_json(api.status_document(found), None, True)
         else:
-            stdout.print(found.view())
+            stdout.print(api.status_view(found))

@@ -54,7 +54,7 @@ def proxy(
     with errors():
         api.proxy(upstream, host=host, port=port, store=None if no_store else store, record_bodies=not no_bodies, timeout_s=timeout_s,
                   max_body_mib=max_body_mib, workflow_priority=workflow_priority, max_in_flight=max_in_flight, on_start=_tell,
-                  on_stop=lambda recorded: _tell(recorded.line()))
+                  on_stop=lambda recorded: _tell(api.recorded_view(recorded)))
 
 
 @app.command()
@@ -156,7 +156,7 @@ def topology(
     with errors():
         found = api.topology(node_name, gpu_type, replay=replay, record=record, out=out)
         if json_output:
-            emit_json(found.to_json(), None, True)
+            emit_json(api.topology_document(found), None, True)
         else:
             sys.stdout.write(found.to_yaml())
         for warning in found.warnings:

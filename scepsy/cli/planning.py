@@ -140,6 +140,6 @@ def whatif(
         for path in study.plots:
             stderr.print(f"wrote {path}")
         if json_output:
-            sys.stdout.write(study.to_json_text())
+            sys.stdout.write(api.study_document(study))
         else:
-            stdout.print(study.view())
+            stdout.print(api.study_view(study))

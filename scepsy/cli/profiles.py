@@ -42,7 +42,7 @@ def profiles_synthesize(
     requests_per_point: Annotated[Optional[int], typer.Option("--requests-per-point", min=50, help="Simulated requests per rate point (default: 400, more for prefill-only calls whose completions come in batches).")] = None,
     replications: Annotated[int, typer.Option("--replications", min=1, max=16, help="Independent draws of requests and arrival gaps measured at every rate and pooled (latency noise falls about as 1/sqrt(R); the time grows R-fold).")] = 1,
     confirm_window_s: Annotated[float, typer.Option("--confirm-window-s", min=0.0, help="Confirm each curve's capacity over long windows: the largest rate at which three draws of this many seconds (at least 4,000 and at most 250,000 calls) each complete 99% of their arrivals, and the rows from half that capacity up to it measured again in steady state, over three draws of 50 times their calls in flight (docs/model.md, Capacity that holds; 200 for plans whose capacity must hold; 0: the short rows alone). Costs 2 to 80 times the sweep's time.")] = 0.0,
-    merge: Annotated[bool, typer.Option("--merge", help="Keep the rows of other (gpu_type, tp) pairs already in --out.")] = False,
+    merge: Annotated[bool, typer.Option("--merge", help="Keep the rows of other (gpu_type, tp, fraction) configurations already in --out.")] = False,
     weights: WeightsOpt = None,
     engine_model: EngineModelOpt = "builtin",
     backend: EngineBackendOpt = "vllm",
@@ -64,7 +64,7 @@ def profiles_synthesize(
                 weights=weights, engine_model=engine_model, backend=backend, database_version=database_version,
                 merge_into=out if merge else None, out=out, progress=lambda text: advance(None, text),
             )
-        summary = result.summary(out)
+        summary = api.synthesis_document(result, out)
         for message in [] if json_output else summary["capacity_inversions"]:
             stderr.print(f"note: {out}: {message}", markup=False, highlight=False)
         emit_json(summary, None, json_output)
@@ -117,9 +117,9 @@ def profile(
             result = api.replay_profile(traces, llm, endpoint, gpu_type, tp, fraction, settings, on_point, advance, out=out)
         _notes(out, result.inversions)
         if json_output:
-            emit_json(result.summary(out), None, True)
+            emit_json(api.replay_document(result, out), None, True)
         else:
-            stdout.print(result.view(out))
+            stdout.print(api.replay_view(result, out))
 
 
 @profiles_app.command("import")

@@ -24,7 +24,7 @@ HEADER = f"""# Command reference
 
 Generated from the command line (`{REGENERATE}`);
 `scepsy COMMAND --help` prints the same. Every command is one function of the Python API
-(`scepsy/api.py`, named under each command), so a notebook does what a command does.
+(`scepsy/api/`, named under each command), so a notebook does what a command does.
 `python -m scepsy` is the same command.
 """
 

@@ -95,7 +95,7 @@ def sweep(
                 baselines=systems, allocation=allocation, settings=settings, out_csv=out_csv, out_png=out_png,
                 progress=lambda done, total, text: advance(done, text, of=total),
             )
-        emit_json(result.document(), None, json_output)
+        emit_json(api.sweep_document(result), None, json_output)
         if not json_output:
             stdout.print(f"wrote {out_csv} and {out_png}")
-            stdout.print(result.view())
+            stdout.print(api.sweep_view(result))

@@ -261,20 +261,25 @@ def _nanoseconds(value: object) -> int | None:
 
 
 def json_spans(payload: Mapping, source: str) -> list[Span]:
-    """The spans of one OTLP JSON `ExportTraceServiceRequest`."""
+    """The spans of one OTLP JSON `ExportTraceServiceRequest`; a list of the protocol that is not a
+    list of objects is refused (a document shaped otherwise is no OTLP export, not an empty one)."""
     spans: list[Span] = []
-    for resource_spans in _list(_get(payload, "resourceSpans", "resource_spans")):
+    for i, resource_spans in enumerate(_list(_get(payload, "resourceSpans", "resource_spans"), source, "resourceSpans")):
+        where = f"resourceSpans[{i}]"
         resource = _json_attributes((_mapping(resource_spans.get("resource"))).get("attributes"))
         scopes = _get(resource_spans, "scopeSpans", "scope_spans") or resource_spans.get("instrumentationLibrarySpans")
-        for scope_spans in _list(scopes):
+        for j, scope_spans in enumerate(_list(scopes or [], source, f"{where}.scopeSpans")):
             scope = _mapping(scope_spans.get("scope") or scope_spans.get("instrumentationLibrary")).get("name")
-            for span in _list(scope_spans.get("spans")):
+            for span in _list(scope_spans.get("spans") or [], source, f"{where}.scopeSpans[{j}].spans"):
                 spans.append(_json_span(span, resource, scope if isinstance(scope, str) else "", source))
     return spans
 
 
-def _list(value: object) -> list[Mapping]:
-    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+def _list(value: object, source: str, name: str) -> list[Mapping]:
+    """The objects of an OTLP list field; anything else is not OTLP."""
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise InputError(source, name, f"is not a list of objects ({type(value).__name__}), so this is no OTLP export", _FIX)
+    return value
 
 
 def _mapping(value: object) -> Mapping:

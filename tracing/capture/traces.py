@@ -26,6 +26,7 @@ from scepsy.models.inputs import check_input
 from scepsy.tracing.capture.otlp import FORMATS, read_otlp
 from scepsy.tracing.capture.records import COLUMNS, CallRecord
 from scepsy.tracing.capture.span_calls import SpanSummary, span_calls
+from scepsy.tracing.capture.spans import Span
 from scepsy.tracing.capture.store import read_store
 
 _TRACE_FIX = "pass a proxy store (.db), a .jsonl or .parquet export, or an OTLP file"
@@ -63,6 +64,20 @@ def _read_parquet(path: Path) -> list[CallRecord]:
     return [CallRecord.from_row(row) for row in table.to_pylist()]
 
 
+_STORES = (".db", ".sqlite", ".sqlite3")
+
+
+def _read_file(path: Path) -> tuple[list[CallRecord], list[Span]]:
+    """The call records and the spans of one trace file (by its suffix, else by its content)."""
+    suffix = path.suffix.lower()
+    if suffix in _STORES:
+        return list(read_store(path)), []
+    if suffix == ".parquet":
+        return _read_parquet(path), []
+    decoded = read_otlp(path)
+    return _call_rows(path, decoded.rows), decoded.spans
+
+
 def parse_llm_names(items: Iterable[str]) -> dict[str, str]:
     """OTLP model -> LLM name from MODEL=LLM items (the command line's `--llm-name`)."""
     names = {}
@@ -82,23 +97,20 @@ def read_traces(paths: Iterable[Path | str], llm_names: Mapping[str, str] | None
         raise InputError(None, "workflow_attribute", "is empty", "give the key of the span attribute that names each "
                          "request's workflow, e.g. app.workflow, or leave it out")
     calls: list[CallRecord] = []
-    spans = []
+    spans: list[Span] = []
     for path in map(Path, paths):
         check_input(path, _TRACE_FIX)
-        suffix = path.suffix.lower()
         try:
-            if suffix in (".db", ".sqlite", ".sqlite3"):
-                calls += list(read_store(path))
-            elif suffix == ".parquet":
-                calls += _read_parquet(path)
-            else:
-                decoded = read_otlp(path)
-                spans += decoded.spans
-                calls += _call_rows(path, decoded.rows)
+            records, found_spans = _read_file(path)
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001 - sqlite/pyarrow/protobuf errors become one clear line
             raise InputError(str(path), None, f"cannot read traces ({type(exc).__name__}: {exc})", "pass an intact trace file") from None
+        if not records and not found_spans:  # stop here rather than report zero calls
+            what = "an empty file" if path.stat().st_size == 0 else "holds no call records and no spans"
+            raise InputError(str(path), None, f"{what}: no traces to read", f"{_TRACE_FIX} that recorded calls")
+        calls += records
+        spans += found_spans
     summary = None
     if spans:
         found = span_calls(spans, llm_names, workflow_attribute)

@@ -413,6 +413,19 @@ class Sweep:
         return self.points
 
 
+def replay_sweep(calls: Iterable[CallRecord], llm: str, endpoint: str, settings: SweepSettings,
+                 on_point: Callable[[float, int], None] | None = None,
+                 on_call: Callable[[], None] | None = None) -> list[PointResult]:
+    """Replay `llm`'s traced calls against the engine at `endpoint` at the sweep's rates: the given
+    `settings.rates_rps`, or auto (light load found by a probe of the service time, doubling to
+    saturation, then bisecting); `on_point(rate, expected calls)` and `on_call()` report progress."""
+    requests = replay_requests(calls, llm, settings.model)
+    start_rate = 1.0
+    if settings.rates_rps is None:
+        start_rate = auto_start_rate(asyncio.run(probe_service_time(requests, endpoint, timeout_s=settings.timeout_s)))
+    return asyncio.run(Sweep(requests, endpoint, settings, start_rate).run(on_point, on_call))
+
+
 def profile_rows(points: Sequence[PointResult], gpu_type: str, tp: int, fraction: float) -> pd.DataFrame:
     """The sweep's points as profile rows (core CSV format)."""
     rows = [

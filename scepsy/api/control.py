@@ -1,0 +1,240 @@
+"""The controller (`scepsy control`): the closed loop on the simulator beside baselines, and live
+against a cluster (docs/control.md)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+
+from scepsy.api.plan import InstanceLike, PathLike, load
+from scepsy.models.arguments import check_choice
+from scepsy.models.errors import InputError
+from scepsy.models.inputs import kind_of
+from scepsy.models.instance.instance import Instance
+from scepsy.models.output import check_output, writing
+from scepsy.models.simulation.arrivals import load_arrivals
+
+if TYPE_CHECKING:  # the control and k8s extras are imported where they are used
+    from rich.console import RenderableType
+
+    from scepsy.control.policy import ControlSettings
+    from scepsy.control.simulation import SystemRun
+
+
+@dataclass(frozen=True)
+class ControlSimulation:
+    """The closed loop on the simulator (`scepsy control --simulate`): one run per system, and
+    the plot written (docs/control.md)."""
+
+    runs: tuple[SystemRun, ...]
+    plot: Path | None = None
+
+
+def control_simulation_document(result: ControlSimulation) -> dict:
+    """What `scepsy control --simulate --json` prints (control/report.py)."""
+    from scepsy.control.report import control_document
+
+    return control_document(result.runs)
+
+
+def control_simulation_view(result: ControlSimulation) -> RenderableType:
+    """Each system's GPU-hours, SLO misses and moves, as a table (control/report.py)."""
+    from scepsy.control.report import control_table
+
+    return control_table(result.runs)
+
+
+def control_settings(period_s: float = 60.0, startup_s: float = 180.0, predictor: str = "ewma",
+                     settings_file: PathLike | None = None, setting: Sequence[str] = ()) -> ControlSettings:
+    """The controller's knobs: `period_s`, `startup_s`, `predictor`, then those of `settings_file`
+    (YAML, knob: value), then `setting` (NAME=VALUE items); checked once, where they are defined
+    (control/policy.py ControlSettings), a knob out of its range an InputError naming it."""
+    from scepsy.control.knobs import control_settings as checked
+
+    return checked({"period_s": period_s, "startup_s": startup_s, "predictor": predictor}, settings_file, setting)
+
+
+def simulate_control(
+    instance: InstanceLike,
+    plan: PathLike,
+    arrivals: PathLike | Mapping[str, Sequence[float]],
+    *,
+    startup_s: float = 180.0,
+    period_s: float = 60.0,
+    baselines: Sequence[str] | None = None,
+    predictor: str = "ewma",
+    seed: int = 0,
+    plot: PathLike | None = None,
+    progress: Callable[[float], None] | None = None,
+    settings_file: PathLike | None = None,
+    setting: Sequence[str] = (),
+) -> ControlSimulation:
+    """`scepsy control --simulate`: the controller (control/policy.py) drives the workflow
+    simulator from `plan` (a plan JSON with its placement) on `arrivals` (JSONL {workflow,
+    arrival_s}, an Azure-format CSV or azure:conv / azure:code, as `simulate --arrivals`; or
+    timestamps per workflow),
+    beside `baselines` (default: all of static, static-peak, k8s-hpa, saturation, oracle) on the
+    same arrivals and GPUs. SLOs: each workflow's latency_slo_s, else twice the plan's predicted
+    latency at the instance's rates. `plot` writes the timeline PNG; `progress` gets the systems
+    done so far (fractional). The policy's knobs: `period_s`, `startup_s`, `predictor`, then those
+    of `settings_file` (YAML, knob: value), then `setting` (NAME=VALUE items)."""
+    from scepsy.control.report import plot_runs
+    from scepsy.control.simulation import SYSTEMS, ClosedLoopSettings, run_systems
+    from scepsy.models.plan.document import deployable_plan, read_document
+
+    knobs = control_settings(period_s, startup_s, predictor, settings_file, setting)
+    chosen = list(SYSTEMS[1:]) if baselines is None else list(baselines)
+    for name in chosen:
+        check_choice(name, SYSTEMS[1:], "baselines", "baseline")
+    if plot is not None:
+        check_output(plot, [p for p in (instance, plan, arrivals) if isinstance(p, (str, Path))], "plot")
+    loaded = load(instance)
+    source = str(plan)
+    _, document_ = read_document(plan, "pass a plan JSON written by `scepsy plan --out`")
+    allocation, placement = deployable_plan(source, document_, loaded)
+    timestamps = load_arrivals(arrivals, [w.name for w in loaded.workflows]) if isinstance(arrivals, (str, Path)) else arrivals
+    settings = ClosedLoopSettings(knobs, seed=seed)
+    runs = run_systems(loaded, allocation, placement, timestamps, ["scepsy-control", *chosen], settings, progress=progress)
+    written = None
+    if plot is not None:
+        with writing(plot, "plot"):
+            written = plot_runs(runs, plot)
+    return ControlSimulation(tuple(runs), written)
+
+
+def control_knobs() -> str:
+    """The policy's knobs and their defaults, one line (what `scepsy control --help` lists)."""
+    from scepsy.control.knobs import describe_defaults
+
+    return describe_defaults()
+
+
+
+
+@dataclass(frozen=True)
+class ControlRun:
+    """What a live `control` run did: its periods and the actions decided (the JSONL log has each)."""
+
+    periods: int
+    actions: Mapping[str, int]
+    log: str
+
+
+def control_run_document(run: ControlRun) -> dict:
+    """What `scepsy control --json` prints after a live run."""
+    return {"periods": run.periods, "actions": dict(sorted(run.actions.items())), "log": run.log}
+
+
+def control(
+    instance: InstanceLike,
+    plan: PathLike,
+    *,
+    prometheus_url: str,
+    namespace: str = "scepsy",
+    kubeconfig: PathLike | None = None,
+    context: str | None = None,
+    act: str = "apply",
+    log: PathLike = "scepsy-control.jsonl",
+    period_s: float = 60.0,
+    startup_s: float = 180.0,
+    predictor: str = "ewma",
+    ready_timeout_s: float = 900.0,
+    selector: str = "",
+    engine: str = "vllm",
+    gpu_sharing: str = "hami",
+    router: str = "sglang",
+    image: str | None = None,
+    metrics_port: int = 9464,
+    metrics_host: str = "127.0.0.1",
+    settings_file: PathLike | None = None,
+    setting: Sequence[str] = (),
+    prometheus_bearer_token_file: PathLike | None = None,
+    prometheus_ca_file: PathLike | None = None,
+    prometheus_verify_tls: bool = True,
+    prometheus_headers: Sequence[str] = (),
+    leader_identity: str | None = None,
+    periods: int | None = None,
+    say: Callable[[str], None] | None = None,
+    show: Callable[[str], None] | None = None,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ControlRun:
+    """`scepsy control` live: every `period_s` read the LLMs' request rates from Prometheus
+    (`prometheus_url`, the engines' metrics, `selector` narrowing them, e.g. 'namespace="scepsy"'),
+    decide (control/policy.py, the function the simulation runs) and act on the cluster
+    (`namespace` of `kubeconfig`/`context`): `act` "apply" (server-side apply of what changed),
+    "dry-run" (print the diff) or "gauges" (also serve the target as Prometheus gauges for KEDA).
+    Every mode serves /metrics and /healthz on `metrics_host`:`metrics_port` (0: a free port).
+    What runs is read from the cluster, and the lost nodes and GPUs from its Nodes; `plan` (the
+    plan JSON that was deployed) gives the SLOs where the instance has none (twice its predicted
+    latency). The manifest settings (`engine`, `gpu_sharing`, `router`, `image`) must be those the
+    plan was deployed with. The policy's knobs: `period_s`, `startup_s`, `predictor`, then those
+    of `settings_file` (YAML, knob: value), then `setting` (NAME=VALUE items). Prometheus is read
+    with `prometheus_bearer_token_file`, `prometheus_ca_file`, `prometheus_verify_tls` and
+    `prometheus_headers` ("Name: value"). With `leader_identity` the loop runs only while this
+    controller holds the Lease `scepsy-controller` of `namespace`. Each period is one JSON line
+    appended to `log`; `periods` None runs until interrupted. docs/control.md, "Running it live"."""
+    from scepsy.control import service
+    from scepsy.control.act import KubeCluster
+    from scepsy.control.gauges import DesiredGauges
+    from scepsy.control.leader import LeaderSettings
+    from scepsy.control.live import LiveLoop, LiveSettings
+    from scepsy.control.policy import make_context
+    from scepsy.control.prometheus import PrometheusClient, PrometheusSettings
+    from scepsy.k8s.apply import connect
+    from scepsy.k8s.engines import ENGINES
+    from scepsy.k8s.manifests import ManifestSettings, check_settings
+    from scepsy.models.plan.document import deployable_plan, read_document
+
+    check_choice(engine, ENGINES, "engine", "engine")
+    if periods is not None and periods < 1:
+        raise InputError(None, "periods", f"{periods} is below 1", "give the number of periods to run, or none to run until interrupted")
+    if not prometheus_url.startswith(("http://", "https://")):
+        raise InputError(None, "prometheus_url", f"{prometheus_url!r} is not an http(s) URL", "give e.g. http://prometheus.monitoring:9090")
+    live_settings = LiveSettings(act=act, ready_timeout_s=ready_timeout_s)
+    manifest_settings = ManifestSettings(engine=engine, gpu_sharing=gpu_sharing, namespace=namespace, router=router, image=image)
+    check_settings(manifest_settings)
+    if not 0 <= metrics_port <= 65535:
+        raise InputError(None, "metrics_port", f"{metrics_port} is not a port", "give 1 to 65535, or 0 for any free port")
+    for path, field in ((prometheus_bearer_token_file, "prometheus_bearer_token_file"), (prometheus_ca_file, "prometheus_ca_file")):
+        if path is not None and kind_of(Path(path)) != "file":
+            raise InputError(str(path), field, "file not found", "give the path of a readable file (in a pod: a mounted Secret or projected token)",
+                             argument=True)
+    prometheus_settings = PrometheusSettings(
+        prometheus_url, selector=selector, engine=engine,
+        bearer_token_file=None if prometheus_bearer_token_file is None else str(prometheus_bearer_token_file),
+        ca_file=None if prometheus_ca_file is None else str(prometheus_ca_file), verify_tls=prometheus_verify_tls,
+        headers=service.header_pairs(tuple(prometheus_headers)))
+    try:
+        prometheus_settings.tls()
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        raise InputError(str(prometheus_ca_file), "prometheus_ca_file", f"not a CA bundle ({exc})",
+                         "give the PEM file of the CA that signed Prometheus' certificate", argument=True) from None
+    policy = control_settings(period_s, startup_s, predictor, settings_file, setting)
+    leader = None if leader_identity is None else LeaderSettings(leader_identity, namespace)
+    loaded = load(instance)
+    source = str(plan)
+    _, plan_doc = read_document(plan)
+    allocation, _ = deployable_plan(source, plan_doc, loaded)
+    policy_context = make_context(loaded, policy, allocation=allocation)  # InputError where an SLO cannot be had
+    log_path = check_output(log, [instance if not isinstance(instance, Instance) else None, plan], "log")
+    api_client = connect(None if kubeconfig is None else Path(kubeconfig), context)
+    cluster = KubeCluster(api_client, namespace)
+    prometheus = PrometheusClient(prometheus_settings)
+    speak = say or (lambda line: None)
+    # stale after three periods, and never before a period plus five minutes (a re-plan's solver time, API retries)
+    gauges = DesiredGauges(clock, stale_after_s=max(3 * policy.period_s, policy.period_s + 300.0))
+    service.serve_metrics(gauges, metrics_host, metrics_port, speak)
+    try:
+        with open(log_path, "a", encoding="utf-8") as stream:
+            loop = LiveLoop(policy_context, cluster, prometheus, manifest_settings, live_settings, stream,
+                            speak, show or (lambda line: None), clock, instance_file=loaded.source, gauges=gauges)
+            service.run(loop, gauges, sleep, periods, api_client, leader)
+    except OSError as exc:
+        raise InputError(str(log_path), "log", f"cannot write ({exc.strerror})", "give `log` a writable path") from None
+    finally:
+        prometheus.close()
+        gauges.shutdown()
+    return ControlRun(loop.periods, dict(loop.actions), str(log_path))

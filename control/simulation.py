@@ -40,7 +40,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Generator, Mapping, Sequence, TypeVar
 
 import numpy as np
 import simpy
@@ -48,7 +48,7 @@ import simpy
 from scepsy.control.policy import ControlSettings, ControllerState, Decision, Observation, PolicyContext, decide, make_context
 from scepsy.control.replan import moves, moves_lower_bound
 from scepsy.models.errors import InputError
-from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Instance
 from scepsy.models.performance.replica import ReplicaSim
 from scepsy.models.simulation.arrivals import load_arrivals
@@ -61,6 +61,7 @@ WINDOW_S = 60.0  # the SLO windows: 1 minute
 PEAK_WINDOW_S = 300.0  # static-peak plans for the peak 5-minute rate
 FLAP_WINDOW_S = 600.0  # a direction reversal within 10 minutes is a flap
 SAMPLE_S = 5.0  # KV usage and queues are sampled this often (a Prometheus scrape interval)
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -318,9 +319,11 @@ class _Meter:
                 self.kv[llm].append(sum(r.used / r.capacity if r.capacity else 0.0 for r in ready) / len(ready))
                 self.queue[llm].append(sum(len(r.waiting) for r in ready) / len(ready))
 
-    def read(self, period_s: float) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    def read(self, period_s: float) -> "_Reading":
         """Per-LLM completion rates over the period, mean KV usage and mean queue; resets the gauges."""
-        rates, kv, queue = {}, {}, {}
+        rates: dict[str, float] = {}
+        kv: dict[str, float] = {}
+        queue: dict[str, float] = {}
         for llm in self.cluster.routers:
             total = sum(r.completed for r in self.cluster.all_replicas(llm))
             rates[llm] = (total - self.last_total[llm]) / period_s
@@ -329,7 +332,7 @@ class _Meter:
             queue[llm] = float(np.mean(self.queue[llm])) if self.queue[llm] else 0.0
         self.kv.clear()
         self.queue.clear()
-        return rates, kv, queue
+        return _Reading(rates, kv, queue)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -348,6 +351,238 @@ class _Recorder:
         self.finished.setdefault(workflow, []).append((arrival_s, finish_s - arrival_s))
 
 
+@dataclass(frozen=True)
+class _Run:
+    """What every system of one closed loop shares: the inputs and the simulator's settings."""
+
+    instance: Instance
+    arrivals: Mapping[str, Sequence[float]]
+    settings: ClosedLoopSettings
+    context: PolicyContext
+    sim: SimulationSettings
+    duration_s: float
+
+    @property
+    def control(self) -> ControlSettings:
+        return self.settings.control
+
+    @property
+    def workflows(self) -> list[str]:
+        return [w.name for w in self.instance.workflows]
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """One period's metrics of a simulated deployment (_Meter.read)."""
+
+    llm_rates_rps: Mapping[str, float]
+    kv_usage: Mapping[str, float]
+    queue_per_replica: Mapping[str, float]
+
+
+class _System:
+    """One system of the closed loop: the allocation the simulation starts from, and the SimPy
+    process (`process`) that observes the deployment every period, acts on it (`step`) and records
+    the timeline. Subclasses say how replicas are counted and how the system acts."""
+
+    name = ""
+
+    def __init__(self, run: _Run, allocation: Allocation, placement: Placement):
+        self.run = run
+        self.allocation = allocation
+        self.placement = placement
+        self.decisions: list[Decision] = []
+        self.decision_times_s: list[float] = []
+
+    def process(self, env: simpy.Environment, cluster: SimCluster, recorder: _Recorder
+                ) -> Generator[simpy.Event, object, object]:
+        """The system's loop: one observation, step and timeline sample per period."""
+        self.attach(env, cluster)
+        meter = _Meter(env, cluster)
+        period = self.run.control.period_s
+        period_bins = rate_bins(self.run.arrivals, self.run.duration_s, period)
+        k = 0
+        while True:
+            yield env.timeout(period)
+            k += 1
+            now = env.now
+            reading = meter.read(period)
+            ready, starting = self.ready(), self.starting()
+            self.step(now, reading, ready, starting)
+            arrived = {w: float(period_bins[w][k - 1]) if k - 1 < len(period_bins[w]) else 0.0 for w in self.run.workflows}
+            recorder.timeline.append(Sample(now, arrived, ready, starting, self.gpus_held(),
+                                            _period_latency(recorder, now - period, now)))
+
+    def attach(self, env: simpy.Environment, cluster: SimCluster) -> None:
+        raise NotImplementedError
+
+    def step(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> None:
+        """Act on one period's observation (plans that never change do nothing)."""
+
+    def ready(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def starting(self) -> dict[str, int]:
+        raise NotImplementedError
+
+    def gpus_held(self) -> float:
+        raise NotImplementedError
+
+    def gpu_hours(self) -> float:
+        raise NotImplementedError
+
+    def changes(self) -> list[tuple[float, str, int]]:
+        """(time, llm, +1 / -1) per replica asked for or stopped."""
+        raise NotImplementedError
+
+    def moved(self) -> tuple[int, int]:
+        """Replica moves and their lower bound, over the run."""
+        return sum(d.moves for d in self.decisions), sum(d.moves_lower_bound for d in self.decisions)
+
+
+class _PlanSystem(_System):
+    """A system that runs a placement through a fleet (module docstring: actuation); this one never
+    changes it (static, static-peak)."""
+
+    def attach(self, env: simpy.Environment, cluster: SimCluster) -> None:
+        self.fleet = _Fleet(env, self.run.instance, self.run.sim, self.run.control.startup_s, self.allocation, self.placement)
+        self.fleet.attach(cluster)
+
+    def ready(self) -> dict[str, int]:
+        return {m.name: self.fleet.ready(m.name) for m in self.run.instance.llms}
+
+    def starting(self) -> dict[str, int]:
+        return {m.name: self.fleet.starting(m.name) for m in self.run.instance.llms}
+
+    def gpus_held(self) -> float:
+        return self.fleet.gpus_held()
+
+    def gpu_hours(self) -> float:
+        return self.fleet.gpu_hours(self.run.duration_s)
+
+    def changes(self) -> list[tuple[float, str, int]]:
+        return self.fleet.changes
+
+    def timed(self, decide_: Callable[[], _T]) -> _T:
+        began = time.perf_counter()
+        out = decide_()
+        self.decision_times_s.append(time.perf_counter() - began)
+        return out
+
+
+class _StaticPeak(_PlanSystem):
+    """The plan for the trace's peak 5-minute rate per workflow, with the controller's headroom."""
+
+    def __init__(self, run: _Run, allocation: Allocation, placement: Placement):
+        peak = peak_rates(run.arrivals, run.duration_s)
+        target = run.context.replanner.allocation({w: r * (1 + run.control.headroom) for w, r in peak.items()})
+        if target is None:
+            raise InputError(None, "arrivals", "no plan meets the SLOs at the trace's peak 5-minute rate",
+                             "scale the arrivals down, or lift the SLOs")
+        peak_placement = run.context.replanner.place(target, None)
+        if peak_placement is None:
+            raise InputError(None, "arrivals", "the plan for the trace's peak rate cannot be placed", "scale the arrivals down")
+        super().__init__(run, target, peak_placement)
+
+
+class _Policy(_PlanSystem):
+    """scepsy-control: the policy every period on the metrics a deployment exports."""
+
+    def __init__(self, run: _Run, allocation: Allocation, placement: Placement):
+        super().__init__(run, allocation, placement)
+        self.state = ControllerState.initial(allocation, placement)
+        self.context = run.context
+
+    def observe(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> Observation:
+        return Observation(now, reading.llm_rates_rps, ready, starting, queue_per_replica=reading.queue_per_replica,
+                           kv_usage=reading.kv_usage)
+
+    def step(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> None:
+        observation = self.observe(now, reading, ready, starting)
+        self.state, decision = self.timed(lambda: decide(self.state, observation, self.context))
+        self.decisions.append(decision)
+        if decision.action == "replan" and decision.allocation is not None and decision.placement is not None:
+            self.fleet.apply(decision.allocation, decision.placement)
+
+
+class _Oracle(_Policy):
+    """The policy fed the true workflow rates ahead (module docstring), without the filters that
+    guard against noise."""
+
+    def __init__(self, run: _Run, allocation: Allocation, placement: Placement):
+        super().__init__(run, allocation, placement)
+        control = replace(run.control, predictor="constant", stabilization_s=0.0, confirm_periods=1, burst_z=0.0,
+                          flap_window_s=0.0)
+        self.context = replace(run.context, settings=control, forecaster=replace(run.context.forecaster, name="constant"))
+        self.minute_bins = rate_bins(run.arrivals, run.duration_s, WINDOW_S)
+
+    def observe(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> Observation:
+        ahead = int(math.ceil((self.run.control.startup_s + self.run.control.period_s) / WINDOW_S))
+        start = int(now // WINDOW_S)
+        true: dict[str, float | None] = {
+            w: float(self.minute_bins[w][start:start + ahead].max()) if start < len(self.minute_bins[w]) else 0.0
+            for w in self.run.workflows}
+        return replace(super().observe(now, reading, ready, starting), workflow_rates_rps=true)
+
+
+class _Saturation(_PlanSystem):
+    """The WVA-style rule per LLM on the given plan's shapes (module docstring)."""
+
+    def __init__(self, run: _Run, allocation: Allocation, placement: Placement):
+        super().__init__(run, allocation, placement)
+        self.low_since: dict[str, float | None] = {m.name: None for m in run.instance.llms}
+
+    def step(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> None:
+        step = self.timed(lambda: _saturation_step(self.fleet, self.run.context, self.run.settings, reading.kv_usage,
+                                                   reading.queue_per_replica, self.low_since, now))
+        if step is None:
+            return
+        target_allocation, target_placement = step
+        self.decisions.append(Decision(now, "replan", target_allocation, target_placement, "saturation",
+                                       moves(fleet_placement(self.fleet), target_placement),
+                                       moves_lower_bound(self.fleet.allocation, target_allocation)))
+        self.fleet.apply(target_allocation, target_placement)
+
+
+class _Hpa(_System):
+    """The Kubernetes HPA per LLM from one whole-GPU replica each (its own process scales)."""
+
+    def __init__(self, run: _Run, allocation: Allocation, placement: Placement):
+        deployment = hpa_deployment(run.instance, HpaSettings(target=run.settings.hpa_target,
+                                                              startup_s=run.control.startup_s, sync_period_s=15.0))
+        assert isinstance(deployment.controller, Autoscaler)
+        self.hpa: Autoscaler = deployment.controller
+        super().__init__(run, deployment.allocation, placement)
+
+    def attach(self, env: simpy.Environment, cluster: SimCluster) -> None:
+        self.cluster = cluster
+        env.process(self.hpa(env, cluster))
+
+    def ready(self) -> dict[str, int]:
+        return {m: len(self.cluster.routers[m].replicas) for m in self.cluster.routers}
+
+    def starting(self) -> dict[str, int]:
+        return _hpa_starting(self.hpa, self.cluster)
+
+    def gpus_held(self) -> float:
+        return _hpa_gpus(self.cluster, self.allocation, self.hpa)
+
+    def gpu_hours(self) -> float:
+        return _hpa_gpu_hours(self.cluster, self.allocation, self.hpa, self.run.control.startup_s, self.run.duration_s)
+
+    def changes(self) -> list[tuple[float, str, int]]:
+        return [(t, llm, 1 if d == "up" else -1) for t, llm, d, _ in self.hpa.events]
+
+    def moved(self) -> tuple[int, int]:
+        return len(self.hpa.events), len(self.hpa.events)
+
+
+SYSTEM_TYPES: dict[str, type[_System]] = {
+    "scepsy-control": _Policy, "static": _PlanSystem, "static-peak": _StaticPeak, "k8s-hpa": _Hpa,
+    "saturation": _Saturation, "oracle": _Oracle,
+}
+
+
 def run_system(
     name: str,
     instance: Instance,
@@ -363,119 +598,31 @@ def run_system(
     is shared with static-peak and saturation); made from the instance and SLOs when None."""
     if name not in SYSTEMS:
         raise InputError(None, "baselines", f"unknown system {name!r}", f"use some of: {', '.join(SYSTEMS[1:])}")
-    control = settings.control
     if context is None:
-        context = make_context(instance, control, slos_s)
+        context = make_context(instance, settings.control, slos_s)
     names = [w.name for w in instance.workflows]
     duration = max((max(t) for t in arrivals.values() if len(t)), default=0.0)
     duration = math.ceil((duration + 1e-9) / WINDOW_S) * WINDOW_S
     sim = SimulationSettings(duration_s=duration, warmup_s=0.0, drain_s=settings.drain_s, seed=settings.seed)
+    run = _Run(instance, arrivals, settings, context, sim, duration)
+    system = SYSTEM_TYPES[name](run, allocation, placement)
     recorder = _Recorder(names)
-    period_bins = rate_bins(arrivals, duration, control.period_s)
-    minute_bins = rate_bins(arrivals, duration, WINDOW_S)
-
-    if name == "static-peak":
-        peak = peak_rates(arrivals, duration)
-        target = context.replanner.allocation({w: r * (1 + control.headroom) for w, r in peak.items()})
-        if target is None:
-            raise InputError(None, "arrivals", "no plan meets the SLOs at the trace's peak 5-minute rate",
-                             "scale the arrivals down, or lift the SLOs")
-        peak_placement = context.replanner.place(target, None)
-        if peak_placement is None:
-            raise InputError(None, "arrivals", "the plan for the trace's peak rate cannot be placed", "scale the arrivals down")
-        allocation, placement = target, peak_placement
-
-    hpa: Autoscaler | None = None
-    if name == "k8s-hpa":
-        deployment = hpa_deployment(instance, HpaSettings(target=settings.hpa_target, startup_s=control.startup_s,
-                                                          sync_period_s=15.0))
-        allocation = deployment.allocation
-        hpa = deployment.controller  # type: ignore[assignment]
-
-    env_box: dict[str, object] = {}
-    fleet_box: dict[str, _Fleet] = {}
-    decisions: list[Decision] = []
-    times: list[float] = []
-
-    def controller(env: simpy.Environment, cluster: SimCluster):
-        fleet = _Fleet(env, instance, sim, control.startup_s, allocation, placement)
-        fleet.attach(cluster)
-        fleet_box["fleet"] = fleet
-        env_box["cluster"] = cluster
-        meter = _Meter(env, cluster)
-        if hpa is not None:
-            env.process(hpa(env, cluster))
-        state = ControllerState.initial(allocation, placement)
-        oracle_ctx = context
-        if name == "oracle":
-            oracle_settings = replace(control, predictor="constant", stabilization_s=0.0, confirm_periods=1, burst_z=0.0,
-                                      flap_window_s=0.0)
-            oracle_ctx = replace(context, settings=oracle_settings,
-                                 forecaster=replace(context.forecaster, name="constant"))
-        low_since: dict[str, float | None] = {m.name: None for m in instance.llms}
-        k = 0
-        while True:
-            yield env.timeout(control.period_s)
-            k += 1
-            now = env.now
-            rates, kv, queue = meter.read(control.period_s)
-            ready = {m: fleet.ready(m) for m in cluster.routers} if hpa is None else {
-                m: len(cluster.routers[m].replicas) for m in cluster.routers}
-            starting = {m: fleet.starting(m) for m in cluster.routers}
-            if name in ("scepsy-control", "oracle"):
-                observation = Observation(now, rates, ready, starting, queue_per_replica=queue, kv_usage=kv)
-                if name == "oracle":
-                    ahead = int(math.ceil((control.startup_s + control.period_s) / WINDOW_S))
-                    start = int(now // WINDOW_S)
-                    true = {w: float(minute_bins[w][start:start + ahead].max()) if start < len(minute_bins[w]) else 0.0
-                            for w in names}
-                    observation = replace(observation, workflow_rates_rps=true)
-                began = time.perf_counter()
-                state, decision = decide(state, observation, oracle_ctx)
-                times.append(time.perf_counter() - began)
-                decisions.append(decision)
-                if decision.action == "replan" and decision.allocation is not None and decision.placement is not None:
-                    fleet.apply(decision.allocation, decision.placement)
-            elif name == "saturation":
-                began = time.perf_counter()
-                step = _saturation_step(fleet, context, settings, kv, queue, low_since, now)
-                times.append(time.perf_counter() - began)
-                if step is not None:
-                    target_allocation, target_placement = step
-                    decisions.append(Decision(now, "replan", target_allocation, target_placement, "saturation",
-                                              moves(fleet_placement(fleet), target_placement),
-                                              moves_lower_bound(fleet.allocation, target_allocation)))
-                    fleet.apply(target_allocation, target_placement)
-            record = {w: float(period_bins[w][k - 1]) if k - 1 < len(period_bins[w]) else 0.0 for w in names}
-            recorder.timeline.append(Sample(
-                now, record, ready, starting if hpa is None else _hpa_starting(hpa, cluster),
-                fleet.gpus_held() if hpa is None else _hpa_gpus(cluster, allocation, hpa, control.startup_s, now),
-                _period_latency(recorder, now - control.period_s, now)))
-
-    result = simulate(instance, allocation, sim, arrivals=arrivals, controller=controller, progress=progress,
+    result = simulate(instance, system.allocation, sim, arrivals=arrivals,
+                      controller=lambda env, cluster: system.process(env, cluster, recorder), progress=progress,
                       on_finish=recorder.on_finish)
-    fleet = fleet_box["fleet"]
-    if hpa is not None:
-        gpu_hours = _hpa_gpu_hours(env_box["cluster"], allocation, hpa, control.startup_s, duration)  # type: ignore[arg-type]
-        changes = [(t, llm, 1 if d == "up" else -1) for t, llm, d, _ in hpa.events]
-        moved = bound = len(changes)
-    else:
-        gpu_hours = fleet.gpu_hours(duration)
-        changes = fleet.changes
-        moved = sum(d.moves for d in decisions)
-        bound = sum(d.moves_lower_bound for d in decisions)
-    flaps = _flaps(changes)
+    moved, bound = system.moved()
+    flaps = _flaps(system.changes())
     return SystemRun(
         name=name,
-        gpu_hours=gpu_hours,
+        gpu_hours=system.gpu_hours(),
         replicas_moved=moved,
         replicas_moved_lower_bound=bound,
         flaps=sum(flaps.values()),
         flaps_max_per_llm=max(flaps.values(), default=0),
-        decision_times_s=tuple(times),
+        decision_times_s=tuple(system.decision_times_s),
         workflows=tuple(_outcome(w, slos_s[w], arrivals.get(w, ()), recorder, result, duration, instance) for w in names),
         timeline=tuple(recorder.timeline),
-        decisions=tuple(decisions),
+        decisions=tuple(system.decisions),
     )
 
 
@@ -483,8 +630,6 @@ def fleet_placement(fleet: _Fleet) -> Placement:
     """The placement the fleet's live replicas make (indices in order)."""
     counters: dict[str, int] = defaultdict(int)
     out = []
-    from scepsy.models.instance.allocation import Shard
-
     for r in sorted(fleet.live(), key=lambda r: r.key):
         llm, node, shards = r.key
         out.append(ReplicaPlacement(llm, counters[llm], node, tuple(Shard(g, u) for g, u in shards)))
@@ -536,7 +681,7 @@ def _hpa_starting(hpa: Autoscaler, cluster: SimCluster) -> dict[str, int]:
     return {llm: max(ups[llm] - added[llm], 0) for llm in cluster.routers}
 
 
-def _hpa_gpus(cluster: SimCluster, allocation: Allocation, hpa: Autoscaler, startup_s: float, now: float) -> float:
+def _hpa_gpus(cluster: SimCluster, allocation: Allocation, hpa: Autoscaler) -> float:
     held = 0.0
     for llm in cluster.routers:
         gpus = allocation.of(llm).tp * allocation.of(llm).share / allocation.fractions_per_gpu

@@ -17,7 +17,7 @@ from scepsy.control.forecast import Forecaster
 from scepsy.control.policy import ControlSettings, ControllerState, Observation, PolicyContext, _choose, decide, make_context
 from scepsy.control.rates import workflow_rates
 from scepsy.control.replan import moves, moves_lower_bound, without_replicas
-from scepsy.control.simulation import SYSTEMS, ClosedLoopSettings, run_systems, scale_arrivals
+from scepsy.control.simulation import SYSTEM_TYPES, SYSTEMS, ClosedLoopSettings, run_systems, scale_arrivals
 from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Instance, Stage
@@ -25,6 +25,7 @@ from scepsy.models.performance.alp import predict
 
 from conftest import INSTANCES
 
+ROOT = INSTANCES.parent  # the repository
 RAG = INSTANCES / "rag-4xa6000.yaml"  # one workflow, three small LLMs: a cheap closed loop
 COMBINED = INSTANCES / "combined-8xh100.yaml"
 
@@ -429,6 +430,16 @@ def test_a_closed_loop_step_recovers_and_every_baseline_runs(rag, rag_plan):
     for run in runs:
         assert run.gpu_hours > 0 and run.replicas_moved >= run.replicas_moved_lower_bound >= 0
         assert run.workflows[0].requests == len(arrivals["rag"])
+
+
+def test_every_system_is_one_object_with_one_interface():
+    """Each system of the closed loop is a class of its own (its process, its counting of
+    replicas and GPUs), so run_system neither switches on names nor smuggles values out."""
+    assert tuple(SYSTEM_TYPES) == SYSTEMS
+    base = SYSTEM_TYPES["static"].__mro__[-2]
+    assert all(issubclass(kind, base) for kind in SYSTEM_TYPES.values())
+    source = (ROOT / "control" / "simulation.py").read_text()
+    assert "type: ignore" not in source and "_box" not in source
 
 
 def test_scaled_arrivals_keep_the_shape_and_the_seed():

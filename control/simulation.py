@@ -19,14 +19,21 @@ Systems (`SYSTEMS`), all on the same arrivals, seed and cluster:
                     arrivals over the next start-up time + period (constant predictor, no
                     stabilization window, median, burst margin or flap guard)
 
-Actuation (plan-driven systems): a replica asked for at t starts serving at t + startup_s (it joins
-its LLM's router only then: starting replicas are no capacity); a stopped replica leaves the router
-and drains (finishes what it holds). Make before break: a replica to stop drains only while its LLM
-keeps another replica serving, so no LLM is ever without one; a relocated replica's successor
-starts at once and both hold GPUs meanwhile (counted in gpu_hours).
+Actuation (plan-driven systems): the fleet runs on the cluster's GPUs, share units per GPU as the
+placement puts them. A replica asked for at t takes its GPUs as soon as they are free and serves
+startup_s later (it joins its LLM's router only then: starting replicas are no capacity); until
+its GPUs are free it waits and holds nothing. A stopped replica leaves the router and drains
+(finishes what it holds), and its GPUs are free once it has. Make before break where the
+cluster has room: a replica to stop drains only while its LLM keeps another replica serving.
+Where it has none (a swap on a full cluster), the swap is staged in this order: (1) every
+successor whose GPUs are free starts; (2) a replica to stop drains once its LLM keeps another
+serving; (3) a replica to stop whose GPUs a waiting successor needs drains even as its LLM's last
+serving one where none of its LLM's replicas is starting, and its LLM's calls wait at the router
+until the successor serves; (4) each release of GPUs repeats these steps. No moment holds more
+GPUs, or more share units on a GPU, than the cluster has.
 
 Measured per system (control/report.py writes them): gpu_hours (replicas' GPUs, fractional
-shares as fractions, from the request to start until drained: starting and draining included),
+shares as fractions, from taking the GPUs until drained: starting and draining included),
 replicas_moved and its lower bound, flaps, decision_p99_s, and per workflow slo_miss_minutes
 (1-minute windows of arrivals whose latency metric exceeds latency_slo_s; a request unfinished at
 the end counts as infinitely late), requests_unfinished, latency_mean_s, latency_p99_s.
@@ -183,9 +190,20 @@ class _Replica:
     key: tuple  # (llm, node, shards): where it runs
     gpus: float
     requested_s: float
+    held_s: float | None = None  # when it took its GPUs (None: waiting for them)
     sim: ReplicaSim | None = None  # once serving
     stopped_s: float | None = None  # cancelled before serving, or drained
     stopping: bool = False
+
+    @property
+    def units(self) -> dict[tuple[str, int], int]:
+        """Share units per (node, GPU) it runs on."""
+        _, node, shards = self.key
+        return {(node, gpu): units for gpu, units in shards}
+
+    @property
+    def holds(self) -> bool:
+        return self.held_s is not None and self.stopped_s is None
 
 
 def _key(replica: ReplicaPlacement) -> tuple:
@@ -193,7 +211,8 @@ def _key(replica: ReplicaPlacement) -> tuple:
 
 
 class _Fleet:
-    """The replicas of a plan-driven system and the actuation of a target plan (module docstring)."""
+    """The replicas of a plan-driven system on the cluster's GPUs, and the actuation of a target
+    plan (module docstring: a replica takes its GPUs only where they are free)."""
 
     def __init__(self, env: simpy.Environment, instance: Instance, sim: SimulationSettings, startup_s: float,
                  allocation: Allocation, placement: Placement):
@@ -207,6 +226,7 @@ class _Fleet:
         self.allocation = allocation
         self.initial = placement
         self.changes: list[tuple[float, str, int]] = []  # (time, llm, +1 / -1)
+        self.peak_gpus = 0.0  # the most GPUs held at any time
 
     def attach(self, cluster: SimCluster) -> None:
         """Pair the simulator's first replicas with the placement's, LLM by LLM in order."""
@@ -214,7 +234,8 @@ class _Fleet:
         for llm, router in cluster.routers.items():
             placed = sorted((r for r in self.initial.replicas if r.llm == llm), key=lambda r: r.replica)
             for rp, sim in zip(placed, router.replicas):
-                self.replicas.append(_Replica(llm, _key(rp), self._gpus(rp), 0.0, sim))
+                self.replicas.append(_Replica(llm, _key(rp), self._gpus(rp), 0.0, 0.0, sim))
+        self._note_held()
 
     def _gpus(self, rp: ReplicaPlacement) -> float:
         return sum(s.units for s in rp.shards) / self.f
@@ -226,13 +247,31 @@ class _Fleet:
         return sum(1 for r in self.live() if r.llm == llm and r.sim is not None)
 
     def starting(self, llm: str) -> int:
+        """Replicas asked for and not serving yet: starting, or waiting for their GPUs."""
         return sum(1 for r in self.live() if r.llm == llm and r.sim is None)
 
     def gpus_held(self) -> float:
-        return sum(r.gpus for r in self.replicas if r.stopped_s is None)
+        return sum(r.gpus for r in self.replicas if r.holds)
+
+    def _used_units(self) -> dict[tuple[str, int], int]:
+        used: dict[tuple[str, int], int] = defaultdict(int)
+        for r in self.replicas:
+            if r.holds:
+                for gpu, units in r.units.items():
+                    used[gpu] += units
+        return used
+
+    def _fits(self, replica: _Replica, used: Mapping[tuple[str, int], int]) -> bool:
+        return all(used.get(gpu, 0) + units <= self.f for gpu, units in replica.units.items())
+
+    def _blocks(self, holder: _Replica, waiting: _Replica) -> bool:
+        return bool(set(holder.units) & set(waiting.units))
+
+    def _note_held(self) -> None:
+        self.peak_gpus = max(self.peak_gpus, self.gpus_held())
 
     def apply(self, allocation: Allocation, placement: Placement) -> None:
-        """Bring the replicas to `placement` (starts, cancels, drains)."""
+        """Bring the replicas to `placement` (stops, cancels, starts where GPUs are free)."""
         now = self.env.now
         wanted: dict[tuple, list[ReplicaPlacement]] = defaultdict(list)
         for rp in placement.replicas:
@@ -242,33 +281,49 @@ class _Fleet:
             have[r.key].append(r)
         for key, reps in have.items():
             surplus = len(reps) - len(wanted.get(key, []))
-            # serving replicas are kept before starting ones; the newest go first
-            for r in sorted(reps, key=lambda r: (r.sim is not None, -r.requested_s))[:max(surplus, 0)]:
+            # serving replicas are kept before starting ones, starting before waiting; the newest go first
+            for r in sorted(reps, key=lambda r: (r.sim is not None, r.held_s is not None, -r.requested_s))[:max(surplus, 0)]:
                 self._stop(r)
+        self.allocation = allocation
         for key, rps in wanted.items():
             for rp in rps[len(have.get(key, [])):]:
-                replica = _Replica(rp.llm, key, self._gpus(rp), now)
-                self.replicas.append(replica)
+                self.replicas.append(_Replica(rp.llm, key, self._gpus(rp), now))
                 self.changes.append((now, rp.llm, +1))
-                self.env.process(self._start(replica, allocation.of(rp.llm)))
-        self.allocation = allocation
-        self._drain_pending()
+        self._progress()
 
     def _stop(self, replica: _Replica) -> None:
         self.changes.append((self.env.now, replica.llm, -1))
         if replica.sim is None:
-            replica.stopped_s = self.env.now  # cancelled before it served
+            replica.stopped_s = self.env.now  # cancelled before it served: its GPUs are free at once
         else:
-            replica.stopping = True  # drains as soon as its LLM keeps another serving replica
+            replica.stopping = True  # drains when _progress lets it
 
-    def _drain_pending(self) -> None:
+    def _progress(self) -> None:
+        """The staged swap, in this order: (1) a waiting replica whose GPUs are free takes them and
+        starts (make before break); (2) a stopping replica drains once its LLM keeps another
+        replica serving; (3) a stopping replica that holds GPUs a waiting replica needs drains
+        also as its LLM's last serving replica where none of its LLM's replicas is starting (its
+        successor waits for GPUs too: break before make, its LLM's calls wait at the router
+        until the successor serves). GPUs come free when a drained replica has finished its
+        requests; each release runs these steps again."""
         assert self.cluster is not None
+        used = self._used_units()
+        for replica in self.replicas:
+            if replica.held_s is None and replica.stopped_s is None and self._fits(replica, used):
+                replica.held_s = self.env.now
+                for gpu, units in replica.units.items():
+                    used[gpu] = used.get(gpu, 0) + units
+                self.env.process(self._start(replica, self.allocation.of(replica.llm)))
+        self._note_held()
+        waiting = [r for r in self.replicas if r.held_s is None and r.stopped_s is None]
         for replica in self.replicas:
             if not replica.stopping or replica.sim is None or not replica.sim.accepting:
                 continue
             router = self.cluster.routers[replica.llm]
             others = [r for r in router.replicas if r is not replica.sim and r.accepting]
-            if others:
+            successor_starting = any(r.llm == replica.llm and r.holds and r.sim is None for r in self.replicas)
+            blocking = any(self._blocks(replica, w) for w in waiting)
+            if others or (blocking and not successor_starting):
                 router.drain(replica.sim)
                 self.env.process(self._retire(replica))
 
@@ -280,17 +335,19 @@ class _Fleet:
         engine = replica_engine(self.instance, choice.llm, choice.gpu_type, choice.tp, choice.share / self.f,
                                 self.sim.engine, self.sim.engine_model, self.sim.backend, self.sim.database_version)
         replica.sim = self.cluster.add_replica(choice.llm, engine)
-        self._drain_pending()
+        self._progress()
 
     def _retire(self, replica: _Replica):
         assert replica.sim is not None
         while replica.sim.retired_s is None:
             yield self.env.timeout(1.0)
         replica.stopped_s = replica.sim.retired_s
+        self._progress()
 
     def gpu_hours(self, end_s: float) -> float:
-        return sum(r.gpus * ((r.stopped_s if r.stopped_s is not None else end_s) - r.requested_s)
-                   for r in self.replicas) / 3600.0
+        """GPUs times the time held: from taking the GPUs to cancelled or drained."""
+        return sum(r.gpus * ((r.stopped_s if r.stopped_s is not None else end_s) - r.held_s)
+                   for r in self.replicas if r.held_s is not None) / 3600.0
 
 
 # ---------------------------------------------------------------------------------------------

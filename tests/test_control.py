@@ -17,7 +17,9 @@ from scepsy.control.forecast import Forecaster
 from scepsy.control.policy import ControlSettings, ControllerState, Observation, PolicyContext, _choose, decide, make_context
 from scepsy.control.rates import workflow_rates
 from scepsy.control.replan import moves, moves_lower_bound, without_replicas
-from scepsy.control.simulation import SYSTEM_TYPES, SYSTEMS, ClosedLoopSettings, run_systems, scale_arrivals
+from scepsy.control.simulation import (SYSTEM_TYPES, SYSTEMS, ClosedLoopSettings, _Fleet, fleet_placement, run_systems,
+                                      scale_arrivals)
+from scepsy.models.simulation.simulator import SimulationSettings, simulate
 from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Instance, Stage
@@ -440,6 +442,46 @@ def test_every_system_is_one_object_with_one_interface():
     assert all(issubclass(kind, base) for kind in SYSTEM_TYPES.values())
     source = (ROOT / "control" / "simulation.py").read_text()
     assert "type: ignore" not in source and "_box" not in source
+
+
+def test_a_swap_on_a_full_cluster_never_holds_more_gpus_than_the_cluster(rag, rag_plan):
+    """The plan fills every A6000 of rag-4xa6000 (10 of 10 units on each); the target swaps embed
+    (GPU 0) with the rerank replica on GPU 1. Neither successor has free GPUs: each waits until
+    the replica in its place has drained, embed's calls wait at its router meanwhile, and no
+    moment holds more than the cluster's 4 GPUs or more than 10 units on a GPU."""
+    placement = rag_plan.placement
+    assert {(r.llm, s.gpu, s.units) for r in placement.replicas for s in r.shards} >= {("embed", 0, 1), ("rerank", 1, 1)}
+
+    def moved(r: ReplicaPlacement) -> ReplicaPlacement:
+        if r.llm == "embed":
+            return replace(r, shards=(Shard(1, 1),))
+        return replace(r, shards=(Shard(0, 1),)) if r.llm == "rerank" and r.shards == (Shard(1, 1),) else r
+
+    swapped = Placement(placement.fractions_per_gpu, tuple(moved(r) for r in placement.replicas))
+    arrivals = _step_arrivals(3.0, 1.0, minutes=5.0)
+    sim = SimulationSettings(duration_s=300.0, warmup_s=0.0, drain_s=600.0)
+    held: list[float] = []
+    units: list[int] = []
+    fleets: list[_Fleet] = []
+
+    def controller(env, cluster):
+        fleet = _Fleet(env, rag, sim, 60.0, rag_plan.allocation, placement)
+        fleet.attach(cluster)
+        fleets.append(fleet)
+        yield env.timeout(60.0)
+        fleet.apply(rag_plan.allocation, swapped)
+        while True:
+            held.append(fleet.gpus_held())
+            units.append(max(fleet._used_units().values()))
+            yield env.timeout(1.0)
+
+    result = simulate(rag, rag_plan.allocation, sim, arrivals=arrivals, controller=controller)
+    assert max(held) <= 4.0 + 1e-9 and max(units) <= placement.fractions_per_gpu
+    assert fleets[0].peak_gpus <= 4.0 + 1e-9
+    key = lambda p: sorted((r.llm, r.node, r.shards) for r in p.replicas)  # noqa: E731
+    assert key(fleet_placement(fleets[0])) == key(swapped)
+    assert all(fleets[0].ready(m.name) == rag_plan.allocation.of(m.name).replicas for m in rag.llms)
+    assert result.workflow("rag").unfinished == 0
 
 
 def test_scaled_arrivals_keep_the_shape_and_the_seed():

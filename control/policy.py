@@ -8,17 +8,20 @@ does no I/O and reads no clock. Each period:
    one, else the per-LLM rates lambda_m turned into workflow rates by non-negative least squares
    over the instance's n (control/rates.py). Where a rate the policy needs is missing (no series,
    NaN, stale: the observer passes None), the decision is `hold`: the last good plan stays, nothing
-   scales down on missing data, and the forecasters are not fed.
+   scales down on missing data, and the forecasters are not fed. The backlog: the requests
+   waiting in each LLM's engines (`waiting_requests`).
 2. Sustained rate. A rise or fall counts once it held for `confirm_periods` periods: each
    workflow's rate goes through a running median of its last 2 * confirm_periods - 1 observations
    (default 3: a one-period burst never reaches the forecast, a step does in its second period).
    One forecaster per workflow (control/forecast.py: constant, ewma, kalman) forecasts the mean
    rate over the window a replica asked for now would serve, [now + startup_s, now + startup_s +
    sustain_s] (for a linear trend: the forecast at its middle, `horizon_s`). The rate to be ready
-   for is up_w = sustained_w + margin_w, the burst margin max(headroom * sustained_w, burst_z *
+   for is up_w = sustained_w + margin_w + backlog_w, the burst margin max(headroom * sustained_w, burst_z *
    sigma_w / sqrt(sustain_s / period_s)): sigma_w the observed deviation of the workflow's rate
    from its running median, the bursts the median removed (an exponentially weighted RMS), so the margin is one
-   standard error of the window's mean rate, never below the Poisson headroom.
+   standard error of the window's mean rate, never below the Poisson headroom. The backlog adds
+   backlog_w at once (not through the median): the rate that drains the waiting requests within
+   `drain_s` (one start-up), the most any of the workflow's LLMs needs (`_backlog`).
 3. Decide. The planning rate of a scale-down is the highest up_w of the last `stabilization_s`
    (a scale-down is thus taken only when it was right for the whole window).
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
@@ -35,7 +38,8 @@ does no I/O and reads no clock. Each period:
      subset of the LLMs the fresh plan re-shapes is tried, the others keeping their shapes, and
      the one that pays most is taken; the plan is placed with the fewest moves from the running
      placement;
-   - scale down: when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
+   - scale down: never while a backlog stands (`backlog_per_replica` waiting requests per ready
+     replica on some LLM); otherwise when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
      the window covers `stabilization_s` of observations and no scale-up happened within it;
      at most `max_moves_per_period` replica moves per period (a larger scale-down is taken in
      steps that only stop replicas, each step checked to meet the planning SLO);
@@ -89,6 +93,7 @@ class ControlSettings:
     slo_margin: float = 0.8  # plan to 80% of each SLO: the pipeline's prediction error
     scale_up_at: float = 1.0  # re-plan up when the forecast's predicted latency passes this fraction of the SLO
     rate_step: float = 0.05  # plans are cached on a 5% geometric rate grid (rounded up)
+    backlog_per_replica: float = 1.0  # a backlog stands where an LLM has this many waiting requests per ready replica
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
@@ -97,7 +102,8 @@ class ControlSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, not {value!r}")
-        for name in ("startup_s", "headroom", "hysteresis", "stabilization_s", "sustain_s", "burst_z", "flap_window_s"):
+        for name in ("startup_s", "headroom", "hysteresis", "stabilization_s", "sustain_s", "burst_z", "flap_window_s",
+                     "backlog_per_replica"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, not {value!r}")
@@ -116,6 +122,11 @@ class ControlSettings:
         return self.startup_s + self.sustain_s / 2 if self.horizon_s is None else self.horizon_s
 
     @property
+    def drain_s(self) -> float:
+        """A backlog is sized to drain within one start-up (at least one period)."""
+        return max(self.startup_s, self.period_s)
+
+    @property
     def margin_samples(self) -> float:
         """How many periods the sustained window's mean averages over (at least 1)."""
         return max(self.sustain_s / self.period_s, 1.0)
@@ -132,6 +143,7 @@ class Observation:
     workflow_rates_rps: Mapping[str, float | None] | None = None  # where a workflow-level counter exists
     queue_per_replica: Mapping[str, float] | None = None  # waiting requests per ready replica, per LLM
     kv_usage: Mapping[str, float] | None = None  # KV cache usage fraction (0..1), per LLM
+    waiting_requests: Mapping[str, float] | None = None  # per LLM: requests waiting in its engines' queues now
 
 
 @dataclass(frozen=True)
@@ -247,6 +259,24 @@ def _rates(observation: Observation, context: PolicyContext) -> tuple[dict[str, 
     return workflow_rates(context.instance, rates), "per-LLM rates (NNLS)"
 
 
+def _backlog(observation: Observation, context: PolicyContext) -> tuple[dict[str, float], list[str]]:
+    """Per workflow, the rate that drains its LLMs' waiting requests within `drain_s`: the most
+    any of its LLMs needs, W_m / (n_wm * drain_s) (an LLM shared by workflows charges its whole
+    queue to each: a backlog is sized up, never split away); and the LLMs where a backlog stands
+    (at least `backlog_per_replica` waiting requests per ready replica)."""
+    s = context.settings
+    waiting = {m: float(v) for m, v in (observation.waiting_requests or {}).items() if _good(v)}
+    out: dict[str, float] = {}
+    for workflow in context.instance.workflows:
+        calls: dict[str, float] = {}
+        for stage in workflow.stages:
+            calls[stage.llm] = calls.get(stage.llm, 0.0) + stage.invocations
+        out[workflow.name] = max((waiting.get(m, 0.0) / (n * s.drain_s) for m, n in calls.items() if n > 0), default=0.0)
+    standing = sorted(m for m, v in waiting.items()
+                      if v > 0 and v >= s.backlog_per_replica * max(observation.ready_replicas.get(m, 0), 1))
+    return out, standing
+
+
 def _good(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value >= 0
 
@@ -323,13 +353,15 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     forecasts = {w: context.forecaster.update(state.forecasts.get(w), confirmed[w], dt) for w in rates}
     sustained = {w: context.forecaster.predict(f, s.horizon) for w, f in forecasts.items()}
     margin = {w: max(s.headroom * sustained[w], s.burst_z * math.sqrt(variability[w] / s.margin_samples)) for w in rates}
-    up = {w: sustained[w] + margin[w] for w in rates}
+    backlog, standing = _backlog(observation, context)
+    up = {w: sustained[w] + margin[w] + backlog[w] for w in rates}
     recent = tuple((t, r) for t, r in state.recent if t > now - s.stabilization_s) + ((now, up),)
     window = {w: max(r[w] for _, r in recent) for w in up}
     since = now if state.observed_since_s is None else state.observed_since_s
     inputs["confirmed_rate_rps"] = {w: round(v, 6) for w, v in confirmed.items()}
     inputs["forecast_rps"] = {w: round(v, 6) for w, v in sustained.items()}
     inputs["burst_margin_rps"] = {w: round(v, 6) for w, v in margin.items()}
+    inputs["backlog_rps"] = {w: round(v, 6) for w, v in backlog.items()}
     inputs["planning_rate_rps"] = {w: round(v, 6) for w, v in window.items()}
     state = replace(state, forecasts=forecasts, recent=recent, observed_since_s=since, last_time_s=now, history=history,
                     variability=variability)
@@ -380,7 +412,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         broken = sorted(w for w in trigger if current is None or current[w] > trigger[w] * (1 + 1e-9))
         return adopt(target, placement, f"scale up: the forecast breaks the SLO of {', '.join(broken)}", True)
 
-    # scale down: only a cheaper plan that holds beyond the hysteresis over a full window
+    # scale down: never while a backlog stands; only a cheaper plan that holds beyond the hysteresis over a full window
+    if standing:
+        return keep(f"a backlog stands on {', '.join(standing)}: no scale-down")
     target = _choose(context, state.allocation, _scaled(window, 1 + s.hysteresis), alternative=state.allocation)
     if target is None or target.units >= state.allocation.units:
         return keep("the plan that runs meets the forecast; no cheaper plan holds beyond the hysteresis")

@@ -3,8 +3,10 @@ of a simulated deployment while requests arrive from a file.
 
 Systems (`SYSTEMS`), all on the same arrivals, seed and cluster:
 
-    scepsy-control  the policy (control/policy.py `decide`) every `period_s`, observing the per-LLM
-                    completion rates (vLLM's request_success_total), ready and starting replicas
+    scepsy-control  the policy (control/policy.py `decide`) every `period_s`, observing each
+                    workflow's arrivals at the entry over the period (the entry's request
+                    counter), the requests waiting per LLM (engines' queues: the backlog), KV
+                    usage, ready and starting replicas
     static          the given plan, never changed
     static-peak     the plan for the trace's peak 5-minute rate per workflow (the controller's
                     planner at that rate, with the same headroom), never changed
@@ -389,7 +391,9 @@ class _Meter:
             queue[llm] = float(np.mean(self.queue[llm])) if self.queue[llm] else 0.0
         self.kv.clear()
         self.queue.clear()
-        return _Reading(rates, kv, queue)
+        waiting = {llm: float(sum(len(r.waiting) for r in router.replicas) + len(router.parked))
+                   for llm, router in self.cluster.routers.items()}
+        return _Reading(rates, kv, queue, waiting)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,9 +436,11 @@ class _Run:
 class _Reading:
     """One period's metrics of a simulated deployment (_Meter.read)."""
 
-    llm_rates_rps: Mapping[str, float]
+    llm_rates_rps: Mapping[str, float]  # completions
     kv_usage: Mapping[str, float]
     queue_per_replica: Mapping[str, float]
+    waiting_requests: Mapping[str, float]  # per LLM, now: its engines' queues and calls held at its router
+    arrivals_rps: Mapping[str, float] = field(default_factory=dict)  # per workflow: counted at the entry
 
 
 class _System:
@@ -463,10 +469,10 @@ class _System:
             yield env.timeout(period)
             k += 1
             now = env.now
-            reading = meter.read(period)
+            arrived = {w: float(period_bins[w][k - 1]) if k - 1 < len(period_bins[w]) else 0.0 for w in self.run.workflows}
+            reading = replace(meter.read(period), arrivals_rps=arrived)
             ready, starting = self.ready(), self.starting()
             self.step(now, reading, ready, starting)
-            arrived = {w: float(period_bins[w][k - 1]) if k - 1 < len(period_bins[w]) else 0.0 for w in self.run.workflows}
             recorder.timeline.append(Sample(now, arrived, ready, starting, self.gpus_held(),
                                             _period_latency(recorder, now - period, now)))
 
@@ -551,8 +557,9 @@ class _Policy(_PlanSystem):
         self.context = run.context
 
     def observe(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> Observation:
-        return Observation(now, reading.llm_rates_rps, ready, starting, queue_per_replica=reading.queue_per_replica,
-                           kv_usage=reading.kv_usage)
+        return Observation(now, reading.llm_rates_rps, ready, starting, workflow_rates_rps=dict(reading.arrivals_rps),
+                           queue_per_replica=reading.queue_per_replica, kv_usage=reading.kv_usage,
+                           waiting_requests=reading.waiting_requests)
 
     def step(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> None:
         observation = self.observe(now, reading, ready, starting)

@@ -343,6 +343,38 @@ def test_a_workflow_counter_is_used_where_every_workflow_has_one(rag_context):
     assert decision.action == "keep" and decision.inputs["rates_from"] == "workflow counters"
 
 
+def test_completions_that_stall_under_a_backlog_still_scale_up(rag_context):
+    """Arrivals at the entry hold at the planned rate while no call completes and rag-gen's queue
+    grows: the decision sizes for the arrivals plus draining the queue within one start-up."""
+    state = _own_plan(rag_context, 4.0)
+    stalled = {m.name: 0.0 for m in rag_context.instance.llms}
+    observation = Observation(13 * 60.0, stalled, workflow_rates_rps={"rag": 4.0},
+                              waiting_requests={"rag-gen": 2400.0})
+    _, decision = decide(state, observation, rag_context)
+    assert decision.action == "replan" and decision.reason.startswith("scale up")
+    assert decision.allocation is not None and decision.allocation.units > state.allocation.units
+    assert decision.inputs["backlog_rps"]["rag"] > 0
+
+
+def test_no_scale_down_while_a_backlog_stands(rag_context):
+    state = _own_plan(rag_context, 24.0)
+    ready = {c.llm: c.replicas for c in state.allocation.llms}
+
+    def fall(waiting: float):
+        current, decisions = state, []
+        for k in range(12):
+            observation = Observation(13 * 60.0 + 60.0 * k, _llm_rates(rag_context, 1.0), ready,
+                                      workflow_rates_rps={"rag": 1.0}, waiting_requests={"rag-gen": waiting})
+            current, decision = decide(current, observation, rag_context)
+            decisions.append(decision)
+        return decisions
+
+    assert any(d.action == "replan" for d in fall(0.0))  # the fall alone scales down
+    standing = fall(3.0 * max(ready.values()))
+    assert not any(d.action == "replan" for d in standing)
+    assert "a backlog stands on rag-gen" in standing[-1].reason
+
+
 def test_an_slo_from_an_overloaded_plan_is_refused(rag, rag_plan):
     overloaded = rag.with_arrival_rates({"rag": 1000.0})
     with pytest.raises(InputError, match="latency_slo_s"):

@@ -21,8 +21,11 @@ does no I/O and reads no clock. Each period:
    from its running median, the bursts the median removed (an exponentially weighted RMS), so the margin is one
    standard error of the window's mean rate, never below the Poisson headroom. The backlog adds
    backlog_w at once (not through the median): the rate that drains the waiting requests within
-   `drain_s` (one start-up), the most any of the workflow's LLMs needs (`_backlog`).
-3. Decide. The planning rate of a scale-down is the highest up_w of the last `stabilization_s`
+   `drain_s` (one start-up), the most any of the workflow's LLMs needs (`_backlog`). Feedback: the
+   sustained rate and margin are scaled by correction_w, the running mean of observed over
+   predicted latency in [1, max_correction] (`_feedback`).
+3. Decide. First, where a workflow's SLO is missed as users see it while its LLMs' backlog stands
+   and grows, a plan with more share units (`_larger`), never keep. The planning rate of a scale-down is the highest up_w of the last `stabilization_s`
    (a scale-down is thus taken only when it was right for the whole window).
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
      breaks a workflow's SLO (latency_slo_s * scale_up_at, default the SLO itself) or overloads an
@@ -94,11 +97,12 @@ class ControlSettings:
     scale_up_at: float = 1.0  # re-plan up when the forecast's predicted latency passes this fraction of the SLO
     rate_step: float = 0.05  # plans are cached on a 5% geometric rate grid (rounded up)
     backlog_per_replica: float = 1.0  # a backlog stands where an LLM has this many waiting requests per ready replica
+    max_correction: float = 2.0  # the feedback scales a workflow's planning rate by at most this (observed / predicted latency)
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
             raise ValueError(f"unknown predictor {self.predictor!r}; use one of {', '.join(PREDICTORS)}")
-        for name in ("period_s", "slo_margin", "scale_up_at", "rate_step"):
+        for name in ("period_s", "slo_margin", "scale_up_at", "rate_step", "max_correction"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, not {value!r}")
@@ -110,6 +114,8 @@ class ControlSettings:
         if self.scale_up_at < self.slo_margin:
             raise ValueError(f"scale_up_at ({self.scale_up_at:g}) must be at least slo_margin ({self.slo_margin:g}): "
                              "a plan made to the planning SLO would trigger its own scale-up")
+        if self.max_correction < 1:
+            raise ValueError(f"max_correction must be at least 1, not {self.max_correction!r}")
         if self.max_moves_per_period < 1:
             raise ValueError("max_moves_per_period must be at least 1")
         if self.confirm_periods < 1:
@@ -144,6 +150,7 @@ class Observation:
     queue_per_replica: Mapping[str, float] | None = None  # waiting requests per ready replica, per LLM
     kv_usage: Mapping[str, float] | None = None  # KV cache usage fraction (0..1), per LLM
     waiting_requests: Mapping[str, float] | None = None  # per LLM: requests waiting in its engines' queues now
+    workflow_latency_s: Mapping[str, float | None] | None = None  # per workflow: mean latency of the requests that finished in the period
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,8 @@ class ControllerState:
     last_up_s: float | None = None  # the last scale-up
     observed_since_s: float | None = None  # the first good observation since the last hold
     last_time_s: float | None = None  # the last good observation
+    corrections: Mapping[str, float] = field(default_factory=dict)  # per workflow: observed over predicted latency, bounded
+    waiting: Mapping[str, float] = field(default_factory=dict)  # per LLM: the waiting requests last observed
 
     @classmethod
     def initial(cls, allocation: Allocation, placement: Placement) -> "ControllerState":
@@ -277,6 +286,50 @@ def _backlog(observation: Observation, context: PolicyContext) -> tuple[dict[str
     return out, standing
 
 
+def _feedback(state: ControllerState, observation: Observation, context: PolicyContext, rates: Mapping[str, float],
+              standing: list[str]) -> tuple[dict[str, float], list[str]]:
+    """Per workflow, the model's correction: the running mean of observed over predicted latency
+    (the running plan at the observed rate), in [1, max_correction]; it scales the rate the
+    workflow is planned for (a slower deployment than the profiles say needs the capacity of a
+    higher rate), as Dynamo's planner corrects its interpolation by observed over expected latency.
+    And the workflows whose SLO users miss (observed latency above it, or nothing finished) while
+    one of their LLMs' backlog stands and grew since the last period."""
+    s = context.settings
+    observed = observation.workflow_latency_s or {}
+    predicted = _latencies(context, state.allocation, rates)
+    waiting = observation.waiting_requests or {}
+    corrections: dict[str, float] = {}
+    pressing: list[str] = []
+    for workflow in context.instance.workflows:
+        w = workflow.name
+        seen = observed.get(w)
+        expected = None if predicted is None else predicted[w]
+        before = state.corrections.get(w, 1.0)
+        if _good(seen) and expected is not None and math.isfinite(expected) and expected > 0:
+            ratio = min(max(float(seen or 0.0) / expected, 1.0), s.max_correction)
+            corrections[w] = (before + ratio) / 2
+        else:
+            corrections[w] = before
+        missed = (float(seen or 0.0) > context.slos_s[w]) if _good(seen) else observation.workflow_latency_s is not None
+        llms = {stage.llm for stage in workflow.stages}
+        grew = any(m in standing and float(waiting.get(m) or 0.0) > state.waiting.get(m, 0.0) for m in llms)
+        if missed and grew:
+            pressing.append(w)
+    return corrections, sorted(pressing)
+
+
+def _larger(context: PolicyContext, running: Allocation, rates: Mapping[str, float]) -> Allocation | None:
+    """The plan for `rates`, or for rates 25% higher each try (at most 12), until it holds more
+    share units than the plan that runs; None where none does (the cluster is full)."""
+    factor = 1.0
+    for _ in range(12):
+        target = _choose(context, running, _scaled(rates, factor))
+        if target is not None and target.units > running.units:
+            return target
+        factor *= 1.25
+    return None
+
+
 def _good(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value >= 0
 
@@ -354,7 +407,8 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     sustained = {w: context.forecaster.predict(f, s.horizon) for w, f in forecasts.items()}
     margin = {w: max(s.headroom * sustained[w], s.burst_z * math.sqrt(variability[w] / s.margin_samples)) for w in rates}
     backlog, standing = _backlog(observation, context)
-    up = {w: sustained[w] + margin[w] + backlog[w] for w in rates}
+    corrections, pressing = _feedback(state, observation, context, rates, standing)
+    up = {w: (sustained[w] + margin[w]) * corrections[w] + backlog[w] for w in rates}
     recent = tuple((t, r) for t, r in state.recent if t > now - s.stabilization_s) + ((now, up),)
     window = {w: max(r[w] for _, r in recent) for w in up}
     since = now if state.observed_since_s is None else state.observed_since_s
@@ -362,9 +416,11 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     inputs["forecast_rps"] = {w: round(v, 6) for w, v in sustained.items()}
     inputs["burst_margin_rps"] = {w: round(v, 6) for w, v in margin.items()}
     inputs["backlog_rps"] = {w: round(v, 6) for w, v in backlog.items()}
+    inputs["correction"] = {w: round(v, 6) for w, v in corrections.items()}
     inputs["planning_rate_rps"] = {w: round(v, 6) for w, v in window.items()}
     state = replace(state, forecasts=forecasts, recent=recent, observed_since_s=since, last_time_s=now, history=history,
-                    variability=variability)
+                    variability=variability, corrections=corrections,
+                    waiting={m: float(v) for m, v in (observation.waiting_requests or {}).items() if _good(v)})
 
     slos = context.planning_slos_s
     current = _latencies(context, state.allocation, up)
@@ -390,7 +446,16 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         return {m: now - t for m, (t, d) in state.last_direction.items()
                 if d == -direction and now - t <= s.flap_window_s + 1e-9}
 
-    # 3. decide: scale up at once, for the forecast, when the running plan breaks an SLO there
+    # 3. decide: where users see the SLO missed while the queue grows, a larger plan, never keep
+    if pressing:
+        larger = _larger(context, state.allocation, up)
+        placed_larger = None if larger is None else context.replanner.place(larger, state.placement)
+        if larger is None or placed_larger is None:
+            return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows, but no larger plan fits the cluster")
+        inputs["slo_missed_queue_growing"] = pressing
+        return adopt(larger, placed_larger, f"scale up: the SLO of {', '.join(pressing)} is missed and the queue grows", True)
+
+    # scale up at once, for the forecast, when the running plan breaks an SLO there
     trigger = context.trigger_slos_s
     breaks = not _meets(current, trigger)
     target = _choose(context, state.allocation, up) if breaks else None

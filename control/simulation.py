@@ -407,9 +407,19 @@ class _Recorder:
     workflows: list[str]
     finished: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     timeline: list[Sample] = field(default_factory=list)
+    period_latencies: dict[str, list[float]] = field(default_factory=dict)  # finished since the last take
 
     def on_finish(self, workflow: str, arrival_s: float, finish_s: float) -> None:
         self.finished.setdefault(workflow, []).append((arrival_s, finish_s - arrival_s))
+        self.period_latencies.setdefault(workflow, []).append(finish_s - arrival_s)
+
+    def take_latency(self) -> dict[str, float | None]:
+        """Per workflow, the mean latency of the requests that finished since the last take (None:
+        none did), as the entry's latency histogram gives it over a period."""
+        out: dict[str, float | None] = {w: float(np.mean(self.period_latencies[w])) if self.period_latencies.get(w) else None
+                                        for w in self.workflows}
+        self.period_latencies.clear()
+        return out
 
 
 @dataclass(frozen=True)
@@ -441,6 +451,7 @@ class _Reading:
     queue_per_replica: Mapping[str, float]
     waiting_requests: Mapping[str, float]  # per LLM, now: its engines' queues and calls held at its router
     arrivals_rps: Mapping[str, float] = field(default_factory=dict)  # per workflow: counted at the entry
+    latency_s: Mapping[str, float | None] = field(default_factory=dict)  # per workflow: of the requests finished in the period
 
 
 class _System:
@@ -470,7 +481,7 @@ class _System:
             k += 1
             now = env.now
             arrived = {w: float(period_bins[w][k - 1]) if k - 1 < len(period_bins[w]) else 0.0 for w in self.run.workflows}
-            reading = replace(meter.read(period), arrivals_rps=arrived)
+            reading = replace(meter.read(period), arrivals_rps=arrived, latency_s=recorder.take_latency())
             ready, starting = self.ready(), self.starting()
             self.step(now, reading, ready, starting)
             recorder.timeline.append(Sample(now, arrived, ready, starting, self.gpus_held(),
@@ -559,7 +570,7 @@ class _Policy(_PlanSystem):
     def observe(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> Observation:
         return Observation(now, reading.llm_rates_rps, ready, starting, workflow_rates_rps=dict(reading.arrivals_rps),
                            queue_per_replica=reading.queue_per_replica, kv_usage=reading.kv_usage,
-                           waiting_requests=reading.waiting_requests)
+                           waiting_requests=reading.waiting_requests, workflow_latency_s=dict(reading.latency_s))
 
     def step(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> None:
         observation = self.observe(now, reading, ready, starting)

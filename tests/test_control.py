@@ -375,6 +375,24 @@ def test_no_scale_down_while_a_backlog_stands(rag_context):
     assert "a backlog stands on rag-gen" in standing[-1].reason
 
 
+def test_a_missed_slo_with_a_growing_queue_is_never_kept(rag_context):
+    """At the rate the plan was made for, the prediction says the SLO holds, but users see three
+    times the SLO and rag-gen's queue grows: the decision is a larger plan, and the model's
+    correction (observed over predicted latency) is bounded."""
+    state = _own_plan(rag_context, 4.0)
+    ready = {c.llm: c.replicas for c in state.allocation.llms}
+    slow = {"rag": 3.0 * rag_context.slos_s["rag"]}
+    decisions = []
+    for k, waiting in enumerate([20.0, 40.0]):
+        observation = Observation(13 * 60.0 + 60.0 * k, _llm_rates(rag_context, 4.0), ready, workflow_rates_rps={"rag": 4.0},
+                                  waiting_requests={"rag-gen": waiting}, workflow_latency_s=slow)
+        state, decision = decide(state, observation, rag_context)
+        decisions.append(decision)
+    assert decisions[-1].action == "replan" and "missed and the queue grows" in decisions[-1].reason
+    assert decisions[-1].allocation is not None and decisions[-1].allocation.units > _own_plan(rag_context, 4.0).allocation.units
+    assert 1.0 < decisions[-1].inputs["correction"]["rag"] <= rag_context.settings.max_correction
+
+
 def test_an_slo_from_an_overloaded_plan_is_refused(rag, rag_plan):
     overloaded = rag.with_arrival_rates({"rag": 1000.0})
     with pytest.raises(InputError, match="latency_slo_s"):

@@ -1,13 +1,15 @@
 """The closed loop on the workflow simulator: the controller (or a baseline) drives the replicas
 of a simulated deployment while requests arrive from a file.
 
-Systems (`SYSTEMS`), all on the same arrivals, seed and cluster:
+Systems (`SYSTEMS`), all on the same arrivals, seed and cluster; scepsy-control, static,
+saturation and oracle start from the same plan, the controller's plan for the first 5 minutes'
+mean rate plus headroom (`opening_plan`; `run_systems(opening=False)` starts from the given one):
 
     scepsy-control  the policy (control/policy.py `decide`) every `period_s`, observing each
                     workflow's arrivals at the entry over the period (the entry's request
                     counter), the requests waiting per LLM (engines' queues: the backlog), KV
                     usage, ready and starting replicas
-    static          the given plan, never changed
+    static          the plan it starts from, never changed
     static-peak     the plan for the trace's peak 5-minute rate per workflow (the controller's
                     planner at that rate, with the same headroom), never changed
     k8s-hpa         the Kubernetes HPA per LLM (models/simulation/autoscaler.py), from one whole-GPU
@@ -68,6 +70,7 @@ from scepsy.planner.studies.baselines import hpa_deployment
 SYSTEMS = ("scepsy-control", "static", "static-peak", "k8s-hpa", "saturation", "oracle")
 WINDOW_S = 60.0  # the SLO windows: 1 minute
 PEAK_WINDOW_S = 300.0  # static-peak plans for the peak 5-minute rate
+OPENING_S = 300.0  # every system starts from the plan for the first 5 minutes' rate
 FLAP_WINDOW_S = 600.0  # a direction reversal within 10 minutes is a flap
 SAMPLE_S = 5.0  # KV usage and queues are sampled this often (a Prometheus scrape interval)
 _T = TypeVar("_T")
@@ -149,6 +152,37 @@ def scale_arrivals(times: Sequence[float], factor: float, seed: int = 0, jitter_
     return sorted(out)
 
 
+SHAPES = {  # load shapes of the bench scenarios: the rate multiplier at minute m, from 1 at the start
+    "ramp": lambda m: 1.0 + 2.0 * min(m / 10.0, 1.0),  # x3 over 10 minutes, then held
+    "step": lambda m: 2.0 if m >= 5.0 else 1.0,  # x2 at minute 5
+    "burst": lambda m: 1.5 if 5.0 <= m < 7.0 else 1.0,  # 1.5x for two minutes from minute 5
+    "dip": lambda m: 0.1 if 5.0 <= m < 15.0 else 1.0,  # a fall to 10% for ten minutes, and back
+    "constant": lambda m: 1.0,
+}
+
+
+def shaped_arrivals(rates_rps: Mapping[str, float], shape: str, minutes: float, seed: int = 0) -> dict[str, list[float]]:
+    """Poisson arrivals per workflow whose rate is `rates_rps` times SHAPES[shape] of the minute
+    (thinning of a process at the shape's highest rate; deterministic for a seed)."""
+    if shape not in SHAPES:
+        raise InputError(None, "shape", f"unknown load shape {shape!r}", f"use one of: {', '.join(SHAPES)}")
+    factor = SHAPES[shape]
+    top = max(factor(m / 10.0) for m in range(int(minutes * 10) + 1))
+    out: dict[str, list[float]] = {}
+    for index, (workflow, rate) in enumerate(sorted(rates_rps.items())):
+        rng = random.Random(f"{seed}/{index}/{shape}")
+        times: list[float] = []
+        t = 0.0
+        while rate > 0:
+            t += rng.expovariate(rate * top)
+            if t >= minutes * 60:
+                break
+            if rng.random() < factor(t / 60.0) / top:
+                times.append(t)
+        out[workflow] = times
+    return out
+
+
 def trace_arrivals(drivers: Mapping[str, tuple[Path | str, float]], start_s: float, length_s: float,
                    seed: int = 0) -> dict[str, list[float]]:
     """Arrivals per workflow from a driving trace each (a file `load_arrivals` reads: JSONL or an
@@ -175,6 +209,21 @@ def rate_bins(arrivals: Mapping[str, Sequence[float]], duration_s: float, width_
         counts = np.bincount(np.minimum((np.asarray(times, dtype=float) // width_s).astype(int), bins - 1), minlength=bins)
         out[workflow] = counts / width_s
     return out
+
+
+def opening_plan(context: PolicyContext, arrivals: Mapping[str, Sequence[float]]) -> tuple[Allocation, Placement]:
+    """The plan every system starts from: the controller's planner at each workflow's mean rate
+    over the first OPENING_S of the arrivals, with the policy's headroom, placed on the empty
+    cluster (InputError where no plan meets the SLOs there)."""
+    rates = {w: sum(1 for t in times if t < OPENING_S) / OPENING_S * (1 + context.settings.headroom)
+             for w, times in arrivals.items()}
+    rates.update({w.name: rates.get(w.name, 0.0) for w in context.instance.workflows})
+    allocation = context.replanner.allocation(rates)
+    placement = None if allocation is None else context.replanner.place(allocation, None)
+    if allocation is None or placement is None:
+        raise InputError(None, "arrivals", "no plan meets the SLOs at the first 5 minutes' rate",
+                         "scale the arrivals down, or lift the SLOs")
+    return allocation, placement
 
 
 def peak_rates(arrivals: Mapping[str, Sequence[float]], duration_s: float, window_s: float = PEAK_WINDOW_S) -> dict[str, float]:
@@ -841,13 +890,18 @@ def run_systems(
     settings: ClosedLoopSettings = ClosedLoopSettings(),
     slos_s: Mapping[str, float] | None = None,
     progress: Callable[[float], None] | None = None,
+    opening: bool = True,
 ) -> list[SystemRun]:
     """Every system of `systems` on the same arrivals; SLOs default to each workflow's
-    latency_slo_s, else twice the given plan's predicted latency at the instance's rates."""
+    latency_slo_s, else twice the given plan's predicted latency at the instance's rates. With
+    `opening`, every plan-driven system starts from `opening_plan` (the given plan only sets the
+    SLOs); without, from the given plan."""
     for system in systems:
         if system not in SYSTEMS:
             raise InputError(None, "baselines", f"unknown system {system!r}", f"use some of: {', '.join(SYSTEMS[1:])}")
     context = make_context(instance, settings.control, slos_s, allocation)
+    if opening:
+        allocation, placement = opening_plan(context, arrivals)
     runs = []
     for index, system in enumerate(systems):
         def step(fraction: float, done: int = index) -> None:

@@ -17,8 +17,8 @@ from scepsy.control.forecast import Forecaster
 from scepsy.control.policy import ControlSettings, ControllerState, Observation, PolicyContext, _choose, decide, make_context
 from scepsy.control.rates import workflow_rates
 from scepsy.control.replan import moves, moves_lower_bound, without_replicas
-from scepsy.control.simulation import (SYSTEM_TYPES, SYSTEMS, ClosedLoopSettings, _Fleet, fleet_placement, run_systems,
-                                      scale_arrivals)
+from scepsy.control.simulation import (SYSTEM_TYPES, SYSTEMS, ClosedLoopSettings, _Fleet, fleet_placement, opening_plan, rate_bins,
+                                      run_systems, scale_arrivals, shaped_arrivals)
 from scepsy.models.simulation.simulator import SimulationSettings, simulate
 from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
@@ -532,6 +532,33 @@ def test_a_swap_on_a_full_cluster_never_holds_more_gpus_than_the_cluster(rag, ra
     assert key(fleet_placement(fleets[0])) == key(swapped)
     assert all(fleets[0].ready(m.name) == rag_plan.allocation.of(m.name).replicas for m in rag.llms)
     assert result.workflow("rag").unfinished == 0
+
+
+def test_every_system_starts_from_the_plan_for_the_first_minutes_rate(rag, rag_plan):
+    """Given the plan for rag's full rate and arrivals at 2 req/s, the controller and the static
+    plan both start from the plan for the first 5 minutes' rate, not from the given one."""
+    arrivals = _step_arrivals(2.0, 1.0, minutes=3.0)
+    settings = ClosedLoopSettings(ControlSettings(startup_s=60.0, period_s=60.0))
+    runs = run_systems(rag, rag_plan.allocation, rag_plan.placement, arrivals, ["scepsy-control", "static"], settings)
+    context = make_context(rag, settings.control, allocation=rag_plan.allocation)
+    start, _ = opening_plan(context, arrivals)
+    assert start.gpus() < rag_plan.allocation.gpus()
+    assert [run.timeline[0].gpus for run in runs] == [start.gpus(), start.gpus()]
+
+
+@pytest.mark.parametrize("shape, during, ratio", [
+    ("ramp", (12, 20), 3.0 / 1.4), ("step", (6, 20), 2.0), ("burst", (5, 7), 1.5), ("dip", (5, 15), 0.1), ("constant", (5, 20), 1.0)])
+def test_the_scenarios_load_shapes(shape, during, ratio):
+    """Each bench scenario's arrivals: the rate within `during` (minutes) over the first four
+    minutes' is the shape's ratio (within Poisson noise at 20 req/s; the ramp's first four
+    minutes run at 1.4 times its start on average)."""
+    arrivals = shaped_arrivals({"w": 20.0}, shape, 20.0, seed=1)
+    minutes = rate_bins(arrivals, 1200.0, 60.0)["w"]
+    observed = float(minutes[during[0]:during[1]].mean()) / float(minutes[:4].mean())
+    assert observed == pytest.approx(ratio, rel=0.1)
+    assert shaped_arrivals({"w": 20.0}, shape, 20.0, seed=1) == arrivals
+    with pytest.raises(InputError, match="unknown load shape"):
+        shaped_arrivals({"w": 1.0}, "wave", 1.0)
 
 
 def test_scaled_arrivals_keep_the_shape_and_the_seed():

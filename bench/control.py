@@ -13,12 +13,14 @@ beam 20, rag 40 req/s); every workflow's SLO is twice its planned latency:
               minutes) (default: the whole hour) and scaled (control/simulation.py
               scale_arrivals) so that each workflow's peak 5-minute rate is PEAK times its
               planned rate
-    ramp      Poisson arrivals rising x3 over 10 minutes, then held, peaking at PEAK times the
-              planned rates (control/simulation.py SHAPES)
-    step      x2 at minute 5, to PEAK times the planned rates
-    burst     1.5x for two minutes from minute 5, to PEAK times the planned rates
-    dip       PEAK times the planned rates, falling to 10% for minutes 5-15, and back
-    constant  70% of the cluster's maximum: the highest multiple of the planned rates with a plan
+    ramp      Poisson arrivals rising x3 over 10 minutes, then held (control/simulation.py SHAPES)
+    step      x2 at minute 5
+    burst     1.5x for two minutes from minute 5
+    dip       falling to 10% for minutes 5-15, and back
+    constant  70% of the cluster's maximum
+
+The synthetic shapes peak at PEAK times the cluster's maximum: the highest multiple of the planned
+rates the controller's planner has a plan for.
 
 Every system but static-peak and k8s-hpa starts from the plan for the first 5 minutes' rate
 (control/simulation.py opening_plan; `--start peak`: from the plan for the arrivals' peak 5-minute
@@ -185,7 +187,7 @@ def scenario_arrivals(instance: Instance, context: PolicyContext, shape: str, pe
         scale = CONSTANT_SHARE * maximum_scale(instance, context)
     else:
         top = max(SHAPES[shape](m / 10.0) for m in range(int(minutes * 10) + 1))
-        scale = peak / top
+        scale = peak * maximum_scale(instance, context) / top
     return shaped_arrivals({w.name: w.arrival_rate * scale for w in instance.workflows}, shape, minutes, seed)
 
 

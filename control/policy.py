@@ -289,7 +289,7 @@ def _backlog(observation: Observation, context: PolicyContext) -> tuple[dict[str
 def _feedback(state: ControllerState, observation: Observation, context: PolicyContext, rates: Mapping[str, float],
               standing: list[str]) -> tuple[dict[str, float], list[str]]:
     """Per workflow, the model's correction: the running mean of observed over predicted latency
-    (the running plan at the observed rate), in [1, max_correction]; it scales the rate the
+    (the running plan at the observed rate, while no replica starts), in [1, max_correction]; it scales the rate the
     workflow is planned for (a slower deployment than the profiles say needs the capacity of a
     higher rate), as Dynamo's planner corrects its interpolation by observed over expected latency.
     And the workflows whose SLO users miss (observed latency above it, or nothing finished) while
@@ -298,6 +298,7 @@ def _feedback(state: ControllerState, observation: Observation, context: PolicyC
     observed = observation.workflow_latency_s or {}
     predicted = _latencies(context, state.allocation, rates)
     waiting = observation.waiting_requests or {}
+    settled = not any(observation.starting_replicas.values())  # else what serves is not yet the plan predicted
     corrections: dict[str, float] = {}
     pressing: list[str] = []
     for workflow in context.instance.workflows:
@@ -305,7 +306,7 @@ def _feedback(state: ControllerState, observation: Observation, context: PolicyC
         seen = observed.get(w)
         expected = None if predicted is None else predicted[w]
         before = state.corrections.get(w, 1.0)
-        if _good(seen) and expected is not None and math.isfinite(expected) and expected > 0:
+        if settled and _good(seen) and expected is not None and math.isfinite(expected) and expected > 0:
             ratio = min(max(float(seen or 0.0) / expected, 1.0), s.max_correction)
             corrections[w] = (before + ratio) / 2
         else:

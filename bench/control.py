@@ -1,15 +1,31 @@
 """The controller against its baselines on the shipped Azure traces (docs/control.md, "Measured").
 
-    python bench/control.py [--peaks 0.8,1.0] [--startups 60,180,420] [--start-min 0] [--minutes 60]
+    python bench/control.py [--scenario azure] [--instance instances/combined-8xh100.yaml] [--peaks 0.8,1.0]
+                            [--startups 60,180,420] [--start-min 0] [--minutes 60]
                             [--systems scepsy-control,static-peak,...] [--out bench/control.jsonl]
     python bench/control.py --table [--out bench/control.jsonl]
 
-Scenario: instances/combined-8xh100.yaml planned at its rates (beam 20, rag 40 req/s); the conv
-trace drives beam search and the code trace drives RAG, both cut to [start-min, start-min +
-minutes) (default: the whole shipped hour) and scaled (control/simulation.py scale_arrivals) so
-that each workflow's peak 5-minute rate is PEAK times its planned rate; every workflow's SLO is
-twice its planned latency. Every system starts from the plan for the trace's peak 5-minute rate
-(static-peak's; `static`, the same plan, is left out by default, as is `oracle`, for CPU time).
+Scenarios (--scenario), on an instance planned at its rates (default instances/combined-8xh100.yaml:
+beam 20, rag 40 req/s); every workflow's SLO is twice its planned latency:
+
+    azure     the shipped Azure hours: the conv trace drives beam search (or the instance's first
+              workflow), the code trace RAG (the second), both cut to [start-min, start-min +
+              minutes) (default: the whole hour) and scaled (control/simulation.py
+              scale_arrivals) so that each workflow's peak 5-minute rate is PEAK times its
+              planned rate
+    ramp      Poisson arrivals rising x3 over 10 minutes, then held (control/simulation.py SHAPES)
+    step      x2 at minute 5
+    burst     1.5x for two minutes from minute 5
+    dip       falling to 10% for minutes 5-15, and back
+    constant  70% of the cluster's maximum
+
+The synthetic shapes peak at PEAK times the cluster's maximum: the highest multiple of the planned
+rates the controller's planner has a plan for.
+
+Every system but static-peak and k8s-hpa starts from the plan for the first 5 minutes' rate
+(control/simulation.py opening_plan; `--start peak`: from the plan for the arrivals' peak 5-minute
+rate, static-peak's); `static`, the start plan, is left out by default, as is `oracle`, for CPU
+time.
 One line of JSON per scenario and run goes to --out (the systems' documents, the scenario, the
 wall and CPU time); systems of one scenario may run in separate invocations (--systems picks
 them): --table merges the lines of a scenario and prints the table and the checks of
@@ -30,7 +46,8 @@ from rich.console import Console
 
 from scepsy.control.policy import ControllerState, ControlSettings, Observation, PolicyContext, decide, make_context
 from scepsy.control.report import control_document, control_table
-from scepsy.control.simulation import ClosedLoopSettings, peak_rates, rate_bins, run_systems, trace_arrivals
+from scepsy.control.simulation import (SHAPES, ClosedLoopSettings, opening_plan, peak_rates, rate_bins, run_systems,
+                                      shaped_arrivals, trace_arrivals)
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance, load_instance
 from scepsy.planner.allocation.planning import make_plan
@@ -38,7 +55,9 @@ from scepsy.planner.allocation.search import PlanSettings
 
 REPO = Path(__file__).resolve().parents[1]
 INSTANCE = REPO / "instances" / "combined-8xh100.yaml"
-DRIVERS = {"beam": "conv", "rag": "code"}  # which shipped Azure trace drives which workflow (azure:conv, azure:code)
+DRIVERS = ("conv", "code")  # the shipped Azure trace that drives the instance's first and second workflow
+SCENARIOS = ("azure", *SHAPES)
+CONSTANT_SHARE = 0.7  # the constant scenario's load: this share of the cluster's maximum
 
 
 def checks(systems: list[dict], minutes: float) -> dict[str, bool | None]:
@@ -73,7 +92,8 @@ def scenarios(path: Path) -> list[tuple[dict, list[dict], list[dict]]]:
     for line in path.read_text().splitlines():
         record = json.loads(line)
         scenario = record["scenario"]
-        key = tuple(scenario.get(k) for k in ("startup_s", "peak", "start_min", "minutes", "seed")) + tuple(scenario.get("settings", ()))
+        key = tuple(scenario.get(k) for k in ("shape", "instance", "start", "startup_s", "peak", "start_min", "minutes", "seed")) + tuple(
+            scenario.get("settings", ()))
         entry = merged.setdefault(key, (scenario, {}, []))
         for system in record["systems"]:
             entry[1][system["name"]] = system
@@ -83,11 +103,11 @@ def scenarios(path: Path) -> list[tuple[dict, list[dict], list[dict]]]:
 
 def markdown(path: Path) -> str:
     """The scenarios of a --out file as a markdown table, and their checks (docs/control.md, "Measured")."""
-    lines = ["| start-up | peak | minutes | system | GPU-hours | SLO-miss minutes (beam, rag) | unfinished | moved / bound | flaps (max per LLM) | decision p99 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| scenario | start-up | peak | minutes | system | GPU-hours | SLO-miss minutes (per workflow) | unfinished | moved / bound | flaps (max per LLM) | decision p99 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for scenario, systems, runs in scenarios(path):
-        head = f"| {scenario['startup_s']:g} s | {scenario['peak']:g} | {scenario['start_min']:g}-{scenario['start_min'] + scenario['minutes']:g} |"
+        head = f"| {scenario.get('shape', 'azure')} | {scenario['startup_s']:g} s | {scenario['peak']:g} | {scenario['start_min']:g}-{scenario['start_min'] + scenario['minutes']:g} |"
         for system in systems:
             misses = ", ".join(str(w["slo_miss_minutes"]) for w in system["workflows"])
             unfinished = sum(w["requests_unfinished"] for w in system["workflows"])
@@ -105,7 +125,7 @@ def plan_level(instance: Instance, arrivals: dict[str, list[float]], context: Po
                placement: Placement, minutes: float) -> dict:
     """The policy on the trace's 1-minute rates without the simulator (--plans-only): each minute's
     workflow rates become exact per-LLM observations, the replicas the target's; the share units
-    of the targets per minute against the start plan's (static-peak's). `bound`: per minute the
+    of the targets per minute against the start plan's. `bound`: per minute the
     fewest units of a plan for the centered 5-minute mean rate plus headroom, the least any
     controller that plans for a 5-minute rate holds with free, instant changes."""
     bins = rate_bins(arrivals, minutes * 60, 60.0)
@@ -126,9 +146,49 @@ def plan_level(instance: Instance, arrivals: dict[str, list[float]], context: Po
         centered = {w: float(np.mean(r[max(k - 2, 0):k + 3])) * (1 + context.settings.headroom) for w, r in bins.items()}
         best = context.replanner.allocation(centered)
         bound.append(best.units if best is not None else start.units)
-    return {"static_peak_units": start.units, "mean_units": float(np.mean(units)), "bound_mean_units": float(np.mean(bound)),
+    return {"start_units": start.units, "mean_units": float(np.mean(units)), "bound_mean_units": float(np.mean(bound)),
             "ratio": float(np.mean(units)) / start.units, "bound_ratio": float(np.mean(bound)) / start.units,
             "units_per_minute": units, "changes": changes}
+
+
+def peak_plan(context: PolicyContext, arrivals: dict[str, list[float]]) -> tuple[Allocation, Placement]:
+    """The plan for the arrivals' peak 5-minute rate plus headroom (static-peak's)."""
+    duration = max((max(t) for t in arrivals.values() if t), default=0.0) + 1e-9
+    peak = peak_rates(arrivals, duration)
+    start = context.replanner.allocation({w: r * (1 + context.settings.headroom) for w, r in peak.items()})
+    assert start is not None, "no plan meets the SLOs at the peak"
+    placement = context.replanner.place(start, None)
+    assert placement is not None
+    return start, placement
+
+
+def maximum_scale(instance: Instance, context: PolicyContext) -> float:
+    """The highest multiple of the instance's rates the controller's planner has a plan for
+    (bisection to 1%)."""
+    low, high = 0.0, 1.0
+    while context.replanner.allocation({w.name: w.arrival_rate * high for w in instance.workflows}) is not None and high < 64:
+        low, high = high, high * 2
+    while high - low > 0.01 * high:
+        middle = (low + high) / 2
+        if context.replanner.allocation({w.name: w.arrival_rate * middle for w in instance.workflows}) is not None:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def scenario_arrivals(instance: Instance, context: PolicyContext, shape: str, peak: float, start_min: float, minutes: float,
+                      seed: int) -> dict[str, list[float]]:
+    """The arrivals of one scenario (module docstring)."""
+    if shape == "azure":
+        drivers = {w.name: (f"azure:{DRIVERS[k % len(DRIVERS)]}", peak * w.arrival_rate) for k, w in enumerate(instance.workflows)}
+        return trace_arrivals(drivers, start_min * 60, minutes * 60, seed)
+    if shape == "constant":
+        scale = CONSTANT_SHARE * maximum_scale(instance, context)
+    else:
+        top = max(SHAPES[shape](m / 10.0) for m in range(int(minutes * 10) + 1))
+        scale = peak * maximum_scale(instance, context) / top
+    return shaped_arrivals({w.name: w.arrival_rate * scale for w in instance.workflows}, shape, minutes, seed)
 
 
 def control_settings(startup_s: float, overrides: list[str]) -> ControlSettings:
@@ -147,6 +207,10 @@ def control_settings(startup_s: float, overrides: list[str]) -> ControlSettings:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--scenario", choices=SCENARIOS, default="azure")
+    parser.add_argument("--instance", type=Path, default=INSTANCE)
+    parser.add_argument("--start", choices=("opening", "peak"), default="opening",
+                        help="the plan every system starts from: the first 5 minutes' rate, or the peak 5-minute rate")
     parser.add_argument("--peaks", default="0.8,1.0")
     parser.add_argument("--startups", default="180,60,420")
     parser.add_argument("--start-min", type=float, default=0.0)
@@ -164,24 +228,19 @@ def main() -> None:
         print(markdown(options.out))
         return
     console = Console()
-    instance = load_instance(INSTANCE)
+    instance = load_instance(options.instance)
     plan = make_plan(instance, PlanSettings(time_limit_s=60.0))
     systems = options.systems.split(",")
     for startup in (float(s) for s in options.startups.split(",")):
         for peak in (float(p) for p in options.peaks.split(",")):
-            drivers = {w.name: (f"azure:{DRIVERS[w.name]}", peak * w.arrival_rate) for w in instance.workflows}
-            arrivals = trace_arrivals(drivers, options.start_min * 60, options.minutes * 60, options.seed)
             settings = ClosedLoopSettings(control_settings(startup, options.setting), seed=options.seed)
             wall, cpu = time.perf_counter(), time.process_time()
             # every workflow's SLO: twice its latency in the plan at the instance's rates
             slos = {w.name: 2 * plan.prediction.workflow(w.name).latency_s for w in instance.workflows}
-            # what runs at the start (and `static`): the plan for the trace's peak, as an operator without a controller would run
             context = make_context(instance, settings.control, slos)
-            peak_rps = peak_rates(arrivals, options.minutes * 60)
-            start = context.replanner.allocation({w: r * (1 + settings.control.headroom) for w, r in peak_rps.items()})
-            assert start is not None, "no plan meets the SLOs at the peak"
-            placement = context.replanner.place(start, None)
-            assert placement is not None
+            arrivals = scenario_arrivals(instance, context, options.scenario, peak, options.start_min, options.minutes, options.seed)
+            # what runs at the start (and `static`): the plan for the first 5 minutes' rate, as an operator plans for today's load
+            start, placement = opening_plan(context, arrivals) if options.start == "opening" else peak_plan(context, arrivals)
             if options.plans_only:
                 level = plan_level(instance, arrivals, context, start, placement, options.minutes)
                 cpu = time.process_time() - cpu
@@ -189,9 +248,9 @@ def main() -> None:
                 console.print(json.dumps({k: v for k, v in level.items() if k != "units_per_minute"}))
                 console.print(" ".join(str(u) for u in level["units_per_minute"]))
                 continue
-            runs = run_systems(instance, start, placement, arrivals, systems, settings, slos)
+            runs = run_systems(instance, start, placement, arrivals, systems, settings, slos, opening=False)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            scenario = {"startup_s": startup, "peak": peak, "start_min": options.start_min, "minutes": options.minutes,
+            scenario = {"shape": options.scenario, "instance": options.instance.name, "start": options.start, "startup_s": startup, "peak": peak, "start_min": options.start_min, "minutes": options.minutes,
                         "seed": options.seed, "settings": sorted(options.setting), "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
             document = control_document(runs)
             result = checks(document["systems"], options.minutes)

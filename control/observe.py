@@ -4,7 +4,8 @@ replicas' readiness (through Kubernetes) as the policy's `Observation`.
 Per LLM: the request rate is the rate of finished requests (vLLM `vllm:request_success_total`,
 SGLang `sglang:num_requests_total`) summed over its replicas, or None where Prometheus could not
 give it (unreachable, slow, no series, NaN, stale: control/prometheus.py), never 0 in its place;
-queued requests per ready replica and KV-cache usage where known; `llm_rates_rps` is None
+queued requests per ready replica, the requests waiting per LLM (the backlog the policy drains)
+and KV-cache usage where known; `llm_rates_rps` is None
 as a whole when Prometheus itself did not answer. Ready and starting replicas come from the cluster
 (control/act.py `read_cluster`): a replica counts as capacity only once its pod is Ready, and a
 draining one not at all.
@@ -43,6 +44,7 @@ def observation(time_s: float, llms: Sequence[str], samples: LlmSamples, cluster
         starting_replicas={llm: cluster.starting(llm) for llm in llms},
         queue_per_replica=queue or None,
         kv_usage=kv or None,
+        waiting_requests={llm: w for llm in llms if (w := _value(samples.waiting[llm])) is not None} or None,
     )
 
 

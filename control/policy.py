@@ -8,18 +8,24 @@ does no I/O and reads no clock. Each period:
    one, else the per-LLM rates lambda_m turned into workflow rates by non-negative least squares
    over the instance's n (control/rates.py). Where a rate the policy needs is missing (no series,
    NaN, stale: the observer passes None), the decision is `hold`: the last good plan stays, nothing
-   scales down on missing data, and the forecasters are not fed.
+   scales down on missing data, and the forecasters are not fed. The backlog: the requests
+   waiting in each LLM's engines (`waiting_requests`).
 2. Sustained rate. A rise or fall counts once it held for `confirm_periods` periods: each
    workflow's rate goes through a running median of its last 2 * confirm_periods - 1 observations
    (default 3: a one-period burst never reaches the forecast, a step does in its second period).
    One forecaster per workflow (control/forecast.py: constant, ewma, kalman) forecasts the mean
    rate over the window a replica asked for now would serve, [now + startup_s, now + startup_s +
    sustain_s] (for a linear trend: the forecast at its middle, `horizon_s`). The rate to be ready
-   for is up_w = sustained_w + margin_w, the burst margin max(headroom * sustained_w, burst_z *
+   for is up_w = sustained_w + margin_w + backlog_w, the burst margin max(headroom * sustained_w, burst_z *
    sigma_w / sqrt(sustain_s / period_s)): sigma_w the observed deviation of the workflow's rate
    from its running median, the bursts the median removed (an exponentially weighted RMS), so the margin is one
-   standard error of the window's mean rate, never below the Poisson headroom.
-3. Decide. The planning rate of a scale-down is the highest up_w of the last `stabilization_s`
+   standard error of the window's mean rate, never below the Poisson headroom. The backlog adds
+   backlog_w at once (not through the median): the rate that drains the waiting requests within
+   `drain_s` (one start-up), the most any of the workflow's LLMs needs (`_backlog`). Feedback: the
+   sustained rate and margin are scaled by correction_w, the running mean of observed over
+   predicted latency in [1, max_correction] (`_feedback`).
+3. Decide. First, where a workflow's SLO is missed as users see it while its LLMs' backlog stands
+   and grows, a plan with more share units (`_larger`), never keep. The planning rate of a scale-down is the highest up_w of the last `stabilization_s`
    (a scale-down is thus taken only when it was right for the whole window).
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
      breaks a workflow's SLO (latency_slo_s * scale_up_at, default the SLO itself) or overloads an
@@ -35,7 +41,8 @@ does no I/O and reads no clock. Each period:
      subset of the LLMs the fresh plan re-shapes is tried, the others keeping their shapes, and
      the one that pays most is taken; the plan is placed with the fewest moves from the running
      placement;
-   - scale down: when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
+   - scale down: never while a backlog stands (`backlog_per_replica` waiting requests per ready
+     replica on some LLM); otherwise when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
      the window covers `stabilization_s` of observations and no scale-up happened within it;
      at most `max_moves_per_period` replica moves per period (a larger scale-down is taken in
      steps that only stop replicas, each step checked to meet the planning SLO);
@@ -97,21 +104,26 @@ class ControlSettings:
     slo_margin: float = 0.8  # plan to 80% of each SLO: the pipeline's prediction error
     scale_up_at: float = 1.0  # re-plan up when the forecast's predicted latency passes this fraction of the SLO
     rate_step: float = 0.05  # plans are cached on a 5% geometric rate grid (rounded up)
+    backlog_per_replica: float = 1.0  # a backlog stands where an LLM has this many waiting requests per ready replica
+    max_correction: float = 2.0  # the feedback scales a workflow's planning rate by at most this (observed / predicted latency)
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
             raise SettingError("predictor", f"unknown predictor {self.predictor!r}; use one of {', '.join(PREDICTORS)}")
-        for name in ("period_s", "slo_margin", "scale_up_at", "rate_step"):
+        for name in ("period_s", "slo_margin", "scale_up_at", "rate_step", "max_correction"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise SettingError(name, f"{name} must be a finite number > 0, not {value!r}")
-        for name in ("startup_s", "headroom", "hysteresis", "stabilization_s", "sustain_s", "burst_z", "flap_window_s"):
+        for name in ("startup_s", "headroom", "hysteresis", "stabilization_s", "sustain_s", "burst_z", "flap_window_s",
+                     "backlog_per_replica"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise SettingError(name, f"{name} must be a finite number >= 0, not {value!r}")
         if self.scale_up_at < self.slo_margin:
             raise SettingError("scale_up_at", f"scale_up_at ({self.scale_up_at:g}) must be at least slo_margin ({self.slo_margin:g}): "
                                "a plan made to the planning SLO would trigger its own scale-up")
+        if self.max_correction < 1:
+            raise SettingError("max_correction", f"max_correction must be at least 1, not {self.max_correction!r}")
         if self.max_moves_per_period < 1:
             raise SettingError("max_moves_per_period", "max_moves_per_period must be at least 1")
         if self.confirm_periods < 1:
@@ -122,6 +134,11 @@ class ControlSettings:
         """How far ahead the forecast looks, s: the middle of the window a replica asked for now
         serves, where a linear trend's forecast is the window's mean."""
         return self.startup_s + self.sustain_s / 2 if self.horizon_s is None else self.horizon_s
+
+    @property
+    def drain_s(self) -> float:
+        """A backlog is sized to drain within one start-up (at least one period)."""
+        return max(self.startup_s, self.period_s)
 
     @property
     def margin_samples(self) -> float:
@@ -140,6 +157,8 @@ class Observation:
     workflow_rates_rps: Mapping[str, float | None] | None = None  # where a workflow-level counter exists
     queue_per_replica: Mapping[str, float] | None = None  # waiting requests per ready replica, per LLM
     kv_usage: Mapping[str, float] | None = None  # KV cache usage fraction (0..1), per LLM
+    waiting_requests: Mapping[str, float] | None = None  # per LLM: requests waiting in its engines' queues now
+    workflow_latency_s: Mapping[str, float | None] | None = None  # per workflow: mean latency of the requests that finished in the period
 
 
 @dataclass(frozen=True)
@@ -158,6 +177,8 @@ class ControllerState:
     last_up_s: float | None = None  # the last scale-up
     observed_since_s: float | None = None  # the first good observation since the last hold
     last_time_s: float | None = None  # the last good observation
+    corrections: Mapping[str, float] = field(default_factory=dict)  # per workflow: observed over predicted latency, bounded
+    waiting: Mapping[str, float] = field(default_factory=dict)  # per LLM: the waiting requests last observed
 
     @classmethod
     def initial(cls, allocation: Allocation, placement: Placement) -> "ControllerState":
@@ -255,6 +276,69 @@ def _rates(observation: Observation, context: PolicyContext) -> tuple[dict[str, 
     return workflow_rates(context.instance, rates), "per-LLM rates (NNLS)"
 
 
+def _backlog(observation: Observation, context: PolicyContext) -> tuple[dict[str, float], list[str]]:
+    """Per workflow, the rate that drains its LLMs' waiting requests within `drain_s`: the most
+    any of its LLMs needs, W_m / (n_wm * drain_s) (an LLM shared by workflows charges its whole
+    queue to each: a backlog is sized up, never split away); and the LLMs where a backlog stands
+    (at least `backlog_per_replica` waiting requests per ready replica)."""
+    s = context.settings
+    waiting = {m: float(v) for m, v in (observation.waiting_requests or {}).items() if _good(v)}
+    out: dict[str, float] = {}
+    for workflow in context.instance.workflows:
+        calls: dict[str, float] = {}
+        for stage in workflow.stages:
+            calls[stage.llm] = calls.get(stage.llm, 0.0) + stage.invocations
+        out[workflow.name] = max((waiting.get(m, 0.0) / (n * s.drain_s) for m, n in calls.items() if n > 0), default=0.0)
+    standing = sorted(m for m, v in waiting.items()
+                      if v > 0 and v >= s.backlog_per_replica * max(observation.ready_replicas.get(m, 0), 1))
+    return out, standing
+
+
+def _feedback(state: ControllerState, observation: Observation, context: PolicyContext, rates: Mapping[str, float],
+              standing: list[str]) -> tuple[dict[str, float], list[str]]:
+    """Per workflow, the model's correction: the running mean of observed over predicted latency
+    (the running plan at the observed rate, while no replica starts), in [1, max_correction]; it scales the rate the
+    workflow is planned for (a slower deployment than the profiles say needs the capacity of a
+    higher rate), as Dynamo's planner corrects its interpolation by observed over expected latency.
+    And the workflows whose SLO users miss (observed latency above it, or nothing finished) while
+    one of their LLMs' backlog stands and grew since the last period."""
+    s = context.settings
+    observed = observation.workflow_latency_s or {}
+    predicted = _latencies(context, state.allocation, rates)
+    waiting = observation.waiting_requests or {}
+    settled = not any(observation.starting_replicas.values())  # else what serves is not yet the plan predicted
+    corrections: dict[str, float] = {}
+    pressing: list[str] = []
+    for workflow in context.instance.workflows:
+        w = workflow.name
+        seen = observed.get(w)
+        expected = None if predicted is None else predicted[w]
+        before = state.corrections.get(w, 1.0)
+        if settled and _good(seen) and expected is not None and math.isfinite(expected) and expected > 0:
+            ratio = min(max(float(seen or 0.0) / expected, 1.0), s.max_correction)
+            corrections[w] = (before + ratio) / 2
+        else:
+            corrections[w] = before
+        missed = (float(seen or 0.0) > context.slos_s[w]) if _good(seen) else observation.workflow_latency_s is not None
+        llms = {stage.llm for stage in workflow.stages}
+        grew = any(m in standing and float(waiting.get(m) or 0.0) > state.waiting.get(m, 0.0) for m in llms)
+        if missed and grew:
+            pressing.append(w)
+    return corrections, sorted(pressing)
+
+
+def _larger(context: PolicyContext, running: Allocation, rates: Mapping[str, float]) -> Allocation | None:
+    """The plan for `rates`, or for rates 25% higher each try (at most 12), until it holds more
+    share units than the plan that runs; None where none does (the cluster is full)."""
+    factor = 1.0
+    for _ in range(12):
+        target = _choose(context, running, _scaled(rates, factor))
+        if target is not None and target.units > running.units:
+            return target
+        factor *= 1.25
+    return None
+
+
 def _good(value: float | None) -> bool:
     return value is not None and math.isfinite(value) and value >= 0
 
@@ -331,16 +415,21 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     forecasts = {w: context.forecaster.update(state.forecasts.get(w), confirmed[w], dt) for w in rates}
     sustained = {w: context.forecaster.predict(f, s.horizon) for w, f in forecasts.items()}
     margin = {w: max(s.headroom * sustained[w], s.burst_z * math.sqrt(variability[w] / s.margin_samples)) for w in rates}
-    up = {w: sustained[w] + margin[w] for w in rates}
+    backlog, standing = _backlog(observation, context)
+    corrections, pressing = _feedback(state, observation, context, rates, standing)
+    up = {w: (sustained[w] + margin[w]) * corrections[w] + backlog[w] for w in rates}
     recent = tuple((t, r) for t, r in state.recent if t > now - s.stabilization_s) + ((now, up),)
     window = {w: max(r[w] for _, r in recent) for w in up}
     since = now if state.observed_since_s is None else state.observed_since_s
     inputs["confirmed_rate_rps"] = {w: round(v, 6) for w, v in confirmed.items()}
     inputs["forecast_rps"] = {w: round(v, 6) for w, v in sustained.items()}
     inputs["burst_margin_rps"] = {w: round(v, 6) for w, v in margin.items()}
+    inputs["backlog_rps"] = {w: round(v, 6) for w, v in backlog.items()}
+    inputs["correction"] = {w: round(v, 6) for w, v in corrections.items()}
     inputs["planning_rate_rps"] = {w: round(v, 6) for w, v in window.items()}
     state = replace(state, forecasts=forecasts, recent=recent, observed_since_s=since, last_time_s=now, history=history,
-                    variability=variability)
+                    variability=variability, corrections=corrections,
+                    waiting={m: float(v) for m, v in (observation.waiting_requests or {}).items() if _good(v)})
 
     slos = context.planning_slos_s
     current = _latencies(context, state.allocation, up)
@@ -366,7 +455,16 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         return {m: now - t for m, (t, d) in state.last_direction.items()
                 if d == -direction and now - t <= s.flap_window_s + 1e-9}
 
-    # 3. decide: scale up at once, for the forecast, when the running plan breaks an SLO there
+    # 3. decide: where users see the SLO missed while the queue grows, a larger plan, never keep
+    if pressing:
+        larger = _larger(context, state.allocation, up)
+        placed_larger = None if larger is None else context.replanner.place(larger, state.placement)
+        if larger is None or placed_larger is None:
+            return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows, but no larger plan fits the cluster")
+        inputs["slo_missed_queue_growing"] = pressing
+        return adopt(larger, placed_larger, f"scale up: the SLO of {', '.join(pressing)} is missed and the queue grows", True)
+
+    # scale up at once, for the forecast, when the running plan breaks an SLO there
     trigger = context.trigger_slos_s
     breaks = not _meets(current, trigger)
     target = _choose(context, state.allocation, up) if breaks else None
@@ -388,7 +486,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         broken = sorted(w for w in trigger if current is None or current[w] > trigger[w] * (1 + 1e-9))
         return adopt(target, placement, f"scale up: the forecast breaks the SLO of {', '.join(broken)}", True)
 
-    # scale down: only a cheaper plan that holds beyond the hysteresis over a full window
+    # scale down: never while a backlog stands; only a cheaper plan that holds beyond the hysteresis over a full window
+    if standing:
+        return keep(f"a backlog stands on {', '.join(standing)}: no scale-down")
     target = _choose(context, state.allocation, _scaled(window, 1 + s.hysteresis), alternative=state.allocation)
     if target is None or target.units >= state.allocation.units:
         return keep("the plan that runs meets the forecast; no cheaper plan holds beyond the hysteresis")

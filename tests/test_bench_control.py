@@ -35,8 +35,10 @@ def test_scenarios_with_other_knobs_are_not_merged(tmp_path):
     system = {"name": "scepsy-control", "workflows": []}
     lines = [{"scenario": {**base, "settings": []}, "systems": [system]},
              {"scenario": {**base, "settings": ["predictor=kalman"]}, "systems": [system]},
-             {"scenario": dict(base), "systems": [{"name": "static-peak", "workflows": []}]}]
+             {"scenario": dict(base), "systems": [{"name": "static-peak", "workflows": []}]},
+             {"scenario": {**base, "shape": "ramp"}, "systems": [system]}]
     path = tmp_path / "control.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     merged = _bench().scenarios(path)
-    assert [sorted(s["name"] for s in systems) for _, systems, _ in merged] == [["scepsy-control", "static-peak"], ["scepsy-control"]]
+    assert [sorted(s["name"] for s in systems) for _, systems, _ in merged] == [["scepsy-control", "static-peak"], ["scepsy-control"],
+                                                                                     ["scepsy-control"]]

@@ -17,7 +17,9 @@ from scepsy.control.forecast import Forecaster
 from scepsy.control.policy import ControlSettings, ControllerState, Observation, PolicyContext, _choose, decide, make_context
 from scepsy.control.rates import workflow_rates
 from scepsy.control.replan import moves, moves_lower_bound, without_replicas
-from scepsy.control.simulation import SYSTEMS, ClosedLoopSettings, run_systems, scale_arrivals
+from scepsy.control.simulation import (SYSTEM_TYPES, SYSTEMS, ClosedLoopSettings, _Fleet, fleet_placement, opening_plan, rate_bins,
+                                      run_systems, scale_arrivals, shaped_arrivals)
+from scepsy.models.simulation.simulator import SimulationSettings, simulate
 from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Instance, Stage
@@ -25,6 +27,7 @@ from scepsy.models.performance.alp import predict
 
 from conftest import INSTANCES
 
+ROOT = INSTANCES.parent  # the repository
 RAG = INSTANCES / "rag-4xa6000.yaml"  # one workflow, three small LLMs: a cheap closed loop
 COMBINED = INSTANCES / "combined-8xh100.yaml"
 
@@ -340,6 +343,56 @@ def test_a_workflow_counter_is_used_where_every_workflow_has_one(rag_context):
     assert decision.action == "keep" and decision.inputs["rates_from"] == "workflow counters"
 
 
+def test_completions_that_stall_under_a_backlog_still_scale_up(rag_context):
+    """Arrivals at the entry hold at the planned rate while no call completes and rag-gen's queue
+    grows: the decision sizes for the arrivals plus draining the queue within one start-up."""
+    state = _own_plan(rag_context, 4.0)
+    stalled = {m.name: 0.0 for m in rag_context.instance.llms}
+    observation = Observation(13 * 60.0, stalled, workflow_rates_rps={"rag": 4.0},
+                              waiting_requests={"rag-gen": 2400.0})
+    _, decision = decide(state, observation, rag_context)
+    assert decision.action == "replan" and decision.reason.startswith("scale up")
+    assert decision.allocation is not None and decision.allocation.units > state.allocation.units
+    assert decision.inputs["backlog_rps"]["rag"] > 0
+
+
+def test_no_scale_down_while_a_backlog_stands(rag_context):
+    state = _own_plan(rag_context, 24.0)
+    ready = {c.llm: c.replicas for c in state.allocation.llms}
+
+    def fall(waiting: float):
+        current, decisions = state, []
+        for k in range(12):
+            observation = Observation(13 * 60.0 + 60.0 * k, _llm_rates(rag_context, 1.0), ready,
+                                      workflow_rates_rps={"rag": 1.0}, waiting_requests={"rag-gen": waiting})
+            current, decision = decide(current, observation, rag_context)
+            decisions.append(decision)
+        return decisions
+
+    assert any(d.action == "replan" for d in fall(0.0))  # the fall alone scales down
+    standing = fall(3.0 * max(ready.values()))
+    assert not any(d.action == "replan" for d in standing)
+    assert "a backlog stands on rag-gen" in standing[-1].reason
+
+
+def test_a_missed_slo_with_a_growing_queue_is_never_kept(rag_context):
+    """At the rate the plan was made for, the prediction says the SLO holds, but users see three
+    times the SLO and rag-gen's queue grows: the decision is a larger plan, and the model's
+    correction (observed over predicted latency) is bounded."""
+    state = _own_plan(rag_context, 4.0)
+    ready = {c.llm: c.replicas for c in state.allocation.llms}
+    slow = {"rag": 3.0 * rag_context.slos_s["rag"]}
+    decisions = []
+    for k, waiting in enumerate([20.0, 40.0]):
+        observation = Observation(13 * 60.0 + 60.0 * k, _llm_rates(rag_context, 4.0), ready, workflow_rates_rps={"rag": 4.0},
+                                  waiting_requests={"rag-gen": waiting}, workflow_latency_s=slow)
+        state, decision = decide(state, observation, rag_context)
+        decisions.append(decision)
+    assert decisions[-1].action == "replan" and "missed and the queue grows" in decisions[-1].reason
+    assert decisions[-1].allocation is not None and decisions[-1].allocation.units > _own_plan(rag_context, 4.0).allocation.units
+    assert 1.0 < decisions[-1].inputs["correction"]["rag"] <= rag_context.settings.max_correction
+
+
 def test_an_slo_from_an_overloaded_plan_is_refused(rag, rag_plan):
     overloaded = rag.with_arrival_rates({"rag": 1000.0})
     with pytest.raises(InputError, match="latency_slo_s"):
@@ -429,6 +482,83 @@ def test_a_closed_loop_step_recovers_and_every_baseline_runs(rag, rag_plan):
     for run in runs:
         assert run.gpu_hours > 0 and run.replicas_moved >= run.replicas_moved_lower_bound >= 0
         assert run.workflows[0].requests == len(arrivals["rag"])
+
+
+def test_every_system_is_one_object_with_one_interface():
+    """Each system of the closed loop is a class of its own (its process, its counting of
+    replicas and GPUs), so run_system neither switches on names nor smuggles values out."""
+    assert tuple(SYSTEM_TYPES) == SYSTEMS
+    base = SYSTEM_TYPES["static"].__mro__[-2]
+    assert all(issubclass(kind, base) for kind in SYSTEM_TYPES.values())
+    source = (ROOT / "control" / "simulation.py").read_text()
+    assert "type: ignore" not in source and "_box" not in source
+
+
+def test_a_swap_on_a_full_cluster_never_holds_more_gpus_than_the_cluster(rag, rag_plan):
+    """The plan fills every A6000 of rag-4xa6000 (10 of 10 units on each); the target swaps embed
+    (GPU 0) with the rerank replica on GPU 1. Neither successor has free GPUs: each waits until
+    the replica in its place has drained, embed's calls wait at its router meanwhile, and no
+    moment holds more than the cluster's 4 GPUs or more than 10 units on a GPU."""
+    placement = rag_plan.placement
+    assert {(r.llm, s.gpu, s.units) for r in placement.replicas for s in r.shards} >= {("embed", 0, 1), ("rerank", 1, 1)}
+
+    def moved(r: ReplicaPlacement) -> ReplicaPlacement:
+        if r.llm == "embed":
+            return replace(r, shards=(Shard(1, 1),))
+        return replace(r, shards=(Shard(0, 1),)) if r.llm == "rerank" and r.shards == (Shard(1, 1),) else r
+
+    swapped = Placement(placement.fractions_per_gpu, tuple(moved(r) for r in placement.replicas))
+    arrivals = _step_arrivals(3.0, 1.0, minutes=5.0)
+    sim = SimulationSettings(duration_s=300.0, warmup_s=0.0, drain_s=600.0)
+    held: list[float] = []
+    units: list[int] = []
+    fleets: list[_Fleet] = []
+
+    def controller(env, cluster):
+        fleet = _Fleet(env, rag, sim, 60.0, rag_plan.allocation, placement)
+        fleet.attach(cluster)
+        fleets.append(fleet)
+        yield env.timeout(60.0)
+        fleet.apply(rag_plan.allocation, swapped)
+        while True:
+            held.append(fleet.gpus_held())
+            units.append(max(fleet._used_units().values()))
+            yield env.timeout(1.0)
+
+    result = simulate(rag, rag_plan.allocation, sim, arrivals=arrivals, controller=controller)
+    assert max(held) <= 4.0 + 1e-9 and max(units) <= placement.fractions_per_gpu
+    assert fleets[0].peak_gpus <= 4.0 + 1e-9
+    key = lambda p: sorted((r.llm, r.node, r.shards) for r in p.replicas)  # noqa: E731
+    assert key(fleet_placement(fleets[0])) == key(swapped)
+    assert all(fleets[0].ready(m.name) == rag_plan.allocation.of(m.name).replicas for m in rag.llms)
+    assert result.workflow("rag").unfinished == 0
+
+
+def test_every_system_starts_from_the_plan_for_the_first_minutes_rate(rag, rag_plan):
+    """Given the plan for rag's full rate and arrivals at 2 req/s, the controller and the static
+    plan both start from the plan for the first 5 minutes' rate, not from the given one."""
+    arrivals = _step_arrivals(2.0, 1.0, minutes=3.0)
+    settings = ClosedLoopSettings(ControlSettings(startup_s=60.0, period_s=60.0))
+    runs = run_systems(rag, rag_plan.allocation, rag_plan.placement, arrivals, ["scepsy-control", "static"], settings)
+    context = make_context(rag, settings.control, allocation=rag_plan.allocation)
+    start, _ = opening_plan(context, arrivals)
+    assert start.gpus() < rag_plan.allocation.gpus()
+    assert [run.timeline[0].gpus for run in runs] == [start.gpus(), start.gpus()]
+
+
+@pytest.mark.parametrize("shape, during, ratio", [
+    ("ramp", (12, 20), 3.0 / 1.4), ("step", (6, 20), 2.0), ("burst", (5, 7), 1.5), ("dip", (5, 15), 0.1), ("constant", (5, 20), 1.0)])
+def test_the_scenarios_load_shapes(shape, during, ratio):
+    """Each bench scenario's arrivals: the rate within `during` (minutes) over the first four
+    minutes' is the shape's ratio (within Poisson noise at 20 req/s; the ramp's first four
+    minutes run at 1.4 times its start on average)."""
+    arrivals = shaped_arrivals({"w": 20.0}, shape, 20.0, seed=1)
+    minutes = rate_bins(arrivals, 1200.0, 60.0)["w"]
+    observed = float(minutes[during[0]:during[1]].mean()) / float(minutes[:4].mean())
+    assert observed == pytest.approx(ratio, rel=0.1)
+    assert shaped_arrivals({"w": 20.0}, shape, 20.0, seed=1) == arrivals
+    with pytest.raises(InputError, match="unknown load shape"):
+        shaped_arrivals({"w": 1.0}, "wave", 1.0)
 
 
 def test_scaled_arrivals_keep_the_shape_and_the_seed():

@@ -201,6 +201,7 @@ def test_observation_counts_only_ready_replicas_and_passes_missing_as_none(scrip
     assert seen.llm_rates_rps == {"gen": 4.0, "ver": None}
     assert seen.ready_replicas == {"gen": 2, "ver": 1} and seen.starting_replicas == {"gen": 1, "ver": 0}
     assert seen.queue_per_replica == {"gen": 3.0, "ver": 0.5}  # waiting 6 over 2 ready, 0.5 over 1 ready
+    assert seen.waiting_requests == {"gen": 6.0, "ver": 0.5}  # the backlog, whatever is ready
     assert seen.kv_usage == {"gen": 6.0, "ver": 0.5}
 
     scripted.hang.set()

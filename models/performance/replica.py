@@ -509,6 +509,15 @@ def run_poisson(engine: Engine, requests: list[Request], gaps: np.ndarray, rate:
     return window
 
 
+def _relay(done: simpy.Event) -> Callable[[simpy.Event], None]:
+    """A callback that fires `done` with the value of the event it is called with."""
+
+    def fire(event: simpy.Event) -> None:
+        done.succeed(event.value)
+
+    return fire
+
+
 class Router:
     """Routes an LLM's calls over its replicas, as SGLang's router does (the paper's deployment).
 
@@ -517,7 +526,8 @@ class Router:
     call's prompt+output (`prefix_key`) goes to the replica that earlier call was sent to, unless
     the replicas' loads are imbalanced: max - min outstanding > `balance_abs_threshold` (SGLang's
     default 32). The router remembers where it sent each `store_key` (its own view, as SGLang's
-    approximate radix tree; the replica may have evicted the entry since).
+    approximate radix tree; the replica may have evicted the entry since). A call that arrives
+    while no replica serves, after one has, waits at the router until the next replica joins.
     """
 
     POLICIES = ("cache_aware", "least_outstanding")
@@ -530,10 +540,14 @@ class Router:
         self.balance_abs_threshold = balance_abs_threshold
         self.replicas: list[ReplicaSim] = []
         self.retired: list[ReplicaSim] = []
+        self.parked: list[tuple[Request, simpy.Event]] = []  # calls that arrived while no replica served
         self._owner: dict[Hashable, ReplicaSim] = {}
 
     def add(self, replica: ReplicaSim) -> None:
         self.replicas.append(replica)
+        parked, self.parked = self.parked, []
+        for request, done in parked:
+            self.route(request).callbacks.append(_relay(done))
 
     @property
     def active(self) -> list[ReplicaSim]:
@@ -565,6 +579,12 @@ class Router:
         self._owner.pop(store_key, None)
 
     def route(self, request: Request) -> simpy.Event:
+        if not self.active and self.retired:
+            # between an LLM's last replica and its successor (a staged swap on a full cluster):
+            # the call waits at the router, as at a gateway, until a replica joins
+            done = self.retired[-1].env.event()
+            self.parked.append((request, done))
+            return done
         replica = self.choose(request)
         if request.store_key is not None:
             self._owner[request.store_key] = replica

@@ -72,7 +72,8 @@ def simulate_control(
     setting: Sequence[str] = (),
 ) -> ControlSimulation:
     """`scepsy control --simulate`: the controller (control/policy.py) drives the workflow
-    simulator from `plan` (a plan JSON with its placement) on `arrivals` (JSONL {workflow,
+    simulator from the plan for the first 5 minutes' rate (control/simulation.py `opening_plan`;
+    `plan`, a plan JSON with its placement, sets the SLOs) on `arrivals` (JSONL {workflow,
     arrival_s}, an Azure-format CSV or azure:conv / azure:code, as `simulate --arrivals`; or
     timestamps per workflow),
     beside `baselines` (default: all of static, static-peak, k8s-hpa, saturation, oracle) on the

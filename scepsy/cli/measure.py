@@ -92,7 +92,6 @@ def traces_export(
     traces: TracesArg,
     out: Annotated[Path, typer.Option("--out", help="Output file.")],
     fmt: Annotated[str, typer.Option("--format", help="jsonl or parquet.")] = "jsonl",
-    no_store: Annotated[bool, typer.Option("--no-store", help="Record nothing (the workflow entry of a deployment: --workflow-priority, --max-in-flight).")] = False,
     no_bodies: Annotated[bool, typer.Option("--no-bodies", help="Leave request/response bodies out.")] = False,
 ) -> None:
     """Export traces as JSONL (one call per line) or Parquet."""

@@ -29,7 +29,7 @@ from scepsy.models.instance.instance import load_instance
 from scepsy.models.simulation.simulator import SimulationSettings
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.models.performance.recovery import STANDARD_BURST, Burst
-from scepsy.planner.studies.bursts import recovery
+from scepsy.planner.studies.bursts import plan_burst, recovery
 
 ROOT = Path(__file__).resolve().parent.parent
 GRID_HEIGHTS = (1.5, 2.0)
@@ -43,10 +43,9 @@ def rows(path: Path, policies: list[str], bursts: list[Burst | None], seed: int,
     instance = load_instance(path)
     plan = make_plan(instance)
     rates = {w.name: w.max_throughput_rps for w in plan.prediction.workflows}
-    limit = min(w.recovery_limit_rps / w.max_throughput_rps for w in plan.prediction.workflows)
     entry_limits = {m.llm: m.entry_limit for m in plan.prediction.llms if m.entry_limit is not None} if entry else None
     out = []
-    for burst in (replace(STANDARD_BURST, base_load=limit) if b is None else b for b in bursts):
+    for burst in (plan_burst(plan.prediction) if b is None else b for b in bursts):
         for policy in policies:
             for r in recovery(instance, plan.allocation, rates, burst, seed, policy, entry_limits):
                 out.append({

@@ -4,8 +4,6 @@ state after a burst, engines that serve older workflow requests first return to 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import simpy
 
@@ -16,7 +14,7 @@ from scepsy.models.performance.replica import ReplicaSim, Request
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.models.performance.alp import predict
 from scepsy.models.performance.recovery import STANDARD_BURST, Burst, recovery_limit_rps
-from scepsy.planner.studies.bursts import SERVED_SHARE, burst_arrivals, recovery
+from scepsy.planner.studies.bursts import SERVED_SHARE, burst_arrivals, plan_burst, recovery
 
 from conftest import REPO
 
@@ -113,15 +111,22 @@ def test_every_plan_prints_a_recovery_limit_below_its_claim():
         assert w.recovery_limit_rps == pytest.approx(expected, rel=1e-6)
 
 
+SHIPPED = sorted(p.stem for p in (REPO / "instances").glob("*.yaml"))
+EVERY_RUN = "beam-4xa6000"  # the exhaustive run: every shipped instance (docs/evidence.md section 10)
+
+
 @pytest.mark.slow
-def test_the_shipped_beam_plan_recovers_from_its_recovery_limit_after_the_standard_burst():
-    """beam-4xa6000's own plan, at the recovery limit it prints, after two minutes at 150% of its
-    claim: served and at its steady latency again within five minutes (docs/evidence.md section 10
-    has every shipped instance)."""
-    instance = load_instance(REPO / "instances" / "beam-4xa6000.yaml")
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == EVERY_RUN else [pytest.mark.exhaustive]) for n in SHIPPED])
+def test_every_shipped_plan_recovers_from_its_recovery_limit_after_the_standard_burst(name):
+    """Each shipped instance's own plan, every workflow at the recovery limit the plan prints, after
+    two minutes at 150% of its claim: every workflow served and at its steady latency again within
+    five minutes (the table of docs/evidence.md section 10, engines with priority scheduling)."""
+    instance = load_instance(REPO / "instances" / f"{name}.yaml")
     plan = make_plan(instance)
-    (workflow,) = plan.prediction.workflows
-    burst = replace(STANDARD_BURST, base_load=workflow.recovery_limit_rps / workflow.max_throughput_rps)
-    (result,) = recovery(instance, plan.allocation, {workflow.name: workflow.max_throughput_rps}, burst)
-    assert result.recovered, result
-    assert result.recovery_s is not None and result.recovery_s <= burst.settle_s
+    burst = plan_burst(plan.prediction)
+    assert 0 < burst.base_load < 1
+    found = recovery(instance, plan.allocation, {w.name: w.max_throughput_rps for w in plan.prediction.workflows}, burst)
+    assert {r.workflow for r in found} == {w.name for w in instance.workflows}
+    for result in found:
+        assert result.recovered, result
+        assert result.recovery_s is not None and result.recovery_s <= burst.settle_s, result

@@ -32,13 +32,16 @@ def _engine_missing() -> str | None:
 def test_prediction_matches_a_real_run(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the benchmark imports its neighbour `paths`
     e2e = load_script("e2e_llamacpp", ROOT / "bench" / "e2e_llamacpp.py")
-    report = e2e.run_e2e(e2e.E2ESettings(out_dir=tmp_path, trace_requests=6, run_requests=12), log=print)
+    # fewer requests per phase than the benchmark's defaults: the test checks that every step runs on
+    # the engine and hands the next one what it needs, the benchmark measures the prediction's error
+    settings = e2e.E2ESettings(out_dir=tmp_path, trace_requests=4, run_requests=8, profile_requests=4)
+    report = e2e.run_e2e(settings, log=print)
     print({k: v for k, v in report.items() if k != "settings"})
     assert report["failed_requests"] == 0
     stages = {s["llm"]: s for s in report["stages"]}
     assert set(stages) == {"gen", "ver"} and all(s["invocations"] >= 2 and s["parallelism"] >= 1 for s in stages.values())
     assert (tmp_path / "profile-gen.csv").is_file() and (tmp_path / "plan.json").is_file()
-    assert math.isfinite(report["predicted_latency_s"]) and report["measured_requests"] == 12
+    assert math.isfinite(report["predicted_latency_s"]) and report["measured_requests"] == settings.run_requests
     # The Aggregate LLM Pipeline's prediction against the measured mean latency is a measurement of
     # bench/e2e_llamacpp.py (target 20%, met on a quiet machine, docs/tracing.md), not a bound here:
     # CPU engines time whatever else the machine runs (with a CPU-bound process beside the suite the

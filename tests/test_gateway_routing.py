@@ -53,6 +53,10 @@ pytestmark = pytest.mark.slow
 
 READY_LIMIT_S = 300.0  # generous: a loaded CI machine starts a dozen processes
 REQUESTS_PER_KIND = 3
+# The drain test runs the rendered preStop command with this settle time instead of SETTLE_S: the
+# gateway's drop of the deleted pod is polled for, so the settle time only has to be outlasted by B's
+# streams (each lasts three times it), and a short one keeps the test short
+HOOK_SETTLE_S = 3
 _ADDRESSES = itertools.count(1)
 
 
@@ -379,7 +383,7 @@ def _stream(gateway_url: str, llm: str, tag: str, max_tokens: int, outcome: dict
 @pytest.mark.parametrize("engine", ["vllm", "sglang"])
 def test_removed_replica_gets_no_new_requests_and_finishes_its_own(tmp_path, engine):
     """Scale down with requests in flight: `gen` has two replicas, A and B, whose modelled time makes
-    each stream last at least three times the drain hook's settle time. While B streams answers,
+    each stream last at least three times the drain hook's settle time (HOOK_SETTLE_S). While B streams answers,
     its pod is deleted and, as the kubelet does, its rendered preStop command starts at once
     (against B's metrics address). The gateway drops B; new requests all go to A while B
     finishes; the hook returns only when B is idle (so it outlasts its settle time), after which B's
@@ -388,7 +392,7 @@ def test_removed_replica_gets_no_new_requests_and_finishes_its_own(tmp_path, eng
     llm = next(m for m in json.loads(regenerate.plan_path(case).read_text())["llms"] if m["name"] == "gen")
     max_tokens = 64
     modelled_s = engine_for(catalog.model(llm["model"]), catalog.gpu(llm["gpu_type"]), llm["tp"], llm["fraction"]).request_time_s(8, max_tokens)
-    slow = modelled_s / (3 * SETTLE_S)  # a stream on B lasts at least 3 x SETTLE_S of wall-clock time
+    slow = modelled_s / (3 * HOOK_SETTLE_S)  # a stream on B lasts at least 3 x the hook's settle time
     with ExitStack() as stack:
         cluster = Cluster(stack, tmp_path, case, speedup={"gen": slow})
         a = cluster.start_replica("gen-r0")
@@ -412,7 +416,8 @@ def test_removed_replica_gets_no_new_requests_and_finishes_its_own(tmp_path, eng
         command = cluster.templates["gen-r1"]["spec"]["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
         assert command[3].startswith("http://127.0.0.1:") and command[3].endswith("/metrics")
         hook_started = time.monotonic()
-        hook = subprocess.Popen([sys.executable, *command[1:3], b.url + "/metrics", *command[4:]])
+        assert command[5] == str(SETTLE_S)  # the rendered settle time; the hook here settles for HOOK_SETTLE_S
+        hook = subprocess.Popen([sys.executable, *command[1:3], b.url + "/metrics", command[4], str(HOOK_SETTLE_S), *command[6:]])
         stack.callback(_stop, hook)
         _poll(lambda: b.url not in _workers(gateway.url), READY_LIMIT_S, "deleted pod dropped")
         took = _accepted(b.url)
@@ -425,7 +430,7 @@ def test_removed_replica_gets_no_new_requests_and_finishes_its_own(tmp_path, eng
         assert hook.wait(timeout=900) == 0
         hook_s = time.monotonic() - hook_started
         assert _gauge(b.url, "vllm:num_requests_running") + _gauge(b.url, "vllm:num_requests_waiting") == 0
-        assert hook_s > SETTLE_S + 1, "the hook returned before B finished its requests"
+        assert hook_s > HOOK_SETTLE_S + 1, "the hook returned before B finished its requests"
         _stop(b.process)  # the pod ends only now
         cluster.api.remove(b.name)
         for thread in streams:

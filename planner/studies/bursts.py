@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 from scepsy.models.instance.allocation import Allocation
 from scepsy.models.instance.instance import Instance
+from scepsy.models.performance.alp import Prediction
 from scepsy.models.performance.recovery import STANDARD_BURST, Burst
 from scepsy.models.simulation.simulator import SimulationSettings, simulate
 
@@ -39,6 +40,13 @@ LATENCY_SHARE = 0.25  # relative excess of the mean latency over the reference r
 MINUTE_S = 60.0
 
 
+
+
+def plan_burst(prediction: Prediction, burst: Burst = STANDARD_BURST) -> Burst:
+    """`burst` from the recovery limit a plan prints: every workflow at the same share of its
+    `max_throughput_rps` before and after it, the smallest `recovery_limit_rps` share over them."""
+    base = min(w.recovery_limit_rps / w.max_throughput_rps for w in prediction.workflows)
+    return replace(burst, base_load=base)
 
 
 def burst_arrivals(rate_rps: float, burst: Burst, seed: int, workflow: str, with_burst: bool = True) -> list[float]:

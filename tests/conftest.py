@@ -86,3 +86,18 @@ def write_instance(tmp_path):
         return path
 
     return write
+
+
+# The longest test files (each a minute or more of the run on two cores), longest first: the two
+# workers start with them and the many short files fill the end of the run on both (pytest-xdist
+# hands out files in collection order with --no-loadscope-reorder; by default it would start with the
+# files that hold the most tests, and a long file of few tests would run alone at the end)
+LONGEST_FILES = (
+    "test_claims.py", "test_gateway_routing.py", "test_e2e_llamacpp.py", "test_control_live.py", "test_plan_readers.py",
+    "test_typing.py", "test_otel_spans.py", "test_k8s_validate.py", "test_emulator.py", "test_fuzz.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: index for index, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

@@ -7,13 +7,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-from scepsy.api.plan import PathLike
 from scepsy.models.arguments import check_choice, check_finite
 from scepsy.models.errors import InputError
 from scepsy.models.output import check_output, writing
 
 if TYPE_CHECKING:  # the tracing extra (aiohttp, pyarrow) is imported where it is used
     from rich.console import RenderableType
+
+    from scepsy.api.plan import PathLike  # not at run time: the planner's imports stay out of `scepsy emulate`
 
     from scepsy.tracing.discovery.topology import NodeTopology
     from scepsy.tracing.emulation.emulator import EmulatorConfig

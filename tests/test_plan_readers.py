@@ -92,10 +92,20 @@ def _close(a: object, b: object, rel: float) -> bool:
     return a == b
 
 
-# every test run: every shipped instance from its full profiles, and rag-4xa6000 from sparse ones
-# (its sparse plans carry derived shares: the test below); the exhaustive run: every one from both
-SPARSE_EVERY_RUN = "rag-4xa6000"
-CASES = [pytest.param(name, objective, kind, marks=[pytest.mark.exhaustive] if kind == "sparse" and name != SPARSE_EVERY_RUN else [],
+# every test run: every shipped instance with its own objective from its full profiles, and every
+# objective on rag-4xa6000 (from full and sparse profiles: its sparse plans carry derived shares, the
+# test below) and on combined-8xh100 (two workflows); the exhaustive run: every case of the matrix
+EVERY_OBJECTIVE = ("rag-4xa6000", "combined-8xh100")
+
+
+def _every_run(name: str, objective: str, kind: str) -> bool:
+    if name == "rag-4xa6000":
+        return True
+    own = load_instance(INSTANCES / f"{name}.yaml").objective
+    return kind == "full" and (objective == own or name in EVERY_OBJECTIVE)
+
+
+CASES = [pytest.param(name, objective, kind, marks=[] if _every_run(name, objective, kind) else [pytest.mark.exhaustive],
                       id=f"{name}-{objective}-{kind}")
          for name in SHIPPED for objective in OBJECTIVES for kind in ("full", "sparse")]
 

@@ -86,12 +86,17 @@ def _strict(schema: object) -> object:
     return out
 
 
+# libyaml's safe loader where PyYAML has it (its wheels do): the vendored CRDs (1.2 MB) load in a tenth
+# of the pure-Python loader's time
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 @functools.cache
 def crd_schemas() -> dict[tuple[str, str], tuple[tuple[str, dict], ...]]:
     """(apiVersion, kind) -> ((source, strict schema), ...) for every served version of every vendored CRD."""
     found: dict[tuple[str, str], list[tuple[str, dict]]] = {}
     for path in sorted(CRD_DIR.glob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
+        crd = yaml.load(path.read_text(), Loader=SAFE_LOADER)
         spec = crd["spec"]
         for version in spec["versions"]:
             if not version.get("served"):

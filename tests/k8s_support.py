@@ -6,6 +6,8 @@ from pathlib import Path
 
 import yaml
 
+from scepsy.k8s.validate import SAFE_LOADER
+
 from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,7 +20,7 @@ CASES = regenerate.CASES
 
 
 def objects_of(files: dict[str, str]) -> list[dict]:
-    return [yaml.safe_load(text) for name, text in sorted(files.items())]
+    return [yaml.load(text, Loader=SAFE_LOADER) for name, text in sorted(files.items())]
 
 
 def of_kind(objects: list[dict], kind: str) -> list[dict]:

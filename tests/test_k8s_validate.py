@@ -21,11 +21,17 @@ from scepsy.k8s.validate import crd_schemas, newest_version, validate_objects
 VERSIONS = ("1.30.0", "1.33.0", newest_version())
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.sharing != "dra-mps"], ids=lambda c: c.name)
-def test_golden_objects_validate_strictly(case):
-    objects = objects_of(regenerate.emit(case))
-    for version in VERSIONS:
-        assert validate_objects(objects, version) == [], version
+# every test run: every golden case against the newest version, one case against every version; the
+# exhaustive run: every case against every version
+EVERY_VERSION = "beam-4xa6000-vllm-hami"
+GOLDEN = [pytest.param(c, version, id=f"{c.name}-{version}",
+                       marks=[] if version == newest_version() or c.name == EVERY_VERSION else [pytest.mark.exhaustive])
+          for c in CASES if c.sharing != "dra-mps" for version in VERSIONS]
+
+
+@pytest.mark.parametrize("case, version", GOLDEN)
+def test_golden_objects_validate_strictly(case, version):
+    assert validate_objects(objects_of(regenerate.emit(case)), version) == [], version
 
 
 @pytest.mark.parametrize("target,versions", [("1.32", ("1.32.0",)), ("1.33", ("1.33.0",)), ("1.34", ("1.34.0", newest_version()))])

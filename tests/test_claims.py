@@ -16,6 +16,7 @@ from scepsy.planner.studies.claims import (
     WHATIF_POINTS,
     WINDOW_REQUESTS,
     check,
+    check_recovery,
     claims,
     measured_window,
     whatif_capacity,
@@ -44,6 +45,19 @@ def test_every_claim_of_the_smaller_instances_holds_at_and_below_its_capacity(na
         for load in (0.9, 1.0):
             for checked in check(instance, claim, load, seed):
                 assert checked.holds, checked.row()
+
+
+@pytest.mark.slow
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("name", SMALLER)
+def test_every_claim_recovers_from_the_recovery_limit_it_prints(name):
+    """Each claim's allocation at the recovery limit it prints, after two minutes at 150% of its
+    `max_throughput_rps`: served and at its steady latency again within five minutes
+    (tests/test_bursts.py holds the same for every shipped instance's own plan)."""
+    instance = load_instance(INSTANCES / f"{name}.yaml")
+    for claim in claims(instance, name):
+        for result in check_recovery(instance, claim):
+            assert result.recovered and result.recovery_s is not None, (claim.kind, result)
 
 
 @pytest.mark.parametrize("name", ["beam-4xa6000", "combined-8xh100"])

@@ -21,6 +21,8 @@ load, for one seed, and compares with the prediction at that load. The rule a cl
 (`holds`): at least COMPLETED_SHARE of the offered requests complete (throughput over the arrival
 rate realised in the measured window), and, up to LATENCY_LOAD of the claimed load, the mean
 latency is within LATENCY_TOLERANCE of the prediction. bench/capacity_holds.py prints the table.
+`check_recovery` holds a claim's allocation to the recovery limit it prints: from that load, the
+standard burst's backlog drains and the latency returns (planner/studies/bursts.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from scepsy.models.performance.alp import Prediction, predict
 from scepsy.models.simulation.simulator import SimulationSettings, simulate
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.planner.allocation.search import PlanSettings
+from scepsy.planner.studies.bursts import WorkflowRecovery, plan_burst, recovery
 from scepsy.planner.studies.whatif import run_grid
 
 COMPLETED_SHARE = 0.97  # of the offered requests, at every load up to the claimed one
@@ -203,3 +206,12 @@ def check(instance: Instance, claim: Claim, load: float, seed: int, duration_s: 
                 prediction.workflow(w.name).latency_s, w.latency_mean_s)
         for w in result.workflows
     ]
+
+
+def check_recovery(instance: Instance, claim: Claim, seed: int = 0) -> list[WorkflowRecovery]:
+    """The recovery limit the claim's allocation prints, held: every workflow at that share of its
+    `max_throughput_rps` (the smallest over the workflows, all scaled together) before and after
+    the standard burst (planner/studies/bursts.py), against the same arrivals without it."""
+    prediction = predict(instance.with_arrival_rates(claim.rates_rps), claim.allocation)
+    capacity = {w.name: w.max_throughput_rps for w in prediction.workflows}
+    return recovery(instance, claim.allocation, capacity, plan_burst(prediction), seed)

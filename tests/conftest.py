@@ -88,8 +88,8 @@ def write_instance(tmp_path):
     return write
 
 
-# The longest test files (each a minute or more of the run on two cores), longest first: the two
-# workers start with them and the many short files fill the end of the run on both (pytest-xdist
+# The longest test files (each a minute or more of the run on two cores), longest first: the
+# workers start with them and the many short files fill the end of the run on all (pytest-xdist
 # hands out files in collection order with --no-loadscope-reorder; by default it would start with the
 # files that hold the most tests, and a long file of few tests would run alone at the end)
 LONGEST_FILES = (

@@ -20,7 +20,7 @@ beam 20, rag 40 req/s); every workflow's SLO is twice its planned latency:
     constant  70% of the cluster's maximum
 
 The synthetic shapes peak at PEAK times the cluster's maximum: the highest multiple of the planned
-rates the controller's planner has a plan for.
+rates at which the controller's planner has a plan predicted to meet the planning SLOs.
 
 Every system but static-peak and k8s-hpa starts from the plan for the first 5 minutes' rate
 (control/simulation.py opening_plan; `--start peak`: from the plan for the arrivals' peak 5-minute
@@ -50,6 +50,7 @@ from scepsy.control.simulation import (SHAPES, ClosedLoopSettings, opening_plan,
                                       shaped_arrivals, trace_arrivals)
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance, load_instance
+from scepsy.models.performance.alp import predict
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.planner.allocation.search import PlanSettings
 
@@ -163,18 +164,30 @@ def peak_plan(context: PolicyContext, arrivals: dict[str, list[float]]) -> tuple
 
 
 def maximum_scale(instance: Instance, context: PolicyContext) -> float:
-    """The highest multiple of the instance's rates the controller's planner has a plan for
-    (bisection to 1%)."""
+    """The cluster's maximum: the highest multiple of the instance's rates at which the
+    controller's planner has a plan predicted to meet every workflow's planning SLO
+    (latency_slo_s * slo_margin) with no LLM overloaded (bisection to 1%). Past it the planner
+    only has its min_latency plan, which no system could hold to the SLO."""
     low, high = 0.0, 1.0
-    while context.replanner.allocation({w.name: w.arrival_rate * high for w in instance.workflows}) is not None and high < 64:
+    while _meets_slos(instance, context, high) and high < 64:
         low, high = high, high * 2
     while high - low > 0.01 * high:
         middle = (low + high) / 2
-        if context.replanner.allocation({w.name: w.arrival_rate * middle for w in instance.workflows}) is not None:
+        if _meets_slos(instance, context, middle):
             low = middle
         else:
             high = middle
     return low
+
+
+def _meets_slos(instance: Instance, context: PolicyContext, scale: float) -> bool:
+    rates = {w.name: w.arrival_rate * scale for w in instance.workflows}
+    allocation = context.replanner.allocation(rates)
+    if allocation is None:
+        return False
+    prediction = predict(instance.with_arrival_rates(rates), allocation)
+    return not any(p.overloaded for p in prediction.llms) and all(
+        prediction.workflow(w).latency_s <= slo for w, slo in context.planning_slos_s.items())
 
 
 def scenario_arrivals(instance: Instance, context: PolicyContext, shape: str, peak: float, start_min: float, minutes: float,

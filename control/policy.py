@@ -21,12 +21,18 @@ does no I/O and reads no clock. Each period:
    from its running median, the bursts the median removed (an exponentially weighted RMS), so the margin is one
    standard error of the window's mean rate, never below the Poisson headroom. The backlog adds
    backlog_w at once (not through the median): the rate that drains the waiting requests within
-   `drain_s` (one start-up), the most any of the workflow's LLMs needs (`_backlog`). Feedback: the
-   sustained rate and margin are scaled by correction_w, the running mean of observed over
-   predicted latency in [1, max_correction] (`_feedback`).
+   `drain_s` (one start-up), the most any of the workflow's LLMs needs (`_backlog`). Feedback: each
+   LLM's correction c_m, the running geometric mean of its observed call latency over the
+   latency the pipeline predicts for it at the observed rates, in [1, max_correction]
+   (`_feedback`), scales that LLM's latency in every prediction and plan of the decision
+   (Instance.with_latency_scales): a deployment measured slower than its profiles is planned as
+   it is measured, at the rate that arrives.
 3. Decide. First, where a workflow's SLO is missed as users see it while its LLMs' backlog stands
    and grows, a plan with more share units (`_larger`), never keep. The planning rate of a scale-down is the highest up_w of the last `stabilization_s`
    (a scale-down is thus taken only when it was right for the whole window).
+   - no dark swap: a scale-up whose placement stops every running replica of an LLM while none of
+     its new replicas fits on the units free now (`_dark_llms`) is taken only where the running
+     plan overloads an LLM at the sustained rate; else the running plan drains the backlog;
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
      breaks a workflow's SLO (latency_slo_s * scale_up_at, default the SLO itself) or overloads an
      LLM, re-plan at once for up_w (as the HPA, whose scale-up stabilization is 0 s: the window's
@@ -62,6 +68,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -69,12 +76,13 @@ from scepsy.control.forecast import PREDICTORS, Forecaster, ForecastState
 from scepsy.control.rates import workflow_rates
 from scepsy.control.replan import Replanner, moves, moves_lower_bound, without_replicas
 from scepsy.models.errors import InputError
-from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement
 from scepsy.models.instance.instance import Instance
 from scepsy.models.performance.alp import AllocationError, predict
 
 ACTIONS = ("keep", "replan", "hold")
 VARIABILITY_WEIGHT = 0.2  # the burst variability's exponential weight on the newest period: about 5 periods of memory
+CORRECTION_WEIGHT = 0.3  # the latency correction's weight on the newest period: one minute's mean latency is noisy near capacity
 
 
 class SettingError(ValueError):
@@ -105,7 +113,7 @@ class ControlSettings:
     scale_up_at: float = 1.0  # re-plan up when the forecast's predicted latency passes this fraction of the SLO
     rate_step: float = 0.05  # plans are cached on a 5% geometric rate grid (rounded up)
     backlog_per_replica: float = 1.0  # a backlog stands where an LLM has this many waiting requests per ready replica
-    max_correction: float = 2.0  # the feedback scales a workflow's planning rate by at most this (observed / predicted latency)
+    max_correction: float = 2.0  # the feedback scales an LLM's predicted latency by at most this (observed / predicted)
 
     def __post_init__(self) -> None:
         if self.predictor not in PREDICTORS:
@@ -159,6 +167,7 @@ class Observation:
     kv_usage: Mapping[str, float] | None = None  # KV cache usage fraction (0..1), per LLM
     waiting_requests: Mapping[str, float] | None = None  # per LLM: requests waiting in its engines' queues now
     workflow_latency_s: Mapping[str, float | None] | None = None  # per workflow: mean latency of the requests that finished in the period
+    llm_latency_s: Mapping[str, float | None] | None = None  # per LLM: mean latency of the calls its engines finished in the period
 
 
 @dataclass(frozen=True)
@@ -177,7 +186,7 @@ class ControllerState:
     last_up_s: float | None = None  # the last scale-up
     observed_since_s: float | None = None  # the first good observation since the last hold
     last_time_s: float | None = None  # the last good observation
-    corrections: Mapping[str, float] = field(default_factory=dict)  # per workflow: observed over predicted latency, bounded
+    corrections: Mapping[str, float] = field(default_factory=dict)  # per LLM: running geometric mean of observed over predicted latency
     waiting: Mapping[str, float] = field(default_factory=dict)  # per LLM: the waiting requests last observed
 
     @classmethod
@@ -218,6 +227,14 @@ class PolicyContext:
     slos_s: Mapping[str, float]  # per workflow, seconds
     replanner: Replanner
     forecaster: Forecaster
+
+    def corrected(self, scales: Mapping[str, float]) -> "PolicyContext":
+        """The context whose model has each LLM's call latency scaled by `scales` (the feedback's
+        corrections), rounded up to the rate grid so that nearby corrections share one plan cache."""
+        rounded = self.replanner.rounded_scales(scales)
+        if not rounded:
+            return self
+        return replace(self, instance=self.instance.with_latency_scales(rounded), replanner=self.replanner.corrected(rounded))
 
     @property
     def planning_slos_s(self) -> dict[str, float]:
@@ -296,35 +313,57 @@ def _backlog(observation: Observation, context: PolicyContext) -> tuple[dict[str
 
 def _feedback(state: ControllerState, observation: Observation, context: PolicyContext, rates: Mapping[str, float],
               standing: list[str]) -> tuple[dict[str, float], list[str]]:
-    """Per workflow, the model's correction: the running mean of observed over predicted latency
-    (the running plan at the observed rate, while no replica starts), in [1, max_correction]; it scales the rate the
-    workflow is planned for (a slower deployment than the profiles say needs the capacity of a
-    higher rate), as Dynamo's planner corrects its interpolation by observed over expected latency.
-    And the workflows whose SLO users miss (observed latency above it, or nothing finished) while
-    one of their LLMs' backlog stands and grew since the last period."""
+    """Per LLM, the model's correction: the running geometric mean of its observed call latency over
+    the latency the pipeline predicts for it at the observed rates (weight CORRECTION_WEIGHT on the
+    newest period), bounded to [1, max_correction], as Dynamo's planner corrects its interpolation
+    by observed over expected latency. A period updates it only where it measures the model: no
+    replica starting (else what serves is not the plan predicted), the LLM without a standing
+    backlog (queueing behind a backlog is the backlog's term, not the model's error) and predicted
+    within its capacity. And the workflows whose SLO users miss (observed latency above it, or
+    nothing finished) while one of their LLMs' backlog stands and grew since the last period."""
     s = context.settings
-    observed = observation.workflow_latency_s or {}
-    predicted = _latencies(context, state.allocation, rates)
-    waiting = observation.waiting_requests or {}
-    settled = not any(observation.starting_replicas.values())  # else what serves is not yet the plan predicted
+    observed = observation.llm_latency_s or {}
+    settled = not any(observation.starting_replicas.values())
+    predicted = _llm_latencies(context, state.allocation, rates) if settled else {}
     corrections: dict[str, float] = {}
+    bound = math.log(s.max_correction)
+    for llm in context.instance.llms:
+        m = llm.name
+        before = state.corrections.get(m, 1.0)
+        seen, expected = observed.get(m), predicted.get(m)
+        if m in standing or not (_good(seen) and seen and expected and math.isfinite(expected)):
+            corrections[m] = before
+            continue
+        log_ratio = min(max(math.log(float(seen) / expected), -bound), bound)
+        corrections[m] = math.exp((1 - CORRECTION_WEIGHT) * math.log(before) + CORRECTION_WEIGHT * log_ratio)
+    workflow_seen = observation.workflow_latency_s or {}
+    waiting = observation.waiting_requests or {}
     pressing: list[str] = []
     for workflow in context.instance.workflows:
         w = workflow.name
-        seen = observed.get(w)
-        expected = None if predicted is None else predicted[w]
-        before = state.corrections.get(w, 1.0)
-        if settled and _good(seen) and expected is not None and math.isfinite(expected) and expected > 0:
-            ratio = min(max(float(seen or 0.0) / expected, 1.0), s.max_correction)
-            corrections[w] = (before + ratio) / 2
-        else:
-            corrections[w] = before
-        missed = (float(seen or 0.0) > context.slos_s[w]) if _good(seen) else observation.workflow_latency_s is not None
+        seen_w = workflow_seen.get(w)
+        missed = (float(seen_w or 0.0) > context.slos_s[w]) if _good(seen_w) else observation.workflow_latency_s is not None
         llms = {stage.llm for stage in workflow.stages}
         grew = any(m in standing and float(waiting.get(m) or 0.0) > state.waiting.get(m, 0.0) for m in llms)
         if missed and grew:
             pressing.append(w)
     return corrections, sorted(pressing)
+
+
+def _scales(corrections: Mapping[str, float], settings: ControlSettings) -> dict[str, float]:
+    """The corrections the model applies: each running mean within [1, max_correction] (a deployment
+    faster than its profiles is not planned tighter than they say)."""
+    return {m: min(max(c, 1.0), settings.max_correction) for m, c in corrections.items()}
+
+
+def _llm_latencies(context: PolicyContext, allocation: Allocation, rates: Mapping[str, float]) -> dict[str, float]:
+    """Per LLM, the pipeline's call latency for `allocation` at `rates`; an overloaded LLM (or one
+    without a profile to predict from) is left out."""
+    try:
+        prediction = predict(context.instance.with_arrival_rates(rates), allocation)
+    except AllocationError:
+        return {}
+    return {p.llm: p.latency_s for p in prediction.llms if not p.overloaded and math.isfinite(p.latency_s) and p.latency_s > 0}
 
 
 def _larger(context: PolicyContext, running: Allocation, rates: Mapping[str, float]) -> Allocation | None:
@@ -417,7 +456,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     margin = {w: max(s.headroom * sustained[w], s.burst_z * math.sqrt(variability[w] / s.margin_samples)) for w in rates}
     backlog, standing = _backlog(observation, context)
     corrections, pressing = _feedback(state, observation, context, rates, standing)
-    up = {w: (sustained[w] + margin[w]) * corrections[w] + backlog[w] for w in rates}
+    scales = _scales(corrections, s)
+    context = context.corrected(scales)  # the model as the deployment is measured, for the rest of the decision
+    up = {w: sustained[w] + margin[w] + backlog[w] for w in rates}
     recent = tuple((t, r) for t, r in state.recent if t > now - s.stabilization_s) + ((now, up),)
     window = {w: max(r[w] for _, r in recent) for w in up}
     since = now if state.observed_since_s is None else state.observed_since_s
@@ -425,7 +466,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     inputs["forecast_rps"] = {w: round(v, 6) for w, v in sustained.items()}
     inputs["burst_margin_rps"] = {w: round(v, 6) for w, v in margin.items()}
     inputs["backlog_rps"] = {w: round(v, 6) for w, v in backlog.items()}
-    inputs["correction"] = {w: round(v, 6) for w, v in corrections.items()}
+    inputs["latency_correction"] = {m: round(v, 6) for m, v in sorted(scales.items())}
     inputs["planning_rate_rps"] = {w: round(v, 6) for w, v in window.items()}
     state = replace(state, forecasts=forecasts, recent=recent, observed_since_s=since, last_time_s=now, history=history,
                     variability=variability, corrections=corrections,
@@ -450,6 +491,11 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
                         last_scale_s=scaled, last_direction=turned, last_up_s=now if up_scale else state.last_up_s)
         return after, Decision(now, "replan", allocation, placement, reason, moved, bound, inputs)
 
+    def overloaded_at_sustained() -> bool:
+        """The running plan overloads an LLM at the sustained rate: its backlog would never drain."""
+        latencies = _latencies(context, state.allocation, sustained)
+        return latencies is None or not all(math.isfinite(v) for v in latencies.values())
+
     def guarded(direction: int) -> dict[str, float]:
         """LLMs whose last change went the other way within the flap window: name -> seconds since."""
         return {m: now - t for m, (t, d) in state.last_direction.items()
@@ -462,6 +508,12 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         if larger is None or placed_larger is None:
             return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows, but no larger plan fits the cluster")
         inputs["slo_missed_queue_growing"] = pressing
+        dark = _dark_llms(context, state.placement, placed_larger)
+        if dark and not overloaded_at_sustained():
+            inputs["dark_llms"] = dark
+            return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows; the larger plan leaves "
+                        f"{', '.join(dark)} without a serving replica for a start-up, and the plan that runs carries the "
+                        "sustained rate: it drains the backlog sooner")
         return adopt(larger, placed_larger, f"scale up: the SLO of {', '.join(pressing)} is missed and the queue grows", True)
 
     # scale up at once, for the forecast, when the running plan breaks an SLO there
@@ -483,6 +535,11 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         placement = context.replanner.place(target, state.placement)
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
+        dark = _dark_llms(context, state.placement, placement)
+        if dark and not overloaded_at_sustained():
+            inputs["dark_llms"] = dark
+            return keep(f"the forecast breaks the SLO, but the better plan leaves {', '.join(dark)} without a serving "
+                        "replica for a start-up while the plan that runs carries the sustained rate")
         broken = sorted(w for w in trigger if current is None or current[w] > trigger[w] * (1 + 1e-9))
         return adopt(target, placement, f"scale up: the forecast breaks the SLO of {', '.join(broken)}", True)
 
@@ -514,6 +571,31 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     if not _meets(_latencies(context, allocation, window), slos):
         return keep("a cheaper plan holds, but the stop-only step within the moves cap would break the planning SLO")
     return adopt(allocation, placement, f"scale down in steps: at most {s.max_moves_per_period} moves a period", False)
+
+
+def _dark_llms(context: PolicyContext, running: Placement, target: Placement) -> list[str]:
+    """The LLMs the move from `running` to `target` leaves with no replica serving for a start-up:
+    every running replica of theirs stops and none of their new replicas fits on the units free
+    now, so the successor waits for its predecessor's GPUs (the staged swap on a full cluster)."""
+    cluster = context.instance.cluster
+    free = {(node.name, gpu): cluster.free_units(node.name, gpu) for node in cluster.nodes for gpu in range(node.gpus)}
+    for replica in running.replicas:
+        for shard in replica.shards:
+            free[(replica.node, shard.gpu)] = free.get((replica.node, shard.gpu), 0) - shard.units
+    before = Counter(_placed(r) for r in running.replicas)
+    after = Counter(_placed(r) for r in target.replicas)
+    dark = []
+    for llm in sorted({r.llm for r in running.replicas}):
+        kept = sum(min(n, after[k]) for k, n in before.items() if k[0] == llm)
+        new = [k for k in (after - before).elements() if k[0] == llm]
+        fits = any(all(free.get((k[1], gpu), 0) >= units for gpu, units in k[2]) for k in new)
+        if kept == 0 and new and not fits:
+            dark.append(llm)
+    return dark
+
+
+def _placed(replica: ReplicaPlacement) -> tuple:
+    return (replica.llm, replica.node, tuple(sorted((s.gpu, s.units) for s in replica.shards)))
 
 
 def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, float],

@@ -51,6 +51,7 @@ class Replanner:
     _allocations: dict[tuple[int, ...], Allocation | None] = field(default_factory=dict, repr=False)
     _placements: dict[tuple, Placement | None] = field(default_factory=dict, repr=False)
     _shapes: dict[tuple, Allocation | None] = field(default_factory=dict, repr=False)
+    _corrected: dict[tuple, "Replanner"] = field(default_factory=dict, repr=False)
 
     def rounded(self, rates_rps: Mapping[str, float]) -> dict[str, float]:
         """The rates rounded up to the grid (module docstring)."""
@@ -85,6 +86,24 @@ class Replanner:
             units = sum(n.gpus for n in cluster.nodes) * cluster.fractions_per_gpu
             self._shapes[key] = same_shapes(self.instance, allocation, rates, units)
         return self._shapes[key]
+
+    def rounded_scales(self, scales: Mapping[str, float]) -> dict[str, float]:
+        """The LLMs' latency scales above 1, each rounded up to the rate grid (never below the
+        correction measured)."""
+        out = {}
+        for llm, scale in sorted(scales.items()):
+            if scale > 1 + 1e-9:
+                out[llm] = (1 + self.rate_step) ** math.ceil(math.log(scale) / math.log1p(self.rate_step) - 1e-9)
+        return out
+
+    def corrected(self, scales: Mapping[str, float]) -> "Replanner":
+        """The re-planner of the instance whose LLMs' latencies are scaled by `scales` (grid values:
+        `rounded_scales`), with its own plan caches and this one's placements (cached)."""
+        key = tuple(sorted(scales.items()))
+        if key not in self._corrected:
+            self._corrected[key] = Replanner(self.instance.with_latency_scales(scales), self.rate_step,
+                                             self.plan_time_limit_s, self.placement, _placements=self._placements)
+        return self._corrected[key]
 
     def place(self, allocation: Allocation, current: Placement | None) -> Placement | None:
         """`allocation` placed with the fewest moves from `current`; None where it cannot be placed."""

@@ -413,6 +413,7 @@ class _Meter:
         self.env = env
         self.cluster = cluster
         self.last_total = {llm: 0 for llm in cluster.routers}
+        self.last_latency_sum = {llm: 0.0 for llm in cluster.routers}
         self.kv: dict[str, list[float]] = defaultdict(list)
         self.queue: dict[str, list[float]] = defaultdict(list)
         env.process(self._sample())
@@ -428,21 +429,28 @@ class _Meter:
                 self.queue[llm].append(sum(len(r.waiting) for r in ready) / len(ready))
 
     def read(self, period_s: float) -> "_Reading":
-        """Per-LLM completion rates over the period, mean KV usage and mean queue; resets the gauges."""
+        """Per-LLM completion rates and mean call latency over the period (as the engines' latency
+        histograms give it: the increase of their sum over that of their count), mean KV usage and
+        mean queue; resets the gauges."""
         rates: dict[str, float] = {}
+        latency: dict[str, float | None] = {}
         kv: dict[str, float] = {}
         queue: dict[str, float] = {}
         for llm in self.cluster.routers:
-            total = sum(r.completed for r in self.cluster.all_replicas(llm))
+            replicas = self.cluster.all_replicas(llm)
+            total = sum(r.completed for r in replicas)
+            latency_sum = sum(r.latency_sum_s for r in replicas)
             rates[llm] = (total - self.last_total[llm]) / period_s
+            latency[llm] = (latency_sum - self.last_latency_sum[llm]) / (total - self.last_total[llm]) if total > self.last_total[llm] else None
             self.last_total[llm] = total
+            self.last_latency_sum[llm] = latency_sum
             kv[llm] = float(np.mean(self.kv[llm])) if self.kv[llm] else 0.0
             queue[llm] = float(np.mean(self.queue[llm])) if self.queue[llm] else 0.0
         self.kv.clear()
         self.queue.clear()
         waiting = {llm: float(sum(len(r.waiting) for r in router.replicas) + len(router.parked))
                    for llm, router in self.cluster.routers.items()}
-        return _Reading(rates, kv, queue, waiting)
+        return _Reading(rates, kv, queue, waiting, llm_latency_s=latency)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -501,6 +509,7 @@ class _Reading:
     waiting_requests: Mapping[str, float]  # per LLM, now: its engines' queues and calls held at its router
     arrivals_rps: Mapping[str, float] = field(default_factory=dict)  # per workflow: counted at the entry
     latency_s: Mapping[str, float | None] = field(default_factory=dict)  # per workflow: of the requests finished in the period
+    llm_latency_s: Mapping[str, float | None] = field(default_factory=dict)  # per LLM: mean latency of the calls finished in the period
 
 
 class _System:
@@ -619,7 +628,8 @@ class _Policy(_PlanSystem):
     def observe(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> Observation:
         return Observation(now, reading.llm_rates_rps, ready, starting, workflow_rates_rps=dict(reading.arrivals_rps),
                            queue_per_replica=reading.queue_per_replica, kv_usage=reading.kv_usage,
-                           waiting_requests=reading.waiting_requests, workflow_latency_s=dict(reading.latency_s))
+                           waiting_requests=reading.waiting_requests, workflow_latency_s=dict(reading.latency_s),
+                           llm_latency_s=dict(reading.llm_latency_s))
 
     def step(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> None:
         observation = self.observe(now, reading, ready, starting)

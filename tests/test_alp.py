@@ -31,6 +31,18 @@ def test_single_workflow_by_hand(write_instance):
     assert ver.gpus == pytest.approx(1.0) and gen.gpus == pytest.approx(1.0)
 
 
+def test_a_latency_scale_weighs_the_llms_calls_and_leaves_its_load(write_instance):
+    """The controller's correction: ver measured 1.5 times slower than its profile adds half its
+    contribution again to the workflow latency; rates, capacity and the other LLM are unchanged."""
+    instance = load_instance(write_instance())
+    allocation = alloc(("gen", "A6000", 1, 10, 1), ("ver", "A6000", 2, 5, 1))
+    scaled = predict(instance.with_latency_scales({"ver": 1.5}), allocation)
+    assert [s.latency_contribution_s for s in scaled.workflow("beam").stages] == pytest.approx([4.35, 5.25 * 1.5])
+    assert scaled.llm("ver").utilization == pytest.approx(6 / 8) and scaled.llm("ver").latency_s == pytest.approx(1.75)
+    assert scaled.workflow("beam").max_throughput_rps == pytest.approx(8 / 6)
+    assert predict(instance.with_latency_scales({}), allocation) == predict(instance, allocation)
+
+
 def test_replicas_divide_the_rate(write_instance):
     instance = load_instance(write_instance())
     prediction = predict(instance, alloc(("gen", "A6000", 1, 10, 3), ("ver", "A6000", 2, 5, 2)))

@@ -218,12 +218,13 @@ class Stage:
     invocations: float
     parallelism: float
     critical_path: float = 1.0  # f: share of the LLM's busy time on the critical path (models/instance/statistic.py)
+    latency_scale: float = 1.0  # c: the LLM's observed call latency over its profile's (the controller's correction)
 
     @property
     def latency_weight(self) -> float:
-        """n / p * f: the pipeline's weight of the LLM's call latency in the workflow latency
-        (exactly n / p when f = 1)."""
-        return self.invocations / self.parallelism * self.critical_path
+        """n / p * f * c: the pipeline's weight of the LLM's profiled call latency in the workflow
+        latency (exactly n / p when f = c = 1)."""
+        return self.invocations / self.parallelism * self.critical_path * self.latency_scale
 
 
 @dataclass(frozen=True)
@@ -308,6 +309,15 @@ class Instance:
 
     def with_arrival_rates(self, rates: Mapping[str, float]) -> "Instance":
         workflows = tuple(replace(w, arrival_rate=rates.get(w.name, w.arrival_rate)) for w in self.workflows)
+        return replace(self, workflows=workflows)
+
+    def with_latency_scales(self, scales: Mapping[str, float]) -> "Instance":
+        """The instance whose LLMs' call latencies are `scales[llm]` times their profiles' in every
+        workflow's latency (the load they see is unchanged): a deployment measured slower than its
+        profiles, as the controller observes it."""
+        workflows = tuple(
+            replace(w, stages=tuple(replace(s, latency_scale=scales.get(s.llm, s.latency_scale)) for s in w.stages))
+            for w in self.workflows)
         return replace(self, workflows=workflows)
 
     def scaled(self, load_factor: float) -> "Instance":

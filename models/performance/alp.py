@@ -5,9 +5,11 @@ request with parallelism p_wm:
 
     Lambda_m = sum_w lambda_w * n_wm                      LLM-level arrival rate, requests/s
     r_m      = Lambda_m / d_m                             per-replica rate, requests/s
-    L_w      = sum_m L_m(r_m) * n_wm / p_wm * f_wm        workflow latency, s; f_wm: the share of m's
+    L_w      = sum_m L_m(r_m) * n_wm / p_wm * f_wm * c_m  workflow latency, s; f_wm: the share of m's
                                                           busy time on the request's critical path
-                                                          (1 for serial stages; models/instance/statistic.py)
+                                                          (1 for serial stages; models/instance/statistic.py);
+                                                          c_m: m's observed call latency over its
+                                                          profile's (1 but in the controller's model)
     T_w      = min_m (u * d_m * T_m - sum_{w' != w} lambda_w' * n_w'm) / n_wm
                                                           workflow throughput limit, requests/s: what
                                                           the LLMs leave for w at the other workflows'
@@ -187,7 +189,7 @@ def predict(instance: Instance, allocation: Allocation) -> Prediction:
         stages = tuple(
             StagePrediction(
                 s.llm, s.invocations, s.parallelism,
-                by_name[s.llm].latency_s * s.invocations / s.parallelism * s.critical_path * factor,
+                by_name[s.llm].latency_s * s.invocations / s.parallelism * s.critical_path * s.latency_scale * factor,
                 s.critical_path,
             )
             for s in workflow.stages

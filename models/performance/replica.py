@@ -210,6 +210,7 @@ class ReplicaSim:
         self.iterations = 0
         self.tokens = 0
         self.completed = 0
+        self.latency_sum_s = 0.0  # of the completed requests, from arrival at the replica (an engine's e2e histogram's sum)
         self.preemptions = 0
         self.batch_token_s = 0.0  # integral of running sequences over busy time
         self.accepting = True
@@ -398,6 +399,7 @@ class ReplicaSim:
                 self.used -= request.context_tokens
                 self._store(request)
             self.completed += 1
+            self.latency_sum_s += now - request.arrival_s
             assert request.done is not None  # set when the request was submitted
             request.done.succeed(request)
             if self.on_finish is not None:

@@ -32,7 +32,8 @@ does no I/O and reads no clock. Each period:
    (a scale-down is thus taken only when it was right for the whole window).
    - no dark swap: a scale-up whose placement stops every running replica of an LLM while none of
      its new replicas fits on the units free now (`_dark_llms`) is taken only where the running
-     plan overloads an LLM at the sustained rate; else the running plan drains the backlog;
+     plan overloads an LLM at the sustained rate; else the running plan drains the backlog. A
+     scale-down never leaves an LLM dark: it takes the stop-only step instead;
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
      breaks a workflow's SLO (latency_slo_s * scale_up_at, default the SLO itself) or overloads an
      LLM, re-plan at once for up_w (as the HPA, whose scale-up stabilization is 0 s: the window's
@@ -508,7 +509,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         if larger is None or placed_larger is None:
             return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows, but no larger plan fits the cluster")
         inputs["slo_missed_queue_growing"] = pressing
-        dark = _dark_llms(context, state.placement, placed_larger)
+        dark = _dark_llms(context, state.placement, placed_larger, observation.ready_replicas)
         if dark and not overloaded_at_sustained():
             inputs["dark_llms"] = dark
             return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows; the larger plan leaves "
@@ -535,7 +536,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         placement = context.replanner.place(target, state.placement)
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
-        dark = _dark_llms(context, state.placement, placement)
+        dark = _dark_llms(context, state.placement, placement, observation.ready_replicas)
         if dark and not overloaded_at_sustained():
             inputs["dark_llms"] = dark
             return keep(f"the forecast breaks the SLO, but the better plan leaves {', '.join(dark)} without a serving "
@@ -561,22 +562,28 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
             names = ", ".join(f"{m} ({hold[m]:g} s ago)" for m in sorted(hold))
             return keep(f"a cheaper plan holds, but it scales down {names}, scaled up within {s.flap_window_s:g} s (flap guard)")
     placed = context.replanner.place(target, state.placement)
-    if placed is not None and moves(state.placement, placed) <= s.max_moves_per_period:
+    dark = [] if placed is None else _dark_llms(context, state.placement, placed, observation.ready_replicas)
+    if placed is not None and moves(state.placement, placed) <= s.max_moves_per_period and not dark:
         return adopt(target, placed, "scale down: a cheaper plan holds over the stabilization window", False)
-    # too many moves (or no placement): stop replicas only, at most the cap, where the target keeps the shape
+    if dark:
+        inputs["dark_llms"] = dark
+    # too many moves, no placement or an LLM left dark: stop replicas only, at most the cap, where the target keeps the shape
+    why = f"leaves {', '.join(dark)} without a serving replica for a start-up" if dark else "needs more moves than the cap"
     step = _stop_only_step(state, target, s.max_moves_per_period)
     if step is None:
-        return keep("a cheaper plan holds, but needs more moves than the cap and no stop-only step exists")
+        return keep(f"a cheaper plan holds, but it {why} and no stop-only step exists")
     allocation, placement = step
     if not _meets(_latencies(context, allocation, window), slos):
-        return keep("a cheaper plan holds, but the stop-only step within the moves cap would break the planning SLO")
-    return adopt(allocation, placement, f"scale down in steps: at most {s.max_moves_per_period} moves a period", False)
+        return keep(f"a cheaper plan holds, but it {why} and the stop-only step would break the planning SLO")
+    return adopt(allocation, placement, f"scale down in steps: the cheaper plan {why}; replicas stopped only", False)
 
 
-def _dark_llms(context: PolicyContext, running: Placement, target: Placement) -> list[str]:
+def _dark_llms(context: PolicyContext, running: Placement, target: Placement,
+               ready: Mapping[str, int] | None = None) -> list[str]:
     """The LLMs the move from `running` to `target` leaves with no replica serving for a start-up:
     every running replica of theirs stops and none of their new replicas fits on the units free
-    now, so the successor waits for its predecessor's GPUs (the staged swap on a full cluster)."""
+    now, so the successor waits for its predecessor's GPUs (the staged swap on a full cluster).
+    An LLM with no ready replica (`ready`, where given) has none to lose."""
     cluster = context.instance.cluster
     free = {(node.name, gpu): cluster.free_units(node.name, gpu) for node in cluster.nodes for gpu in range(node.gpus)}
     for replica in running.replicas:
@@ -586,6 +593,8 @@ def _dark_llms(context: PolicyContext, running: Placement, target: Placement) ->
     after = Counter(_placed(r) for r in target.replicas)
     dark = []
     for llm in sorted({r.llm for r in running.replicas}):
+        if ready is not None and ready.get(llm, 0) == 0:
+            continue
         kept = sum(min(n, after[k]) for k, n in before.items() if k[0] == llm)
         new = [k for k in (after - before).elements() if k[0] == llm]
         fits = any(all(free.get((k[1], gpu), 0) >= units for gpu, units in k[2]) for k in new)

@@ -626,6 +626,31 @@ def test_a_swap_that_leaves_an_llm_dark_waits_while_the_running_plan_carries_the
     assert overloaded.allocation.of("gen").tp == 1  # taken: the running plan would never drain
 
 
+def test_a_scale_down_never_leaves_an_llm_dark(beam_context):
+    """gen runs on GPUs 0-1 and ver on GPU 2 (the plan for 10.5 req/s less a ver replica) when the
+    load falls to 1 req/s: the cheapest plan re-shapes both. A scale-down is taken only where every
+    LLM keeps a serving replica through it; where its successors need the GPUs their
+    predecessors hold, the decision keeps the plan and says why."""
+    full = beam_context.replanner.allocation({"beam": 10.5})
+    allocation, placement = without_replicas(full, beam_context.replanner.place(full, None), {"ver": 1})
+    state = ControllerState.initial(allocation, placement)
+    ready = {c.llm: c.replicas for c in allocation.llms}
+    at = beam_context.instance.with_arrival_rates({"beam": 1.0})
+    observed = {m.name: at.offered_rate_rps(m.name) for m in beam_context.instance.llms}
+    decisions = []
+    for k in range(10):
+        before = state.placement
+        state, decision = decide(state, Observation(60.0 * k, observed, ready, workflow_rates_rps={"beam": 1.0}), beam_context)
+        decisions.append(decision)
+        if decision.action == "replan":
+            assert decision.placement is not None
+            assert _dark_llms(beam_context, before, decision.placement, ready) == []
+            ready = {c.llm: c.replicas for c in state.allocation.llms}
+    guarded = [d for d in decisions if "dark_llms" in d.inputs]
+    assert all("without a serving replica" in d.reason for d in guarded)
+    assert guarded or any(d.action == "replan" for d in decisions)  # the cheaper plan was seen
+
+
 def test_every_system_starts_from_the_plan_for_the_first_minutes_rate(rag, rag_plan):
     """Given the plan for rag's full rate and arrivals at 2 req/s, the controller and the static
     plan both start from the plan for the first 5 minutes' rate, not from the given one."""

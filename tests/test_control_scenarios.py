@@ -1,0 +1,71 @@
+"""Short versions of bench/control.py's load shapes on beam-4xa6000 (docs/control.md, "From the
+first minutes' plan"): the controller against static-peak, both from the plan for the first
+minutes' rate. What holds on every shape: no LLM is ever left without a serving replica, the fleet
+never holds more GPUs than the cluster, no LLM reverses more than once per 10 minutes, every
+request finishes, and the controller holds no more GPU-hours than static-peak. Where its
+reaction time allows (the load rises within the start-up the running plan can absorb) its
+SLO-miss minutes are at most static-peak's plus 2; after a step it cannot see coming (x2, and
+back from a dip to 10%) it recovers: the last minutes meet the SLO again. The step runs in every
+test run, the other shapes under -m exhaustive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scepsy.control.policy import make_context
+from scepsy.control.simulation import ClosedLoopSettings, opening_plan, run_systems
+from scepsy.models.instance.instance import load_instance
+from scepsy.planner.allocation.planning import make_plan
+from scepsy.planner.allocation.search import PlanSettings
+
+from conftest import INSTANCES, load_script
+
+ROOT = Path(__file__).resolve().parent.parent
+RECOVERED_MINUTES = 3  # after a step no system could see coming, the last minutes that meet the SLO again
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script("control_bench_scenarios", ROOT / "bench" / "control.py")
+
+
+@pytest.fixture(scope="module")
+def beam():
+    instance = load_instance(INSTANCES / "beam-4xa6000.yaml")
+    plan = make_plan(instance, PlanSettings(time_limit_s=60.0))
+    slos = {w.name: 2 * plan.prediction.workflow(w.name).latency_s for w in instance.workflows}  # as bench/control.py
+    return instance, slos
+
+
+def _misses(run) -> int:
+    return sum(w.slo_miss_minutes for w in run.workflows)
+
+
+@pytest.mark.parametrize("shape, minutes, within_two", [
+    ("step", 15, False),
+    pytest.param("ramp", 20, True, marks=pytest.mark.exhaustive),
+    pytest.param("burst", 15, True, marks=pytest.mark.exhaustive),
+    pytest.param("dip", 25, False, marks=pytest.mark.exhaustive),
+    pytest.param("constant", 15, True, marks=pytest.mark.exhaustive),
+])
+def test_the_controller_on_the_bench_load_shapes(bench, beam, shape, minutes, within_two):
+    instance, slos = beam
+    settings = ClosedLoopSettings(bench.control_settings(120.0, []), seed=0)
+    context = make_context(instance, settings.control, slos)
+    arrivals = bench.scenario_arrivals(instance, context, shape, 0.9, 0.0, minutes, 0)
+    start, placement = opening_plan(context, arrivals)
+    ours, peak = run_systems(instance, start, placement, arrivals, ["scepsy-control", "static-peak"], settings, slos, opening=False)
+    cluster_gpus = sum(node.gpus for node in instance.cluster.nodes)
+    for sample in ours.timeline:
+        assert all(sample.ready[m.name] >= 1 for m in instance.llms), f"an LLM without a serving replica at {sample.time_s:g} s"
+        assert sample.gpus <= cluster_gpus + 1e-9
+    assert ours.flaps_max_per_llm <= max(minutes / 10, 1)
+    assert all(w.requests_unfinished == 0 for w in ours.workflows)
+    assert ours.gpu_hours <= peak.gpu_hours + 1e-9
+    if within_two:
+        assert _misses(ours) <= _misses(peak) + 2
+    else:
+        served = [s for s in ours.timeline if s.time_s <= minutes * 60]
+        assert all(s.latency_s["beam"] <= slos["beam"] for s in served[-RECOVERED_MINUTES:]), [s.latency_s for s in served]

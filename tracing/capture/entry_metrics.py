@@ -100,13 +100,12 @@ class EntryMetrics:
 
     def call_ended(self, workflow_id: str | None, now_s: float) -> None:
         """A call that `call_started` saw ended (answered, failed or abandoned)."""
-        request = self._open.get(workflow_id) if workflow_id is not None else None
-        if request is None:
+        if workflow_id is None or (request := self._open.get(workflow_id)) is None:
             return
         request.in_flight -= 1
         request.last_end_s = now_s
         if request.in_flight == 0:
-            self._idle[workflow_id] = None  # type: ignore[index]
+            self._idle[workflow_id] = None
         self.sweep(now_s)
 
     def sweep(self, now_s: float) -> None:

@@ -10,7 +10,8 @@ others are ready. A HorizontalPodAutoscaler or KEDA ScaledObject on one of the e
 refuses the start (`AutoscalerConflict`, exit code 2).
 
 Each period, in this order:
-1. observe: per-LLM rates through the Prometheus HTTP API (retried with backoff inside the
+1. observe: per-LLM rates and, where the workflow entry is scraped, per-workflow arrival rates
+   and latencies (control/observe.py) through the Prometheus HTTP API (retried with backoff inside the
    client), readiness through the Kubernetes API; a rate that is missing (unreachable, slow, no
    series, NaN, stale) is None, and the policy then holds: the last good plan stays and nothing
    scales down on missing data. Each missing rate is said on stderr and in the log. The Nodes give
@@ -53,9 +54,9 @@ from scepsy.control.act import (
 )
 from scepsy.control.fleet import Fleet, read_fleet, shrink
 from scepsy.control.gauges import DesiredGauges
-from scepsy.control.observe import missing_llms, observation
+from scepsy.control.observe import missing_llms, missing_workflows, observation
 from scepsy.control.policy import ControllerState, Decision, PolicyContext, decide, make_context
-from scepsy.control.prometheus import PrometheusClient, read_llms
+from scepsy.control.prometheus import Missing, PrometheusClient, WorkflowSamples, read_llms, read_workflows
 from scepsy.k8s.manifests import ManifestSettings, build_objects
 from scepsy.k8s.plan_input import placed_plan
 from scepsy.models.errors import InputError
@@ -117,6 +118,10 @@ class LiveLoop:
     @property
     def llms(self) -> list[str]:
         return [m.name for m in self.context.instance.llms]
+
+    @property
+    def workflows(self) -> list[str]:
+        return [w.name for w in self.context.instance.workflows]
 
     def _write(self, record: dict[str, Any]) -> None:
         if record.get("event") == "period":
@@ -184,8 +189,10 @@ class LiveLoop:
         record: dict[str, Any] = {"event": "period", "period": self.periods, "time_s": now}
         samples = read_llms(self.prometheus, self.llms)
         missing = missing_llms(samples)
+        flows = self._read_workflows(samples.unanswered)
+        served = not flows.absent and not missing_workflows(flows)  # the policy then plans on the entry's rates
         for llm, why in missing.items():
-            self.say(f"scepsy control: no rate for {llm} ({why}); holding the last good plan")
+            self.say(f"scepsy control: no rate for {llm} ({why}); " + ("planning on the entry's workflow rates" if served else "holding the last good plan"))
         if self.gauges is not None:
             self.gauges.observed({m: m in missing for m in self.llms})
         try:
@@ -196,13 +203,14 @@ class LiveLoop:
             self._write(record)
             return record
         record["missing"] = missing
+        record["workflow_missing"] = missing_workflows(flows)
         record["fleet"] = self._read_fleet()
         if self.actuation is not None and not self.actuation.finished:
             record.update(action="acting", reason="a change is in progress" + ("; its deletions wait for the missing rates" if missing else ""))
             record["act"] = self._act(now, allow_removals=not missing)
             self._write(record)
             return record
-        seen = observation(now, self.llms, samples, self.running)
+        seen = observation(now, self.llms, samples, self.running, flows)
         state, decision = decide(self.state, seen, self.context)
         record.update(decision.to_json())
         record["time_s"] = now
@@ -218,6 +226,15 @@ class LiveLoop:
                 self._revert()
         self._write(record)
         return record
+
+    def _read_workflows(self, down: Missing | None) -> WorkflowSamples:
+        """The entry's demand per workflow; each missing rate said on stderr, unless none has a
+        series (no entry scraped: the per-LLM completions serve, as the docs say)."""
+        flows = read_workflows(self.prometheus, self.workflows, down)
+        if down is None and not flows.absent:
+            for workflow, why in missing_workflows(flows).items():
+                self.say(f"scepsy control: no entry rate for workflow {workflow} ({why}); using the per-LLM completions")
+        return flows
 
     def _read_fleet(self) -> dict:
         """Read the Nodes; where what is lost changed, plan on the cluster that is there from now

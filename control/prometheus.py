@@ -17,6 +17,14 @@ both label every metric with the served model name, which the manifests set to t
     queue, running               sum by (model_name) (<gauge>)
     KV-cache usage               max by (model_name) (<gauge>)
 
+and, per workflow, from the workflow entry's metrics (tracing/capture/entry_metrics.py), grouped by
+its `workflow` label:
+
+    arrival rate                 sum by (workflow) (rate(scepsy_entry_requests_total[window]))
+    freshness                    max by (workflow) (timestamp(scepsy_entry_requests_total))
+    mean latency                 sum by (workflow) (rate(<duration>_sum[window]))
+                                   / sum by (workflow) (rate(<duration>_count[window]))
+
 A Prometheus behind authentication or TLS (a managed service, a proxy such as
 kube-rbac-proxy in front of an in-cluster one) is read with `bearer_token_file` (re-read before
 every query: a projected service-account token rotates), `headers` (e.g. a tenant header, or
@@ -40,9 +48,11 @@ from dataclasses import dataclass, field
 import httpx
 
 from scepsy.k8s.engines import METRICS
+from scepsy.tracing.capture.entry_metrics import DURATION_METRIC, REQUESTS_METRIC
 
 MISSING_REASONS = ("unreachable", "timeout", "error", "no series", "nan", "stale")
 LLM_LABEL = "model_name"
+WORKFLOW_LABEL = "workflow"  # the entry's label (tracing/capture/entry_metrics.py)
 
 
 @dataclass(frozen=True)
@@ -233,14 +243,21 @@ class LlmSamples:
     kv_usage: Mapping[str, float | Missing]
     queries: tuple[Answer, ...]
 
+    @property
+    def unanswered(self) -> Missing | None:
+        """Why Prometheus gave nothing this period (unreachable, timeout, error), else None."""
+        missing = self.queries[0].missing if self.queries else None
+        return missing if missing is not None and missing.reason != "no series" else None
+
     def problems(self) -> list[str]:
         """One line per LLM whose rate is missing (what the loop says on stderr)."""
         return [f"{llm}: {value.text()}" for llm, value in sorted(self.rates_rps.items()) if isinstance(value, Missing)]
 
 
-def _per_llm(answer: Answer, llms: list[str]) -> dict[str, float | Missing]:
+def _per_llm(answer: Answer, llms: list[str], label: str = LLM_LABEL) -> dict[str, float | Missing]:
+    """Each name's value in the answer (grouped by `label`), or why there is none."""
     out: dict[str, float | Missing] = {}
-    values = answer.by(LLM_LABEL)
+    values = answer.by(label)
     for llm in llms:
         if answer.missing is not None and answer.missing.reason != "no series":
             out[llm] = answer.missing
@@ -251,6 +268,17 @@ def _per_llm(answer: Answer, llms: list[str]) -> dict[str, float | Missing]:
         else:
             out[llm] = values[llm]
     return out
+
+
+def _stale(rates: dict[str, float | Missing], ages: Mapping[str, float | Missing], now: float | None, max_age_s: float) -> None:
+    """Mark each rate whose newest sample is older than `max_age_s` (or has no time) missing, in place."""
+    for name, newest in ages.items():
+        if isinstance(rates[name], Missing) or now is None:
+            continue
+        if isinstance(newest, Missing):
+            rates[name] = Missing(newest.reason, f"no sample time for {name}: {newest.detail}")
+        elif now - newest > max_age_s:
+            rates[name] = Missing("stale", f"{name}: newest sample is {now - newest:.0f} s old (limit {max_age_s:g} s)")
 
 
 def read_llms(client: PrometheusClient, llms: list[str]) -> LlmSamples:
@@ -267,17 +295,61 @@ def read_llms(client: PrometheusClient, llms: list[str]) -> LlmSamples:
     fresh = ask(freshness_query(settings))
     rates_rps = _per_llm(rates, llms)
     now = next((s.time_s for s in rates.samples), None)
-    ages = _per_llm(fresh, llms)
-    for llm in llms:
-        newest = ages[llm]
-        if isinstance(rates_rps[llm], Missing) or now is None:
-            continue
-        if isinstance(newest, Missing):
-            rates_rps[llm] = Missing(newest.reason, f"no sample time for {llm}: {newest.detail}")
-        elif now - newest > settings.max_age_s:
-            rates_rps[llm] = Missing("stale", f"{llm}: newest sample is {now - newest:.0f} s old (limit {settings.max_age_s:g} s)")
+    _stale(rates_rps, _per_llm(fresh, llms), now, settings.max_age_s)
     waiting = ask(gauge_query(settings, names.waiting))
     running = ask(gauge_query(settings, names.running))
     kv = ask(gauge_query(settings, names.kv_cache_usage, "max"))
     return LlmSamples(now, rates_rps, _per_llm(waiting, llms), _per_llm(running, llms), _per_llm(kv, llms),
                       (rates, fresh, waiting, running, kv))
+
+
+# ---------------------------------------------------------------------------------------------
+# The workflow entry's demand (tracing/capture/entry_metrics.py)
+
+
+def workflow_rate_query(settings: PrometheusSettings) -> str:
+    return f"sum by ({WORKFLOW_LABEL}) (rate({REQUESTS_METRIC}{_matchers(settings.selector)}[{_window(settings.window_s)}]))"
+
+
+def workflow_freshness_query(settings: PrometheusSettings) -> str:
+    return f"max by ({WORKFLOW_LABEL}) (timestamp({REQUESTS_METRIC}{_matchers(settings.selector)}))"
+
+
+def workflow_latency_query(settings: PrometheusSettings) -> str:
+    """Mean latency of the workflow requests finished in the window: NaN where none finished (0/0)."""
+    matchers, window = _matchers(settings.selector), _window(settings.window_s)
+    return (f"sum by ({WORKFLOW_LABEL}) (rate({DURATION_METRIC}_sum{matchers}[{window}]))"
+            f" / sum by ({WORKFLOW_LABEL}) (rate({DURATION_METRIC}_count{matchers}[{window}]))")
+
+
+@dataclass(frozen=True)
+class WorkflowSamples:
+    """One period's reading of the entry: per workflow, the arrival rate and the mean latency of
+    the finished workflow requests, each a number or why there is none."""
+
+    rates_rps: Mapping[str, float | Missing]
+    latency_s: Mapping[str, float | Missing]
+    queries: tuple[Answer, ...]
+
+    @property
+    def absent(self) -> bool:
+        """No workflow has a series: the entry is not deployed, not scraped or saw no workflow request."""
+        return all(isinstance(v, Missing) and v.reason == "no series" for v in self.rates_rps.values())
+
+
+def read_workflows(client: PrometheusClient, workflows: list[str], down: Missing | None = None) -> WorkflowSamples:
+    """The entry's arrival rate (workflow requests per second over the window, `stale` as the
+    per-LLM rates) and mean latency per workflow; `down`: Prometheus did not answer this period
+    (read_llms), so nothing is asked again."""
+    settings = client.settings
+    if down is not None:
+        answer = Answer(workflow_rate_query(settings), missing=down)
+        return WorkflowSamples(_per_llm(answer, workflows, WORKFLOW_LABEL), _per_llm(answer, workflows, WORKFLOW_LABEL), (answer,))
+    rates = client.query(workflow_rate_query(settings))
+    if rates.missing is not None:  # the entry's counter is not there: its latency is not either
+        return WorkflowSamples(_per_llm(rates, workflows, WORKFLOW_LABEL), _per_llm(rates, workflows, WORKFLOW_LABEL), (rates,))
+    fresh = client.query(workflow_freshness_query(settings))
+    latency = client.query(workflow_latency_query(settings))
+    rates_rps = _per_llm(rates, workflows, WORKFLOW_LABEL)
+    _stale(rates_rps, _per_llm(fresh, workflows, WORKFLOW_LABEL), next((s.time_s for s in rates.samples), None), settings.max_age_s)
+    return WorkflowSamples(rates_rps, _per_llm(latency, workflows, WORKFLOW_LABEL), (rates, fresh, latency))

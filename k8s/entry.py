@@ -12,7 +12,10 @@ LLMs' Services, the one address a workflow application calls.
   would let twice the calls through, so the entry runs one, rolled out with a surge of one.
 - Service `scepsy-entry` on port 9000: clients send `/LLM/v1/...` or `/v1/...` with the body's
   `model` naming the LLM, with `X-Workflow-Id` (or a W3C `traceparent`) on every call of a
-  workflow request.
+  workflow request, and `X-Workflow-Name` naming its workflow for the entry's metrics.
+- its `/metrics` (port `http`): workflow requests arrived and the durations of finished ones, per
+  workflow (tracing/capture/entry_metrics.py), scraped with `--prometheus` (PodMonitor
+  `scepsy-entry`, operations.py) and read by `scepsy control` as each workflow's demand.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from scepsy.models.performance.alp import predict
 
 NAME = "scepsy-entry"
 PORT = 9000
+SELECTOR = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": "entry"}  # its pods (Service, PodMonitor)
 
 
 def entry_limits(plan: PlacedPlan) -> dict[str, int]:
@@ -45,7 +49,7 @@ def entry_args(plan: PlacedPlan, namespace: str) -> list[str]:
 
 def entry_objects(plan: PlacedPlan, namespace: str, image: str) -> list[dict]:
     labels = names.labels(NAME, namespace, "entry")
-    selector = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": "entry"}
+    selector = dict(SELECTOR)
     probe = {"tcpSocket": {"port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3}
     container = {
         "name": "entry",

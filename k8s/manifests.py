@@ -379,6 +379,8 @@ def build_objects(plan: PlacedPlan, settings: ManifestSettings) -> list[dict]:
             objects += operations.pod_monitors(plan, settings.namespace, settings.engine, gateways)
     if settings.entry_image is not None:
         objects += entry_objects(plan, settings.namespace, settings.entry_image)
+        if settings.prometheus:
+            objects.append(operations.entry_monitor(settings.namespace))
     return objects
 
 

@@ -9,12 +9,14 @@
 - PodMonitor `<llm>-engines` (port `http`, path `/metrics`: vLLM's and SGLang's Prometheus
   endpoints) and `<llm>-gateway` (port `metrics`, the gateway's `--prometheus-port`), schema of
   prometheus-operator's monitoring.coreos.com/v1 PodMonitor (`spec.selector`,
-  `spec.podMetricsEndpoints[].{port, path, interval}`).
+  `spec.podMetricsEndpoints[].{port, path, interval}`); with the workflow entry, PodMonitor
+  `scepsy-entry` (port `http`, path `/metrics`: the entry's workflow requests, what `scepsy control`
+  reads as demand).
 """
 
 from __future__ import annotations
 
-from scepsy.k8s import names
+from scepsy.k8s import entry, names
 from scepsy.k8s.plan_input import PlacedPlan
 
 PRIORITY_CLASS = "scepsy-serving"
@@ -92,3 +94,8 @@ def endpoint_picker_monitors(plan: PlacedPlan, namespace: str) -> list[dict]:
         selector = {names.LLM_LABEL: names.label_value(llm), "app.kubernetes.io/component": "endpoint-picker"}
         monitors.append(_pod_monitor(name, namespace, names.labels("gateway-api-inference-extension", name, "monitoring", llm=llm), selector, "metrics"))
     return monitors
+
+
+def entry_monitor(namespace: str) -> dict:
+    """The workflow entry's PodMonitor (`--entry-image`): its port `http` serves /metrics too."""
+    return _pod_monitor(entry.NAME, namespace, names.labels(entry.NAME, entry.NAME, "monitoring"), dict(entry.SELECTOR), "http")

@@ -31,6 +31,11 @@ def _entry(case_name: str) -> tuple[dict, list[str]]:
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["command"] == ["scepsy"] and deployment["spec"]["replicas"] == 1
+    # Prometheus scrapes the entry's /metrics on its pod's serving port
+    (monitor,) = [o for o in objects if o["kind"] == "PodMonitor" and o["metadata"]["name"] == NAME]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert [(e["port"], e["path"]) for e in monitor["spec"]["podMetricsEndpoints"]] == [("http", "/metrics")]
+    assert "http" in {p["name"] for p in container["ports"]}
     return deployment, list(container["args"])
 
 
@@ -45,7 +50,7 @@ def test_the_entry_holds_each_llm_at_the_plans_entry_limit():
 
 
 @pytest.mark.slow
-def test_the_emitted_entry_command_tags_calls_with_their_workflows_start():
+def test_the_emitted_entry_command_tags_calls_with_their_workflows_start_and_counts_it():
     _, args = _entry("beam-4xa6000-vllm-hami-controller")
     engine = ScriptedEngine(token_delay_s=0.001)
     with ServerThread(engine.app()) as worker:
@@ -59,17 +64,20 @@ def test_the_emitted_entry_command_tags_calls_with_their_workflows_start():
         try:
             url = f"http://127.0.0.1:{port}/ver/v1/chat/completions"
             body = {"model": "ver", "messages": [{"role": "user", "content": "score"}], "max_tokens": 1}
+            workflow = {"X-Workflow-Id": "req-1", "X-Workflow-Name": "beam"}
             deadline = time.monotonic() + READY_LIMIT_S
             answer = None
             while time.monotonic() < deadline and entry.poll() is None:
                 try:
-                    answer = httpx.post(url, json=body, headers={"X-Workflow-Id": "req-1"}, timeout=30)
+                    answer = httpx.post(url, json=body, headers=workflow, timeout=30)
                     break
                 except httpx.TransportError:
                     time.sleep(0.2)
             assert answer is not None and answer.status_code == 200, answer
-            again = httpx.post(url, json=body, headers={"X-Workflow-Id": "req-1"}, timeout=30)
+            again = httpx.post(url, json=body, headers=workflow, timeout=30)
             assert again.status_code == 200
+            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+            assert 'scepsy_entry_requests_total{workflow="beam"} 1.0' in metrics  # one workflow request, two calls
         finally:
             entry.terminate()
             entry.wait(timeout=60)

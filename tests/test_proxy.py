@@ -352,3 +352,70 @@ def test_max_in_flight_names_an_upstream_and_a_positive_count():
     for bad in ("ver=3", "gen=0", "gen=x", "gen"):
         with pytest.raises(InputError):
             parse_in_flight([bad], {"gen": "http://x"})
+
+
+def _entry_metrics(url: str) -> dict[tuple[str, str], float]:
+    """(sample name, workflow label) -> value, from the proxy's /metrics (the text format)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(url + "/metrics", timeout=30)
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    return {(s.name, s.labels.get("workflow", "")): s.value for family in text_string_to_metric_families(response.text)
+            for s in family.samples if "le" not in s.labels and not s.name.endswith("_created")}
+
+
+def test_entry_metrics_count_workflow_requests_at_arrival_also_while_held(engine):
+    """A workflow request counts when its first call arrives, also while the entry holds it
+    (`--max-in-flight`): with one stream held upstream, three workflow requests have arrived and
+    none has finished. Once every call ended and the workflow requests were idle for
+    `workflow_done_s`, each one's duration is observed once; a later call of a finished one and a
+    call without a workflow request id count in neither."""
+    import asyncio as aio
+
+    engine.gate = threading.Event()
+    app = create_app(ProxyConfig({"gen": engine.url}, max_in_flight={"gen": 1}, workflow_done_s=0.001))
+    limit = app.endpoint.limits["gen"]
+    beam = {"X-Workflow-Name": "beam"}
+    with ServerThread(app) as proxy:
+        url = f"{proxy.url}/gen/v1/chat/completions"
+
+        async def scenario() -> dict:
+            async with httpx.AsyncClient(timeout=120) as client:
+                held = aio.create_task(client.post(url, json={**CHAT, "stream": True}, headers={**beam, "X-Workflow-Id": "w1"}))
+                while not engine.received:
+                    await aio.sleep(0.01)
+                waiting = [aio.create_task(client.post(url, json=CHAT, headers={**beam, "X-Workflow-Id": w})) for w in ("w2", "w3")]
+                while limit.waiting < 2:
+                    await aio.sleep(0.01)
+                seen = await aio.to_thread(_entry_metrics, proxy.url)
+                assert engine.gate is not None
+                engine.gate.set()
+                assert [r.status_code for r in await aio.gather(held, *waiting)] == [200, 200, 200]
+                return seen
+
+        while_held = aio.run(scenario())
+        assert while_held[("scepsy_entry_requests_total", "beam")] == 3.0
+        assert ("scepsy_entry_request_duration_seconds_count", "beam") not in while_held  # none finished
+        wait_for(lambda: _entry_metrics(proxy.url).get(("scepsy_entry_request_duration_seconds_count", "beam")) == 3.0)
+        assert httpx.post(url, json=CHAT, headers={**beam, "X-Workflow-Id": "w1"}, timeout=60).status_code == 200
+        assert httpx.post(url, json=CHAT, timeout=60).status_code == 200
+        after = _entry_metrics(proxy.url)
+    assert after[("scepsy_entry_requests_total", "beam")] == 3.0
+    assert after[("scepsy_entry_request_duration_seconds_count", "beam")] == 3.0
+    assert after[("scepsy_entry_request_duration_seconds_sum", "beam")] > 0
+
+
+def test_entry_metrics_bound_the_workflow_names():
+    from scepsy.tracing.capture.entry_metrics import MAX_WORKFLOW_LABELS, OTHER_WORKFLOW, EntryMetrics
+    from scepsy.tracing.capture.proxy import WorkflowStarts
+
+    metrics = EntryMetrics(WorkflowStarts(), done_s=1.0)
+    for k in range(MAX_WORKFLOW_LABELS + 5):
+        metrics.call_started(f"id{k}", f"name{k}", 100.0)
+        metrics.call_ended(f"id{k}", 101.0)
+    metrics.call_started("unnamed", None, 100.0)
+    metrics.call_ended("unnamed", 100.5)
+    text = metrics.exposition(102.5)[0].decode()
+    assert f'scepsy_entry_requests_total{{workflow="{OTHER_WORKFLOW}"}} 6.0' in text  # 5 past the bound + the unnamed one
+    assert f'scepsy_entry_request_duration_seconds_count{{workflow="{OTHER_WORKFLOW}"}} 6.0' in text
+    assert 'workflow="name105"' not in text

@@ -111,6 +111,7 @@ def proxy(
     max_body_mib: float = 16.0,
     workflow_priority: bool = False,
     max_in_flight: Sequence[str] = (),
+    workflow_done_s: float = 30.0,
     on_start: Callable[[str], None] | None = None,
     on_stop: Callable[[Recorded], None] | None = None,
 ) -> Recorded:
@@ -118,13 +119,19 @@ def proxy(
     every call to the SQLite `store` (None: recording nothing, as the workflow entry runs). `upstreams`: LLM name -> engine base URL (or NAME=URL items);
     `workflow_priority` tags every chat/completions call with its workflow request's start, for
     engines that schedule by priority; `max_in_flight` (LLM=N items) holds an LLM's calls beyond N
-    at the proxy, oldest workflow request first (tracing/capture/proxy.py); `on_start(text)` says
+    at the proxy, oldest workflow request first (tracing/capture/proxy.py); `workflow_done_s`: a
+workflow request none of whose calls is in flight for this long counts as finished in `/metrics`
+(tracing/capture/entry_metrics.py); `on_start(text)` says
     where it listens, `on_stop` what it recorded (also when serving fails)."""
     from scepsy.tracing.capture.proxy import ProxyConfig, parse_in_flight, parse_upstreams, serve
     from scepsy.tracing.capture.store import TraceStore
 
     check_finite(timeout_s, "timeout_s")
     check_finite(max_body_mib, "max_body_mib")
+    check_finite(workflow_done_s, "workflow_done_s")
+    if workflow_done_s <= 0:
+        raise InputError(None, "workflow_done_s", f"{workflow_done_s!r} is not a positive number of seconds", "give e.g. 30",
+                         argument=True)
     routes_of = dict(upstreams) if isinstance(upstreams, Mapping) else parse_upstreams(upstreams)
     limits = parse_in_flight(max_in_flight, routes_of)
     trace_store = None
@@ -140,7 +147,7 @@ def proxy(
     try:
         config = ProxyConfig(routes_of, store=trace_store, record_bodies=record_bodies, timeout_s=timeout_s,
                              max_body_bytes=int(max_body_mib * 2**20), workflow_priority=workflow_priority,
-                             max_in_flight=limits)
+                             max_in_flight=limits, workflow_done_s=workflow_done_s)
         serve(config, host=host, port=port)
     finally:
         recorded = Recorded(None, 0, 0)

@@ -135,6 +135,7 @@ FLAGS: dict[str, str] = {
     "weights": "--weights",
     "welfare": "--welfare",
     "workflow_attribute": "--workflow-attribute",
+    "workflow_done_s": "--workflow-done-s",
 }
 
 # Shared options, defined once

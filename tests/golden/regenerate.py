@@ -11,8 +11,8 @@ engines on hami and dra-mps; a whole-GPU plan of beam-4xa6000 with both engines 
 equal-halves plan of beam-4xa6000 (every GPU split into two 0.5 shares, a fixed allocation) with both
 engines on device-plugin-mps, the only backend that needs equal shares; and the combined instance
 with both engines on hami routed through the Gateway API Inference Extension
-(`--router inference-gateway`); with the controller's own objects (`--controller`) and the
-workflow entry (`--entry-image`), beam-4xa6000 on hami and its equal-halves plan on
+(`--router inference-gateway`); with the controller's own objects (`--controller`), the
+workflow entry (`--entry-image`) and the PodMonitors (`--prometheus`), beam-4xa6000 on hami and its equal-halves plan on
 device-plugin-mps (whose config ConfigMap lies in another namespace: a Role there).
 """
 
@@ -132,8 +132,9 @@ def emit(case: Case) -> dict[str, str]:
     from scepsy.k8s.plan_input import load_placed_plan
 
     controller = ControllerSettings(CONTROLLER_IMAGE, *CONTROLLER_PROMETHEUS) if case.controller else None
+    # the controller cases deploy what the controller reads: the entry, and PodMonitors for it and the engines
     settings = ManifestSettings(engine=case.engine, gpu_sharing=case.sharing, router=case.router,
-                                entry_image=CONTROLLER_IMAGE if case.controller else None)
+                                entry_image=CONTROLLER_IMAGE if case.controller else None, prometheus=case.controller)
     return emit_files(load_placed_plan(plan_path(case)), settings, controller)
 
 

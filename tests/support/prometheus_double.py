@@ -14,9 +14,10 @@ from urllib.parse import parse_qs, urlparse
 from support.kube_pods import send_json
 
 
-def vector(samples: list[tuple[str, float, str]]) -> dict:
-    """A vector answer of (model_name, evaluation time, value text) samples."""
-    result = [{"metric": {"model_name": llm}, "value": [t, v]} for llm, t, v in samples]
+def vector(samples: list[tuple[str, float, str]], label: str = "model_name") -> dict:
+    """A vector answer of (`label` value, evaluation time, value text) samples: per LLM, or per
+    workflow (`label="workflow"`, the entry's metrics)."""
+    result = [{"metric": {label: name}, "value": [t, v]} for name, t, v in samples]
     return {"status": "success", "data": {"resultType": "vector", "result": result}}
 
 

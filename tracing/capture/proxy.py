@@ -4,7 +4,9 @@ Routing. A request for `/<llm>/v1/<endpoint>` goes to the upstream named `<llm>`
 `/v1/<endpoint>` goes to the upstream whose name equals the body's `model` field, or to the only
 upstream when there is one. Endpoints: chat/completions, completions, embeddings, rerank, score
 (traced) and models (passed through, not traced; `/v1/models` without a prefix lists the models of
-every upstream). Anything else is answered 404 with a JSON error.
+every upstream). `GET /metrics` serves the entry's Prometheus metrics: workflow requests arrived
+and the durations of finished ones, per workflow (entry_metrics.py). Anything else is answered 404
+with a JSON error.
 
 Transparency. The request body is forwarded unchanged, with the client's headers except hop-by-hop
 ones and `Accept-Encoding` (set to `identity`, so the proxy can read usage from the response); the
@@ -73,6 +75,7 @@ from starlette.datastructures import Headers
 
 from scepsy.models.errors import InputError
 from scepsy.models.performance.replica import PRIORITY_UNIT_S
+from scepsy.tracing.capture.entry_metrics import WORKFLOW_DONE_S, EntryMetrics
 from scepsy.tracing.capture.records import CallRecord
 from scepsy.tracing.capture.sse import summarize_json, summarize_stream, time_of_offset
 
@@ -93,6 +96,7 @@ _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}
 PRIORITY_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")  # the OpenAI requests that carry `priority` in vLLM and SGLang
 WORKFLOW_IDLE_S = 600.0
 MAX_TRACKED_WORKFLOWS = 100_000
+METRICS_PATH = "/metrics"  # the entry's Prometheus metrics (entry_metrics.py)
 _ENDPOINT = re.compile(r"^/(?:(?P<llm>[^/]+)/)?v1/(?P<endpoint>chat/completions|completions|embeddings|rerank|score|models)/?$")
 
 
@@ -162,6 +166,9 @@ class WorkflowStarts:
 
     def __len__(self) -> int:
         return len(self._seen)
+
+    def __contains__(self, workflow_id: str) -> bool:
+        return workflow_id in self._seen
 
     def start_of(self, workflow_id: str, now_s: float) -> float:
         start_s = self._seen.pop(workflow_id, (now_s, now_s))[0]
@@ -251,6 +258,7 @@ class ProxyConfig:
     clock: Clock = field(default_factory=Clock)
     workflow_priority: bool = False  # tag calls with their workflow request's start (module doc)
     max_in_flight: dict[str, int] = field(default_factory=dict)  # llm -> its calls outstanding upstream at most
+    workflow_done_s: float = WORKFLOW_DONE_S  # a workflow request idle this long counts as finished (entry_metrics.py)
 
     def __post_init__(self) -> None:
         self.upstreams = {name: url.rstrip("/") for name, url in self.upstreams.items()}
@@ -358,6 +366,7 @@ class ProxyEndpoint:
         self.session: aiohttp.ClientSession | None = None
         self.starts = WorkflowStarts()
         self.limits = {llm: InFlightLimit(limit) for llm, limit in config.max_in_flight.items()}
+        self.metrics = EntryMetrics(WorkflowStarts(), config.workflow_done_s)
 
     def open(self) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s, sock_read=self.config.timeout_s)
@@ -405,6 +414,10 @@ class ProxyEndpoint:
         if scope["method"] not in ("GET", "POST"):
             await _send_whole(send, *_json_error(405, f"method {scope['method']} not allowed; use GET or POST", "method_not_allowed"))
             return
+        if scope["path"] == METRICS_PATH and scope["method"] == "GET":
+            text, kind = self.metrics.exposition(start_s)
+            await _send_whole(send, 200, [(b"content-type", kind.encode()), (b"content-length", str(len(text)).encode())], text)
+            return
         headers = Headers(scope=scope)
         body = await _read_body(receive)
         if body is None:
@@ -435,6 +448,15 @@ class ProxyEndpoint:
         if self.config.workflow_priority and call.workflow_id and payload is not None and upstream_path in PRIORITY_ENDPOINTS:
             body = call.request_body = with_priority(body, payload, workflow_start_s)
         upstream = (scope["method"], url, self._upstream_headers(headers), body)
+        self.metrics.call_started(call.workflow_id, call.workflow, start_s)  # at arrival: demand, before any hold
+        try:
+            await self._held_and_forwarded(call, llm, upstream, workflow_start_s, receive, send)
+        finally:
+            self.metrics.call_ended(call.workflow_id, self.config.clock.now())
+
+    async def _held_and_forwarded(self, call: _Call, llm: str, upstream: tuple, workflow_start_s: float, receive, send) -> None:
+        """Forward the call once the LLM's entry limit lets it go (429 when too many wait), and record it."""
+        limit = self.limits.get(llm)
         if limit is not None and limit.full():
             status, error_headers, error = _json_error(
                 429, f"{limit.max_waiting} calls of {llm} are waiting at the entry; retry later", "too_many_requests")

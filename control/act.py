@@ -96,6 +96,7 @@ class RunningReplica:
     fraction: float
     ready: bool
     deleting: bool  # scale-down in progress: the pod drains
+    unschedulable: bool = False  # its pod is Pending and the scheduler cannot place it: no capacity, ever, where it is
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,11 @@ class ClusterState:
 
     def starting(self, llm: str) -> int:
         return sum(not r.ready and not r.deleting for r in self.replicas if r.llm == llm)
+
+    @property
+    def unschedulable(self) -> tuple[RunningReplica, ...]:
+        """The replicas whose pod the scheduler cannot place (not draining)."""
+        return tuple(r for r in self.replicas if r.unschedulable and not r.deleting)
 
     def running(self, instance: Instance) -> tuple[Allocation, Placement, tuple[str, ...]]:
         """The allocation and placement the replicas that run or start realise (not those
@@ -177,14 +183,14 @@ def keep_running_names(target: Placement, running: Placement) -> Placement:
     return Placement(target.fractions_per_gpu, tuple(sorted(kept, key=lambda r: (r.llm, r.replica))))
 
 
-def _replica_of(deployment: dict, ready: bool) -> RunningReplica | None:
+def _replica_of(deployment: dict, ready: bool, unschedulable: bool = False) -> RunningReplica | None:
     meta = deployment["metadata"]
     labels, notes = meta.get("labels") or {}, _annotations(deployment)
     try:
         gpus = tuple(int(g) for g in str(notes["scepsy.io/gpus"]).split(","))
         return RunningReplica(meta["name"], labels[names.LLM_LABEL], int(labels[names.REPLICA_LABEL]), str(notes["scepsy.io/node"]),
                               gpus, float(notes["scepsy.io/fraction"]), ready,
-                              bool(meta.get("deletionTimestamp") or meta.get("deletion_timestamp")))
+                              bool(meta.get("deletionTimestamp") or meta.get("deletion_timestamp")), unschedulable and not ready)
     except (KeyError, ValueError):
         return None
 
@@ -202,7 +208,8 @@ def read_cluster(cluster: Cluster) -> ClusterState:
     replicas, unreadable = [], []
     for deployment in sorted(deployments, key=lambda d: d["metadata"]["name"]):
         name = deployment["metadata"]["name"]
-        replica = _replica_of(deployment, rows[name].ready if name in rows else False)
+        row = rows.get(name)
+        replica = _replica_of(deployment, row.ready if row else False, row.unschedulable if row else False)
         if replica is None:
             unreadable.append(name)
         else:

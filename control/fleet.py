@@ -18,6 +18,11 @@ the replicas that run where they are where it can). A node without the resource 
 like any of the instance's nodes, the instance names them otherwise: nothing is read as lost, and
 the controller says so (losing every node at once would leave no API to ask).
 
+A replica whose pod stays Pending because the scheduler cannot place it (PodScheduled False:
+Unschedulable, e.g. Insufficient nvidia.com/gpu) holds no capacity, and the share units the plan
+gave it on its GPUs are not to be had: they are blocked (reserved at the replica's share on each of
+its GPUs, so a replica that runs beside it stays), and no new replica is planned there.
+
 The planner plans around what is lost through the cluster's reserved units: every GPU of a lost
 node, and every lost GPU, is reserved whole (models/instance/instance.py `reserved_units`), so no
 plan puts a replica there; the node names stay, so the replicas that still run there are read as
@@ -43,22 +48,27 @@ class Fleet:
     lost_nodes: Mapping[str, str] = field(default_factory=dict)
     lost_gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     unmatched: bool = False  # no Node has a name of the instance's nodes: nothing is read as lost
+    blocked_units: Mapping[tuple[str, int], int] = field(default_factory=dict)  # (node, GPU) -> units of unschedulable replicas
 
     @property
     def whole(self) -> bool:
-        return not self.lost_nodes and not self.lost_gpus
+        return not self.lost_nodes and not self.lost_gpus and not self.blocked_units
 
     def document(self) -> dict:
+        blocked = {f"{node}/{gpu}": units for (node, gpu), units in sorted(self.blocked_units.items())}
         if self.unmatched:
-            return {"unmatched": True}
+            return {"unmatched": True, **({"blocked_units": blocked} if blocked else {})}
         return {"lost_nodes": dict(sorted(self.lost_nodes.items())),
-                "lost_gpus": {node: list(gpus) for node, gpus in sorted(self.lost_gpus.items())}}
+                "lost_gpus": {node: list(gpus) for node, gpus in sorted(self.lost_gpus.items())},
+                **({"blocked_units": blocked} if blocked else {})}
 
     def text(self) -> str:
-        if self.unmatched:
-            return "no Node is named like the instance's nodes (kubernetes.io/hostname): planning on the instance's cluster"
         parts = [f"node {node} ({why})" for node, why in sorted(self.lost_nodes.items())]
         parts += [f"GPU {','.join(map(str, gpus))} of {node}" for node, gpus in sorted(self.lost_gpus.items())]
+        parts += [f"{units} units of GPU {gpu} of {node} (unschedulable)" for (node, gpu), units in sorted(self.blocked_units.items())]
+        if self.unmatched:
+            head = "no Node is named like the instance's nodes (kubernetes.io/hostname): planning on the instance's cluster"
+            return "; ".join([head] + parts[len(parts) - len(self.blocked_units):])
         return "; ".join(parts) if parts else "nothing lost"
 
 
@@ -92,9 +102,12 @@ def _lost_count(node: dict, gpus: int) -> int:
     return min(gpus, math.ceil(gpus * (capacity - max(allocatable, 0)) / capacity))
 
 
-def read_fleet(instance: Instance, nodes: Iterable[dict], busy: Collection[tuple[str, int]] = ()) -> Fleet:
+def read_fleet(instance: Instance, nodes: Iterable[dict], busy: Collection[tuple[str, int]] = (),
+               blocked: Mapping[tuple[str, int], int] | None = None) -> Fleet:
     """The lost nodes and GPUs of the instance's cluster, from the API's Node objects (`busy`:
-    (node, GPU) that running replicas use; module docstring)."""
+    (node, GPU) that running replicas use; `blocked`: (node, GPU) -> the share units of replicas
+    the scheduler cannot place there; module docstring)."""
+    blocked_units = {key: units for key, units in sorted((blocked or {}).items()) if units > 0}
     by_name: dict[str, dict] = {}
     for node in nodes:
         meta = node.get("metadata") or {}
@@ -102,7 +115,7 @@ def read_fleet(instance: Instance, nodes: Iterable[dict], busy: Collection[tuple
         if name:
             by_name[str(name)] = node
     if not any(spec.name in by_name for spec in instance.cluster.nodes):
-        return Fleet(unmatched=True)  # another naming, not every node lost at once: shrinking to nothing would stop all
+        return Fleet(unmatched=True, blocked_units=blocked_units)  # another naming, not every node lost at once: shrinking to nothing would stop all
     lost_nodes: dict[str, str] = {}
     lost_gpus: dict[str, tuple[int, ...]] = {}
     for spec in instance.cluster.nodes:
@@ -118,7 +131,7 @@ def read_fleet(instance: Instance, nodes: Iterable[dict], busy: Collection[tuple
         if count:
             order = sorted(range(spec.gpus), key=lambda g: ((spec.name, g) in busy, -g))
             lost_gpus[spec.name] = tuple(sorted(order[:count]))
-    return Fleet(lost_nodes, lost_gpus)
+    return Fleet(lost_nodes, lost_gpus, blocked_units=blocked_units)
 
 
 def shrink(instance: Instance, fleet: Fleet) -> Instance:
@@ -131,4 +144,6 @@ def shrink(instance: Instance, fleet: Fleet) -> Instance:
         gone = range(node.gpus) if node.name in fleet.lost_nodes else fleet.lost_gpus.get(node.name, ())
         for gpu in gone:
             reserved[(node.name, gpu)] = cluster.fractions_per_gpu
+    for key, units in fleet.blocked_units.items():
+        reserved[key] = min(reserved.get(key, 0) + units, cluster.fractions_per_gpu)
     return replace(instance, cluster=replace(cluster, reserved_units=reserved))

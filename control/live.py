@@ -210,8 +210,15 @@ class LiveLoop:
             record["act"] = self._act(now, allow_removals=not missing)
             self._write(record)
             return record
+        stuck = self._off_unschedulable()
+        if stuck is not None:  # the policy plans from capacity that can come: the stuck replicas placed where they can run
+            self.state = replace(self.state, placement=stuck[1])
         seen = observation(now, self.llms, samples, self.running, flows)
         state, decision = decide(self.state, seen, self.context)
+        if stuck is not None and decision.action != "replan":
+            reason = f"move {', '.join(stuck[0])} off GPUs the scheduler cannot give them (Pending: Unschedulable)"
+            decision = Decision(now, "replan", state.allocation, stuck[1], reason, inputs=decision.inputs)
+            state = replace(state, placement=stuck[1], last_good=(state.allocation, stuck[1]))
         record.update(decision.to_json())
         record["time_s"] = now
         if self.gauges is not None:
@@ -248,7 +255,7 @@ class LiveLoop:
             self.say(f"scepsy control: cannot read the nodes ({exc}); planning on the GPUs last seen")
             return {**self.fleet.document(), "unread": str(exc)}
         busy = {(r.node, g) for r in self.running.replicas for g in r.gpus}
-        fleet = read_fleet(self.whole, nodes, busy)
+        fleet = read_fleet(self.whole, nodes, busy, self._blocked_units())
         if fleet != self.fleet:
             self.say(f"scepsy control: lost: {fleet.text()}" if not fleet.unmatched else f"scepsy control: {fleet.text()}")
             context = self.context
@@ -256,6 +263,29 @@ class LiveLoop:
                                         plan_time_limit_s=context.replanner.plan_time_limit_s)
             self.fleet = fleet
         return fleet.document()
+
+    def _blocked_units(self) -> dict[tuple[str, int], int]:
+        """(node, GPU) -> the share units of the replicas whose pods the scheduler cannot place."""
+        assert self.running is not None
+        f = (self.whole or self.context.instance).cluster.fractions_per_gpu
+        blocked: dict[tuple[str, int], int] = {}
+        for replica in self.running.unschedulable:
+            for gpu in replica.gpus:
+                blocked[(replica.node, gpu)] = blocked.get((replica.node, gpu), 0) + round(replica.fraction * f)
+        return blocked
+
+    def _off_unschedulable(self) -> tuple[list[str], Placement] | None:
+        """Where replicas of the running plan cannot be scheduled: their names and the running
+        allocation placed again with the others kept, the blocked units left out (the fleet's
+        context reserves them); None where none is stuck, or where the cluster has no room."""
+        assert self.running is not None and self.state is not None
+        stuck = {(r.llm, r.replica): r.deployment for r in self.running.unschedulable}
+        placement = self.state.placement
+        if not any((r.llm, r.replica) in stuck for r in placement.replicas):
+            return None
+        rest = Placement(placement.fractions_per_gpu, tuple(r for r in placement.replicas if (r.llm, r.replica) not in stuck))
+        moved = self.context.replanner.place(self.state.allocation, rest)
+        return (sorted(stuck.values()), moved) if moved is not None else None
 
     def _begin(self, decision: Decision, now: float) -> dict:
         assert self.state is not None and self.running is not None

@@ -257,6 +257,7 @@ class ReplicaStatus:
     phase: str  # pod phase, or "NoPod"
     ready: bool
     restarts: int
+    unschedulable: bool = False  # Pending, and the scheduler says no node can take it (PodScheduled False: Unschedulable)
 
 
 def pod_statuses(api_client, namespace: str) -> list[ReplicaStatus]:
@@ -292,8 +293,16 @@ def summarize(deployments: list[dict], pods: list[dict]) -> list[ReplicaStatus]:
         ready = bool(containers) and all(c.get("ready") for c in containers)
         restarts = sum(c.get("restart_count") or c.get("restartCount") or 0 for c in containers)
         node = (pod.get("spec") or {}).get("node_name") or (pod.get("spec") or {}).get("nodeName")
-        rows.append(ReplicaStatus(name, llm, replica, workflow, node, status.get("phase") or "Unknown", ready, restarts))
+        rows.append(ReplicaStatus(name, llm, replica, workflow, node, status.get("phase") or "Unknown", ready, restarts,
+                                  _unschedulable(status)))
     return rows
+
+
+def _unschedulable(status: dict) -> bool:
+    """The pod waits for a node the scheduler cannot find (its PodScheduled condition is False with
+    reason Unschedulable: no node has the resources, e.g. Insufficient nvidia.com/gpu)."""
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+               for c in status.get("conditions") or [])
 
 
 def status_table(rows: list[ReplicaStatus], namespace: str):

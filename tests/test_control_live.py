@@ -578,12 +578,11 @@ def test_stalled_completions_under_a_backlog_still_give_the_policy_the_arrival_r
         assert record["action"] == "replan" and record["reason"].startswith("scale up"), json.dumps(record)
 
 
-@pytest.mark.xfail(strict=True, reason="not done: the running allocation the policy predicts from still counts an "
-                   "unschedulable Pending replica as capacity, so the policy keeps the plan that runs")
 def test_a_pending_replica_is_no_capacity_and_its_gpus_go_to_no_new_start(api, tmp_path, instance, prometheus):
     """A replica whose pod is Pending (the scheduler cannot place it) counts as starting, not as
-    ready capacity, and the GPUs the plan gave it stay its own: a scale-up asks for new replicas
-    only on GPUs that no replica of the running placement, Pending or not, holds."""
+    ready capacity; its share units are blocked (the fleet reserves them), and the period replaces
+    it where it can run: every new replica goes on GPUs that no replica of the running placement,
+    Pending or not, holds, and the stuck one is named."""
     from support.kube_api import path_of
 
     from scepsy.control.act import _gpus
@@ -601,7 +600,9 @@ def test_a_pending_replica_is_no_capacity_and_its_gpus_go_to_no_new_start(api, t
     record = loop.period()
     assert record["inputs"]["ready_replicas"] == {"gen": 1, "ver": 0}
     assert record["inputs"]["starting_replicas"] == {"gen": 0, "ver": 1}
-    assert record["action"] == "replan" and record["reason"].startswith("scale up"), json.dumps(record)
+    assert record["action"] == "replan", json.dumps(record)
+    assert record["reason"].startswith("scale up") or "move ver-r0 off GPUs the scheduler cannot give them" in record["reason"]
+    assert record["fleet"]["blocked_units"] == {f"{instance.cluster.nodes[0].name}/2": instance.cluster.fractions_per_gpu}
     deployments = api.objects("Deployment")
     held = _gpus(deployments["gen-r0"]) | _gpus(deployments["ver-r0"])
     created = [e[2] for e in _writes(api) if e[:2] == ("apply", "Deployment") and e[2] not in ("gen-r0", "ver-r0")]

@@ -1,7 +1,9 @@
 """Re-planning for the controller: the cheapest plan that meets the SLOs at given rates, placed
 with the fewest moves from the placement that runs now (the planner's `current` path).
 
-    allocation(rates)      min_gpus at the rates, with every workflow's latency bounded by its
+    allocation(rates)      the cheapest plan at the rates (`cheapest_objective`: the fewest share
+                           units, min_units, where the cluster shares GPUs; the fewest GPUs,
+                           min_gpus, where it does not), with every workflow's latency bounded by its
                            planning SLO (latency_slo_s * slo_margin); where none meets it, the
                            min_latency plan at the rates (the most the cluster can do); None where
                            even that is infeasible (keep what runs). Rates are first rounded UP to a
@@ -70,7 +72,7 @@ class Replanner:
 
     def _solve(self, at: Instance) -> Allocation | None:
         settings = PlanSettings(time_limit_s=self.plan_time_limit_s, workers=1)
-        for instance in (at.with_objective("min_gpus"), _without_slos(at).with_objective("min_latency")):
+        for instance in (at.with_objective(cheapest_objective(at)), _without_slos(at).with_objective("min_latency")):
             try:
                 return make_plan(instance, settings, feasibility_placer(self.placement)).allocation
             except (InfeasibleError, TimeLimitError):
@@ -115,6 +117,14 @@ class Replanner:
             except (InfeasibleError, TimeLimitError):
                 self._placements[key] = None
         return self._placements[key]
+
+
+def cheapest_objective(instance: Instance) -> str:
+    """What the controller pays for is share units held (GPU-hours count a shard's share of its
+    GPU): on a cluster that shares GPUs (fractions_per_gpu > 1) min_units holds the fewest, where
+    min_gpus would fill every GPU it takes. Where a GPU is one unit (fractions_per_gpu = 1) every
+    shard fills its GPU, the two count the same thing, and the controller plans with min_gpus."""
+    return "min_units" if instance.cluster.fractions_per_gpu > 1 else "min_gpus"
 
 
 def _grid_value(step: int, rate_step: float) -> float:

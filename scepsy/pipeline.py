@@ -31,7 +31,8 @@ def plan_and_place(
     """Plan the allocation (placement in the loop), then place it with `settings` (module docstring).
 
     GPU objectives (min_gpus, min_cost) count the GPUs of the planner's fewest-GPU placement; a
-    re-placement that would use more (costlier) GPUs is not taken, so the plan keeps its value."""
+    re-placement that would use more (costlier) GPUs is not taken, so the plan keeps its value.
+    min_units counts share units, which every placement of the allocation holds alike."""
     planning_ends = None if plan_settings.started_s is None else plan_settings.started_s + plan_settings.time_limit_s
     plan = make_plan(instance, plan_settings, feasibility_placer(settings, planning_ends))
     result = place(instance.cluster, plan.allocation, settings, current, hint=plan.placement, deadline=_ends_by(plan_settings, settings))

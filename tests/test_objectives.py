@@ -1,8 +1,10 @@
 """The objectives against exhaustive search, and the MILP backend against CP-SAT, on seeded
-random instances (1 node of 2-4 GPUs, F = 4, with SLOs, two GPU types for min_cost)."""
+random instances (1 node of 2-4 GPUs, F = 4, with SLOs, two GPU types for min_cost and min_units).
+min_units: a few seeds in every test run, the rest of its matrix in the exhaustive run."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -61,6 +63,11 @@ def slo_factor(seed):
     return float(np.random.default_rng(seed).choice([1.2, 2.0, 4.0]))
 
 
+def seeds(every_run: int, total: int) -> list:
+    """range(total), the seeds from `every_run` on in the exhaustive run only."""
+    return [pytest.param(seed, marks=[] if seed < every_run else [pytest.mark.exhaustive]) for seed in range(total)]
+
+
 @pytest.mark.parametrize("seed", range(50))
 def test_milp_agrees_with_cpsat_and_bruteforce_on_min_latency(seed):
     agree(instance(seed))
@@ -85,6 +92,30 @@ def test_min_gpus_meets_slos_with_fewest_gpus(seed):
         busy = {(r.node, s.gpu) for r in plan.placement.replicas for s in r.shards}
         assert plan.objective_value == len(busy)
         assert all(w.meets_slo is not False for w in plan.prediction.workflows)
+
+
+def assert_fewest_units(inst, plans):
+    """The min_units plan holds its objective value in share units, meets every SLO, and uses no
+    more units than the min_gpus plan (which meets the same SLOs)."""
+    plan = plans["cpsat"]
+    if plan is None:
+        return
+    assert plan.objective_value == plan.allocation.units
+    assert all(w.meets_slo is not False for w in plan.prediction.workflows)
+    fewest_gpus = solve(inst.with_objective("min_gpus"), "cpsat")
+    assert fewest_gpus is not None and plan.allocation.units <= fewest_gpus.allocation.units
+
+
+@pytest.mark.parametrize("seed", seeds(10, 40))
+def test_min_units_meets_slos_with_fewest_units(seed):
+    inst = instance(seed, objective="min_units", slo_factor=slo_factor(seed))
+    assert_fewest_units(inst, agree(inst))
+
+
+@pytest.mark.parametrize("seed", seeds(4, 30))
+def test_min_units_on_two_gpu_types(seed):
+    inst = instance(seed, objective="min_units", slo_factor=slo_factor(seed), second_type_nodes=1)
+    assert_fewest_units(inst, agree(inst))
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -117,10 +148,35 @@ def test_max_throughput_is_the_largest_feasible_load(seed):
     assert load * 1.01 > plan.bound and solve(above, "bruteforce") is None  # monotone feasibility
 
 
-def test_enumerate_refuses_gpu_objectives():
-    inst = load_instance(INSTANCES / "beam-4xa6000.yaml").with_objective("min_gpus")
+@pytest.mark.parametrize("objective", ["min_gpus", "min_units"])
+def test_enumerate_refuses_gpu_and_unit_objectives(objective):
+    inst = load_instance(INSTANCES / "beam-4xa6000.yaml").with_objective(objective)
     with pytest.raises(InputError):
         make_plan(inst, PlanSettings(backend="enumerate"))
+
+
+# beam-4xa6000 shares each A6000 in 10 units: at 2 req/s min_gpus takes one GPU and fills it (10
+# units), at 5 req/s two (20 units); min_units holds only what meets the SLO on as many GPUs
+@pytest.mark.parametrize("rate", [2.0, 5.0])
+def test_min_units_holds_fewer_units_than_min_gpus_on_a_sharing_cluster(rate):
+    inst = load_instance(INSTANCES / "beam-4xa6000.yaml").with_arrival_rates({"beam": rate}).with_latency_slos({"beam": 8.0})
+    assert inst.cluster.fractions_per_gpu > 1
+    fewest_gpus = make_plan(inst.with_objective("min_gpus"))
+    fewest_units = {b: make_plan(inst.with_objective("min_units"), PlanSettings(backend=b)) for b in ("cpsat", "milp")}
+    plan = fewest_units["cpsat"]
+    assert plan.allocation.units < fewest_gpus.allocation.units
+    assert fewest_units["milp"].objective_value == plan.objective_value == plan.allocation.units
+    assert all(w.meets_slo for w in plan.prediction.workflows)
+    assert plan.status == "optimal" and plan.bound == plan.objective_value
+    assert len(plan.placement.busy_gpus()) == fewest_gpus.objective_value
+    assert validate_placement(inst.cluster, plan.allocation, plan.placement) == []
+
+
+def test_min_units_plans_are_byte_identical():
+    """Two workflows with SLOs (egalitarian latency stages break the ties of the units)."""
+    inst = load_instance(INSTANCES / "combined-8xh100.yaml").with_latency_slos({"beam": 1.3, "rag": 0.6}).with_objective("min_units")
+    first, again = (json.dumps(plan_json(make_plan(inst), include_wall_time=False), indent=2) for _ in range(2))
+    assert first == again
 
 
 def test_min_cost_needs_prices():
@@ -153,8 +209,13 @@ def exact_slo_instance(seed: int, objective: str):
     return inst.with_objective(objective) if objective != "min_cost" else inst.with_objective("min_cost")
 
 
-@pytest.mark.parametrize("seed", range(30))
-@pytest.mark.parametrize("objective", ["min_gpus", "max_throughput"])
+EXACT_SLO_CASES = [
+    *[pytest.param(seed, objective, id=f"{objective}-{seed}") for objective in ("min_gpus", "max_throughput") for seed in range(30)],
+    *[pytest.param(seed, "min_units", id=f"min_units-{seed}", marks=[] if seed < 8 else [pytest.mark.exhaustive]) for seed in range(30)],
+]
+
+
+@pytest.mark.parametrize("seed, objective", EXACT_SLO_CASES)
 def test_an_optimum_exactly_on_the_slo_is_feasible_in_every_backend(seed, objective):
     inst = exact_slo_instance(seed, objective)
     if inst is None:

@@ -26,7 +26,7 @@ from scepsy.models.instance.profile import LlmProfile, load_profile
 from scepsy.models.instance.workflow import Program, ProgramSpec, program_llms
 
 LatencyMetric = Literal["mean", "p50", "p90", "p99"]
-ObjectiveName = Literal["min_latency", "max_throughput", "min_gpus", "min_cost"]
+ObjectiveName = Literal["min_latency", "max_throughput", "min_gpus", "min_cost", "min_units"]
 Welfare = Literal["egalitarian", "social"]
 
 

@@ -1,10 +1,10 @@
 """Exhaustive search over every combination of unpruned options (tiny instances and tests).
 
 Evaluates the objective of all combinations and scans them in lexicographic order of the stages.
-Latency stages and share units are exact per combination; a GPU stage (min_gpus, min_cost) is
-bounded below by ceil(units_g / F) per GPU type and made exact for a candidate by the placement of
-fewest GPUs, so the scan stops once a candidate's lower bound is no better than the best exact
-value found. Independent of the CP-SAT model except for the option list (built with prune=False)
+Latency stages and share units (min_units' first stage, the others' last) are exact per
+combination; a GPU stage (min_gpus, min_cost) is bounded below by ceil(units_g / F) per GPU type
+and made exact for a candidate by the placement of fewest GPUs, so the scan stops once a
+candidate's lower bound is no better than the best exact value found. Independent of the CP-SAT model except for the option list (built with prune=False)
 and the exact placement check.
 """
 

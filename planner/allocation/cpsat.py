@@ -44,6 +44,8 @@ Objective (lexicographic stages, each solved with the previous ones fixed at the
     several:        min z,  z >= sum_{m,o} c_wm L_o / ref_w x[m, o]  for all w  [-]
                     then min sum_w pi_w sum_{m,o} c_wm L_o x[m, o]             [s]
     finally:        min sum_{m,o} t s d x[m, o]                                [units]
+    min_gpus, min_cost: min sum_g cost_g N_g first (N_g GPUs of type g hosting a shard);
+    min_units: the share-units stage first (exact: integer units), then the latency stages
 Integer scaling: each stage's coefficients are rounded to a grid of 1e-5 of the sum of the per-LLM
 minima over |M|; plans the grid cannot tell apart are compared in floating point by the search
 (planner/allocation/search.py, _settle_ties), so the optimum is exact. SLO rows round latencies down (a

@@ -10,6 +10,9 @@ with L_w = sum_m n_wm / p_wm * f_wm * L_m (f_wm the critical-path share, 1 for s
   min_gpus:        fewest GPUs hosting a shard, subject to L_w <= latency_slo_s for every workflow
                    with an SLO; then latency stages; then share units
   min_cost:        least sum_g cost_per_hour_g * GPUs of type g, same constraints and tie-breaks
+  min_units:       fewest share units sum_m t_m s_m d_m (GPU-hours paid per unit of 1/F GPU), same
+                   constraints; then latency stages. On a cluster that shares GPUs (F > 1) min_gpus
+                   fills every GPU it takes; min_units holds only the units that meet the SLOs
   max_throughput:  largest load factor s feasible at s * lambda (with the SLOs), found by bisection
                    in planner/allocation/search.py; the plan at s uses the min_latency stages and the SLOs.
 Every stage is monotone in each LLM's latency and in its share units, which is what makes the
@@ -26,7 +29,7 @@ from scepsy.models.instance.instance import Instance
 # a plan meets an SLO when L_w <= latency_slo_s * (1 + SLO_TOLERANCE), in every backend and in
 # the prediction (models/performance/alp.py): float sums in another order must not flip an exact fit
 SLO_TOLERANCE = 1e-9
-OBJECTIVES = ("min_latency", "max_throughput", "min_gpus", "min_cost")
+OBJECTIVES = ("min_latency", "max_throughput", "min_gpus", "min_cost", "min_units")
 WELFARES = ("egalitarian", "social")
 
 
@@ -88,6 +91,8 @@ class Objective:
 
     @property
     def latency_only(self) -> bool:
+        """No GPU-count stage: every stage is exact from the options alone (latencies and share
+        units), without the placement of fewest GPUs."""
         return not any(isinstance(s, GpuCount) for s in self.stages)
 
     @property
@@ -150,7 +155,9 @@ def needs_references(instance: Instance, kind: str) -> bool:
 
 def build_objective(instance: Instance, references: Mapping[str, float] | None = None, kind: str | None = None) -> Objective:
     """The stages of `kind` (default: the instance's objective; max_throughput plans at a fixed
-    load use the min_latency stages with the SLOs as constraints)."""
+    load use the min_latency stages with the SLOs as constraints). Every objective but min_latency
+    bounds L_w by latency_slo_s; share units come last as a tie-break, except in min_units, where
+    they are the first stage and the latency stages break its ties."""
     kind = kind or instance.objective
     refs = dict(references or {})
     for w in instance.workflows:
@@ -164,6 +171,9 @@ def build_objective(instance: Instance, references: Mapping[str, float] | None =
     elif kind == "min_cost":
         costs = {g: float(cast(float, instance.cluster.gpu_types[g].cost_per_hour)) for g in instance.cluster.used_gpu_types()}  # priced: checked by the instance
         stages = [GpuCount("cost_per_hour", costs), *latency]
+    elif kind == "min_units":
+        # the fewest share units first, the latency stages only among plans of that many units
+        return Objective(kind, (ShareUnits(), *latency), coefficients, limits)
     else:
         stages = latency
     return Objective(kind, tuple(stages) + (ShareUnits(),), coefficients, limits)

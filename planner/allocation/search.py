@@ -5,8 +5,8 @@
 placeability check (or the placer passed in) produced. For the CP-SAT and MILP backends,
 allocations that cannot be placed are cut off and the model is solved again.
 
-Objectives (planner/allocation/objective.py): `min_latency`, `min_gpus` and `min_cost` are solved at the
-instance's arrival rates; `max_throughput` bisects the load factor s (planner/allocation/loadfactor.py) and
+Objectives (planner/allocation/objective.py): `min_latency`, `min_gpus`, `min_cost` and `min_units` are
+solved at the instance's arrival rates; `max_throughput` bisects the load factor s (planner/allocation/loadfactor.py) and
 returns the latency-optimal plan at the largest feasible s.
 """
 
@@ -102,7 +102,9 @@ class Outcome:
 def check_backend(instance: Instance, settings: PlanSettings) -> None:
     if settings.backend not in BACKENDS:
         raise InputError(None, "backend", f"unknown backend {settings.backend!r}", f"use one of: {', '.join(BACKENDS)}")
-    if settings.backend == "enumerate" and instance.objective in ("min_gpus", "min_cost"):
+    # the enumeration deals every free unit to the LLMs (planner/allocation/enumerate.py, step 2):
+    # it cannot minimise GPUs or share units
+    if settings.backend == "enumerate" and instance.objective in ("min_gpus", "min_cost", "min_units"):
         raise InputError(
             instance.source, "objective", f"the enumerate backend does not handle {instance.objective}",
             "use `backend` cpsat (or milp, bruteforce)",
@@ -397,6 +399,8 @@ def _solve_model(
     if epsilon > 0:  # kept options are within 1/(1 - epsilon) of the dropped ones
         bound *= 1 - epsilon
         notes += (f"options pruned within a latency factor 1/(1 - {epsilon:g}); the bound accounts for it",)
+    # a GPU stage is only a lower bound without the placement counts; share units (min_units) are
+    # exact in every model (the options' t s d), so that stage needs no such check
     if isinstance(objective.stages[0], GpuCount) and not model.exact_gpus and values[0] > bound + 1e-9:
         status = "feasible"  # the model's GPU count was a lower bound the placement could not reach
         notes += ("GPU count bounded by share units on this cluster size; the placement needs more",)

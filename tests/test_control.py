@@ -24,6 +24,7 @@ from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Instance, Stage
 from scepsy.models.performance.alp import predict
+from scepsy.placement.objective import evaluate
 
 from conftest import INSTANCES
 
@@ -624,6 +625,25 @@ def test_a_swap_that_leaves_an_llm_dark_waits_while_the_running_plan_carries_the
     assert _dark_llms(beam_context, state.placement, state.placement) == []
     overloaded = _settled(beam_context, 14.0, 10.5)
     assert overloaded.allocation.of("gen").tp == 1  # taken: the running plan would never drain
+
+
+def test_a_reshape_places_the_new_replicas_on_the_gpus_free_now(beam_context):
+    """Scaling down from 3 req/s (gen and ver on one GPU each of the first pair, the second pair
+    free) to 1 req/s re-shapes both (gen TP 2 x 0.7 GPU, ver TP 2 x 0.3 GPU): nothing can stay, and
+    the re-placement puts both new replicas on the free pair, so each starts before its predecessor
+    stops. From 5 req/s (gen on the first pair, ver on GPU 2) one GPU is free, which holds no TP-2
+    replica: both new replicas go to the pair with the free GPU, 10 units wait for ver's GPU (the
+    fewest possible), and both LLMs stay dark."""
+    replanner = beam_context.replanner
+    small = replanner.allocation({"beam": 1.0})
+    assert (small.of("gen").tp, small.of("gen").share, small.of("ver").tp, small.of("ver").share) == (2, 7, 2, 3)
+    for rate, dark, occupied in ((3.0, [], 0), (5.0, ["gen", "ver"], 10)):
+        running = replanner.place(replanner.allocation({"beam": rate}), None)
+        placed = replanner.place(small, running)
+        assert _dark_llms(beam_context, running, placed) == dark
+        assert evaluate(beam_context.instance.cluster, small, placed, running).occupied_units == occupied
+        free_now = {2, 3} - {s.gpu for r in running.replicas for s in r.shards}
+        assert free_now and all(free_now & {s.gpu for s in r.shards} for r in placed.replicas)
 
 
 def test_every_system_starts_from_the_plan_for_the_first_minutes_rate(rag, rag_plan):

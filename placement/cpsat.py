@@ -15,7 +15,7 @@ Sets
     Q_m        keep candidates of m (re-planning, placement/current.py): domain j_q, GPUs G_q
     I*, J*     clean GPUs (c_i = F: no reservation) and clean domains (all GPUs clean)
     I^b        GPUs the current placement holds units on, with room for fewer new units now
-               (re-planning: a_i > c_i^now)
+               (re-planning: c_i^now < c_i, only among GPUs with variables)
 Parameters
     F          units per GPU;  c_i  free units of GPU i (F minus reservations)
     c_i^now    units of GPU i free now: max(0, c_i - units the current placement holds on it)

@@ -19,11 +19,12 @@ Deployments keep their names.
 
 A replica that is not kept is *new*: it starts. It starts at once where the units it takes are free
 now; units the current replicas still hold must first be given back, i.e. a current replica stops
-before the new one starts (break before make). With a_i = F minus reservations the free units of
-GPU i, b_i the units the current placement holds on it and N_i the units of new replicas on it:
+before the new one starts (break before make). With c_i the free units of GPU i (F minus
+reservations), b_i the units the current placement holds on it and N_i the units of new replicas
+on it:
 
-    free_now_i      = max(0, a_i - b_i)
-    occupied_units  = sum_i max(0, N_i - free_now_i)
+    c_i^now         = max(0, c_i - b_i)                    (free_now)
+    occupied_units  = sum_i max(0, N_i - c_i^now)
 
 the units of new replicas that wait for a current replica to stop (0 where every new replica fits
 on what is free now). Re-planning minimises `moved_shards` first, `occupied_units` second (the rest
@@ -93,7 +94,7 @@ def held_units(cluster: Cluster, current: Placement | None) -> dict[tuple[str, i
 
 
 def free_now(cluster: Cluster, current: Placement | None) -> dict[tuple[str, int], int]:
-    """free_now_i = max(0, a_i - b_i) of every GPU the current placement holds units on."""
+    """c_i^now = max(0, c_i - b_i) of every GPU the current placement holds units on."""
     return {i: max(0, cluster.free_units(*i) - units) for i, units in sorted(held_units(cluster, current).items())}
 
 

@@ -58,7 +58,7 @@ def kept_replicas(cluster: Cluster, allocation: Allocation, placement: Placement
 
 def occupied_units(cluster: Cluster, allocation: Allocation, placement: Placement, current: Placement,
                    matched: dict[tuple[str, str, tuple[int, ...]], int] | None = None) -> int:
-    """sum_i max(0, N_i - free_now_i) (placement/current.py): N_i the units on GPU i of the
+    """sum_i max(0, N_i - c_i^now) (placement/current.py): N_i the units on GPU i of the
     placement's replicas that keep no candidate."""
     if matched is None:
         matched = _kept_spots(cluster, allocation, placement, current)

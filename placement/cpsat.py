@@ -302,8 +302,8 @@ def symmetry_classes(cluster: Cluster, domains: list[Domain], candidates: list[C
     touched = {(cand.node, g) for cand in candidates for g in cand.gpus}
     held = held or {}
 
-    def units(i: Gpu) -> tuple[int, int]:
-        return (cluster.free_units(*i), held.get(i, 0))
+    def units(i: Gpu) -> int | tuple[int, int]:  # free units, with the units held where there are any
+        return (cluster.free_units(*i), held[i]) if i in held else cluster.free_units(*i)
 
     nodes: dict[tuple, list[str]] = defaultdict(list)
     for node in cluster.nodes:
@@ -319,7 +319,9 @@ def symmetry_classes(cluster: Cluster, domains: list[Domain], candidates: list[C
         if not any(i in modelled for i in gpus):
             continue
         if not any(i in touched for i in gpus):
-            in_node[(domain.node, tuple(sorted(units(i) for i in gpus)))].append(j)
+            frees = tuple(sorted(cluster.free_units(*i) for i in gpus))
+            pairs = tuple(sorted((cluster.free_units(*i), held[i]) for i in gpus if i in held))
+            in_node[(domain.node, frees) + ((pairs,) if pairs else ())].append(j)
         for i in gpus:
             if i not in touched:
                 in_domain[(j, units(i))].append(i)

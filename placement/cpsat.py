@@ -235,7 +235,7 @@ def build_placement_model(
     for step, (i, units) in enumerate(sorted(now.items())):
         _check_deadline(deadline, step)
         o[i] = model.new_int_var(0, free[i] - units, f"o[{i[0]}/{i[1]}]")
-        model.add(o[i] >= _sum(loads[i]) - _sum(kept_on.get(i, [])) - units)
+        model.add(o[i] + units >= _sum(loads[i] + [(-units_kept, var) for units_kept, var in kept_on.get(i, [])]))
 
     _check_deadline(deadline)
     _add_packing_cuts(model, cluster, domains, loads, u, v)

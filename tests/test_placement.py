@@ -519,7 +519,10 @@ def test_occupied_units_count_only_the_units_past_what_is_free_now():
     where = {r.llm: r.shards[0].gpu for r in result.placement.replicas}
     assert where == {"a": 1, "b": 0} and result.info.objective.occupied_units == 0
     assert starts_at_once(cluster, current, result.placement)
-    swapped = Placement(10, (ReplicaPlacement("a", 0, "node-0", (Shard(0, 7),)), ReplicaPlacement("b", 0, "node-0", (Shard(1, 4),))))
+    swapped = Placement(10, (
+        ReplicaPlacement("a", 0, "node-0", (Shard(0, 7),)),
+        ReplicaPlacement("b", 0, "node-0", (Shard(1, 4),)),
+    ))
     assert evaluate(cluster, allocation, swapped, current).occupied_units == 3
     # a kept replica is not new: it occupies nothing
     kept = place(cluster, allocation_of(10, ("a", 1, 6, 1), ("b", 1, 4, 2)), EXACT, current)

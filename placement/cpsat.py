@@ -365,7 +365,7 @@ def canonical(pm: PlacementModel, placement: Placement) -> Placement:
     def load(gpus) -> int:
         return sum(units for i in gpus for _, units in content.get(i, ()))
 
-    def units(i: Gpu) -> tuple[int, int]:  # free units, units held now
+    def free_and_held(i: Gpu) -> tuple[int, int]:
         return (pm.cluster.free_units(*i), pm.held.get(i, 0))
 
     def permute(mapping: dict[Gpu, Gpu]) -> None:  # the contents of GPU src move to GPU dst
@@ -381,8 +381,8 @@ def canonical(pm: PlacementModel, placement: Placement) -> Placement:
         doms_by_load = sorted(doms, key=lambda d: -load([(d.node, g) for g in d.gpus]))
         mapping: dict[Gpu, Gpu] = {}
         for src_domain, dst_domain in zip(doms_by_load, doms):  # pair GPUs of equal free and held units
-            a = sorted(src_domain.gpus, key=lambda g: (*units((src_domain.node, g)), g))
-            b = sorted(dst_domain.gpus, key=lambda g: (*units((dst_domain.node, g)), g))
+            a = sorted(src_domain.gpus, key=lambda g: (*free_and_held((src_domain.node, g)), g))
+            b = sorted(dst_domain.gpus, key=lambda g: (*free_and_held((dst_domain.node, g)), g))
             mapping.update({(src_domain.node, p): (dst_domain.node, q) for p, q in zip(a, b)})
         permute(mapping)
     for gpus in pm.classes.gpus:

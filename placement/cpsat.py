@@ -14,8 +14,11 @@ Sets
     J_m        domains eligible for m: type g_m, room for at least one replica of m
     Q_m        keep candidates of m (re-planning, placement/current.py): domain j_q, GPUs G_q
     I*, J*     clean GPUs (c_i = F: no reservation) and clean domains (all GPUs clean)
+    I^b        GPUs the current placement holds units on, with room for fewer new units now
+               (re-planning: c_i^now < c_i, only among GPUs with variables)
 Parameters
     F          units per GPU;  c_i  free units of GPU i (F minus reservations)
+    c_i^now    units of GPU i free now: max(0, c_i - units the current placement holds on it)
     ub_im      most shards of m on GPU i: min(d_m, c_i // s_m, most replicas of m in j(i))
     w, W(c)    bin-packing weights, the most weight that fits c units (planner/allocation/cpsat.py)
 Variables
@@ -27,6 +30,7 @@ Variables
     e[i, m]    GPU i holds shards of m and of no other LLM         {0, 1}
     h[i]       GPU i holds shards of two or more LLMs              {0, 1}
     k[q]       candidate q stays where it is                       {0, 1}
+    o[i]       units of new replicas on GPU i in I^b beyond c_i^now   integer, 0..c_i - c_i^now
 Constraints
     sum_{j in J_m} n[j, m] = d_m                                   every replica in one domain
     sum_{i in I_j} x[i] = sum_{m in W} t_m n[j, m]                 whole shards: one GPU each
@@ -41,10 +45,16 @@ Constraints
                                                                    a whole-GPU shard is never shared)
     sum_{i of type g} (w(F) x[i] + sum_m w(s_m) c[i, m]) <= W(F) sum_i u[i]   (and per clean domain
                                                                    with v)  bin-packing cuts, valid
-    symmetry breaking: interchangeable nodes (same gpu type, domains and free units, no candidate),
-    domains of a node and GPUs of a domain are ordered by load: load(a) >= load(b), a before b
+    o[i] >= F x[i] + sum_{m in P} s_m c[i, m] - sum_{q: i in G_q} s_q k[q] - c_i^now   (i in I^b)
+                                                                   new units past what is free now
+    symmetry breaking: interchangeable nodes (same gpu type, domains, free units and units held
+    now, no candidate), domains of a node and GPUs of a domain are ordered by load: load(a) >=
+    load(b), a before b
 Objective (lexicographic; stages solved in turn, each fixed at its optimum)
     re-planning:  max sum_q t_q k[q]       (= fewest moved shards)
+    re-planning:  min sum_{i in I^b} o[i]  (= fewest occupied units: o[i] = max(0, N_i - c_i^now)
+                                           at the optimum, placement/current.py; a GPU outside I^b
+                                           has room for every new unit now)
     1. min sum_{j in J*} v[j]             (= most free whole NVLink domains)
     2. min sum_{i in I*} u[i]             (= most free whole GPUs)
     3. min sum_i h[i]                     (= fewest GPUs shared by different LLMs)
@@ -70,7 +80,7 @@ from scepsy.placement.feasibility.solver import STATUS_NAMES, cpsat_solver
 from scepsy.placement.feasibility.counts import Counts, CpsatCounts, Group, Kept, add_count_rows, count_variables, decode_counts
 from scepsy.placement.feasibility.packing import packing_weights
 
-from scepsy.placement.current import Candidate, keep_candidates, movable_replicas
+from scepsy.placement.current import Candidate, free_now, held_units, keep_candidates, movable_replicas
 from scepsy.placement.heuristic import first_fit_placement
 from scepsy.placement.objective import Spot, evaluate, number_replicas
 
@@ -80,7 +90,7 @@ Var: TypeAlias = cp_model.IntVar
 
 @dataclass(frozen=True)
 class Stage:
-    name: str  # moved_shards | free_domains | free_gpus | shared_gpus
+    name: str  # moved_shards | occupied_units | free_domains | free_gpus | shared_gpus
     expr: cp_model.LinearExprT  # minimised (an int when the stage has nothing to decide)
     offset: int  # reported value = offset + sign * expr
     sign: int
@@ -92,7 +102,7 @@ class SymmetryClasses:
 
     nodes: tuple[tuple[str, ...], ...]  # nodes with equal gpu type, domains and free units per GPU
     domains: tuple[tuple[int, ...], ...]  # domains of one node with equal sorted free units
-    gpus: tuple[tuple[Gpu, ...], ...]  # GPUs of one domain with equal free units
+    gpus: tuple[tuple[Gpu, ...], ...]  # GPUs of one domain with equal free units (and units held now)
 
 
 @dataclass
@@ -112,11 +122,15 @@ class PlacementModel:
     e: dict[tuple[Gpu, str], Var]
     h: dict[Gpu, Var]
     k: dict[int, Var]
+    o: dict[Gpu, Var]
+    now: dict[Gpu, int]  # c_i^now of the GPUs in I^b (re-planning; empty otherwise)
     classes: SymmetryClasses = SymmetryClasses((), (), ())
     stages: list[Stage] = field(default_factory=list)
+    held: dict[Gpu, int] = field(default_factory=dict)  # units the current placement holds per GPU
+    replanning: bool = False  # built with a current placement
 
     def variables(self):
-        for group in (self.n, self.c, self.x, self.u, self.v, self.e, self.h, self.k):
+        for group in (self.n, self.c, self.x, self.u, self.v, self.e, self.h, self.k, self.o):
             yield from group.values()
 
 
@@ -209,17 +223,33 @@ def build_placement_model(
             <= _sum([(share[m] * upper[(i, m)], e[(i, m)]) for m, _ in terms] + [(free[i], h[i])])
         )
 
+    # o[i]: units of new (not kept) replicas on GPU i past what is free there now (re-planning:
+    # only GPUs the current placement holds units on can have any)
+    held = held_units(cluster, current)
+    now = {i: units for i, units in free_now(cluster, current).items() if i in modelled and units < free[i]}
+    kept_on: dict[Gpu, list[tuple[int, Var]]] = defaultdict(list)
+    for q, var in k.items():
+        for g in candidates[q].gpus:
+            kept_on[(candidates[q].node, g)].append((share[candidates[q].llm], var))
+    o: dict[Gpu, Var] = {}
+    for step, (i, units) in enumerate(sorted(now.items())):
+        _check_deadline(deadline, step)
+        o[i] = model.new_int_var(0, free[i] - units, f"o[{i[0]}/{i[1]}]")
+        model.add(o[i] + units >= _sum(loads[i] + [(-units_kept, var) for units_kept, var in kept_on.get(i, [])]))
+
     _check_deadline(deadline)
     _add_packing_cuts(model, cluster, domains, loads, u, v)
     _check_deadline(deadline)
-    classes = symmetry_classes(cluster, domains, candidates, modelled)
+    classes = symmetry_classes(cluster, domains, candidates, modelled, held)
     _break_symmetry(model, cluster, domains, classes, loads)
     _check_deadline(deadline)
 
-    pm = PlacementModel(cluster, allocation, model, domains, candidates, counts, kept, n, c, x, u, v, e, h, k, classes)
+    pm = PlacementModel(cluster, allocation, model, domains, candidates, counts, kept, n, c, x, u, v, e, h, k, o, now,
+                        classes, held=held, replanning=current is not None)
     if current is not None:
         movable = sum(tp[m] * count for m, count in movable_replicas(cluster, allocation, current).items() if m in tp)
         pm.stages.append(Stage("moved_shards", _sum([(-candidates[q].tp, var) for q, var in k.items()]), movable, 1))
+        pm.stages.append(Stage("occupied_units", _sum([(1, var) for var in o.values()]), 0, 1))
     clean_domains = sum(all((d.node, g) in clean for g in d.gpus) for d in domains)
     pm.stages.append(Stage("free_domains", _sum([(1, var) for var in v.values()]), clean_domains, -1))
     pm.stages.append(Stage("free_gpus", _sum([(1, var) for var in u.values()]), len(clean), -1))
@@ -263,16 +293,24 @@ def _add_packing_cuts(model, cluster: Cluster, domains: list[Domain], loads, u, 
                 model.add(_sum(in_domains) <= _sum([(capacity * domains[j].size, v[j]) for j in doms]))
 
 
-def symmetry_classes(cluster: Cluster, domains: list[Domain], candidates: list[Candidate], modelled: set[Gpu]) -> SymmetryClasses:
+def symmetry_classes(cluster: Cluster, domains: list[Domain], candidates: list[Candidate], modelled: set[Gpu],
+                     held: dict[Gpu, int] | None = None) -> SymmetryClasses:
     """Classes of interchangeable nodes, domains and GPUs. Elements touched by a keep candidate
-    (re-planning) or without variables are left out: they are not interchangeable."""
+    (re-planning) or without variables are left out: they are not interchangeable. `held`: the
+    units the current placement holds per GPU (re-planning); GPUs are interchangeable only with
+    equal free units and equal units held, which is what the occupied units depend on."""
     touched = {(cand.node, g) for cand in candidates for g in cand.gpus}
+    held = held or {}
+
+    def units(i: Gpu) -> int | tuple[int, int]:  # free units, with the units held where there are any
+        return (cluster.free_units(*i), held[i]) if i in held else cluster.free_units(*i)
+
     nodes: dict[tuple, list[str]] = defaultdict(list)
     for node in cluster.nodes:
         gpus = [(node.name, g) for g in range(node.gpus)]
         if any(i in touched for i in gpus) or not any(i in modelled for i in gpus):
             continue
-        frees = tuple(cluster.free_units(node.name, g) for g in range(node.gpus))
+        frees = tuple(units((node.name, g)) for g in range(node.gpus))
         nodes[(node.gpu_type, node.domains, frees)].append(node.name)
     in_node: dict[tuple, list[int]] = defaultdict(list)
     in_domain: dict[tuple, list[Gpu]] = defaultdict(list)
@@ -281,10 +319,12 @@ def symmetry_classes(cluster: Cluster, domains: list[Domain], candidates: list[C
         if not any(i in modelled for i in gpus):
             continue
         if not any(i in touched for i in gpus):
-            in_node[(domain.node, tuple(sorted(cluster.free_units(*i) for i in gpus)))].append(j)
+            frees = tuple(sorted(cluster.free_units(*i) for i in gpus))
+            pairs = tuple(sorted((cluster.free_units(*i), held[i]) for i in gpus if i in held))
+            in_node[(domain.node, frees) + ((pairs,) if pairs else ())].append(j)
         for i in gpus:
             if i not in touched:
-                in_domain[(j, cluster.free_units(*i))].append(i)
+                in_domain[(j, units(i))].append(i)
 
     def classes(groups: dict) -> tuple:
         return tuple(tuple(members) for _, members in sorted(groups.items(), key=lambda kv: repr(kv[0])) if len(members) > 1)
@@ -316,7 +356,7 @@ def _break_symmetry(model, cluster: Cluster, domains: list[Domain], classes: Sym
 def canonical(pm: PlacementModel, placement: Placement) -> Placement:
     """The same placement with interchangeable nodes, then domains, then GPUs permuted into
     descending load order: it satisfies the symmetry-breaking constraints, so it can be a hint.
-    Objective values are unchanged (the permutations preserve free units and domains)."""
+    Objective values are unchanged (the permutations preserve free units, units held now and domains)."""
     content: dict[Gpu, list[tuple[int, int]]] = defaultdict(list)  # GPU -> (replica position, units)
     for r, rp in enumerate(placement.replicas):
         for shard in rp.shards:
@@ -324,6 +364,9 @@ def canonical(pm: PlacementModel, placement: Placement) -> Placement:
 
     def load(gpus) -> int:
         return sum(units for i in gpus for _, units in content.get(i, ()))
+
+    def free_and_held(i: Gpu) -> tuple[int, int]:
+        return (pm.cluster.free_units(*i), pm.held.get(i, 0))
 
     def permute(mapping: dict[Gpu, Gpu]) -> None:  # the contents of GPU src move to GPU dst
         moved = {dst: content.pop(src, []) for src, dst in mapping.items()}
@@ -337,9 +380,9 @@ def canonical(pm: PlacementModel, placement: Placement) -> Placement:
         doms = [pm.domains[j] for j in domain_indices]
         doms_by_load = sorted(doms, key=lambda d: -load([(d.node, g) for g in d.gpus]))
         mapping: dict[Gpu, Gpu] = {}
-        for src_domain, dst_domain in zip(doms_by_load, doms):  # pair GPUs of equal free units
-            a = sorted(src_domain.gpus, key=lambda g: (pm.cluster.free_units(src_domain.node, g), g))
-            b = sorted(dst_domain.gpus, key=lambda g: (pm.cluster.free_units(dst_domain.node, g), g))
+        for src_domain, dst_domain in zip(doms_by_load, doms):  # pair GPUs of equal free and held units
+            a = sorted(src_domain.gpus, key=lambda g: (*free_and_held((src_domain.node, g)), g))
+            b = sorted(dst_domain.gpus, key=lambda g: (*free_and_held((dst_domain.node, g)), g))
             mapping.update({(src_domain.node, p): (dst_domain.node, q) for p, q in zip(a, b)})
         permute(mapping)
     for gpus in pm.classes.gpus:
@@ -382,11 +425,18 @@ def hint_values(pm: PlacementModel, placement: Placement) -> dict[Var, int]:
     values.update({var: int(any((pm.domains[j].node, g) in holds for g in pm.domains[j].gpus)) for j, var in pm.v.items()})
     values.update({var: int(holds.get(i, set()) == {m}) for (i, m), var in pm.e.items()})
     values.update({var: int(len(holds.get(i, ())) > 1) for i, var in pm.h.items()})
+    share = {m.llm: m.share for m in pm.allocation.llms}
+    new: dict[Gpu, int] = defaultdict(int)  # units of replicas that keep no candidate
+    for (i, m), count in counts.items():
+        new[i] += share[m] * count
     for q, var in sorted(pm.k.items()):
         cand = pm.candidates[q]
         key = (cand.llm, cand.node, cand.gpus)
         values[var] = int(spots.get(key, 0) > 0)
         spots[key] -= values[var]
+        for g in cand.gpus:
+            new[(cand.node, g)] -= share[cand.llm] * values[var]
+    values.update({var: max(0, new.get(i, 0) - pm.now[i]) for i, var in pm.o.items()})
     return values
 
 
@@ -496,8 +546,11 @@ class Polisher:
     """Re-arrange each NVLink domain's replicas over its GPUs, exactly, for the fewest used GPUs and
     then the fewest shared GPUs, keeping what each domain holds. The objective is a sum over domains,
     so this never makes a placement worse; identical (free units, contents) pairs are solved once.
-    Domains with keep candidates, and domains already at their lower bounds (used GPUs = whole shards
-    + the fractional units over F, nothing shared), are left alone."""
+    Re-planning, a domain's solve also gets the units the current placement holds on its GPUs and
+    minimises the occupied units first (a sum over GPUs too), so those never grow. Domains with keep
+    candidates, and domains already at their lower bounds (used GPUs = whole shards + the
+    fractional units over F, nothing shared, no occupied units past what the domain's units free
+    now force), are left alone."""
 
     pm: PlacementModel
     deadline: float
@@ -528,16 +581,23 @@ class Polisher:
         f = self.pm.cluster.fractions_per_gpu
         free = {g: self.pm.cluster.free_units(domain.node, g) for g in domain.gpus}
         holds: dict[int, set[str]] = defaultdict(set)
+        load: dict[int, int] = defaultdict(int)
         whole = fractional = 0
         for rp in replicas:
             for s in rp.shards:
                 holds[s.gpu].add(rp.llm)
+                load[s.gpu] += s.units
                 whole += s.units == f
                 fractional += s.units if s.units < f else 0
         spare = sum(units for units in free.values() if units < f)  # room on reserved GPUs
         lower = whole + -(-max(0, fractional - spare) // f)
         used = sum(1 for g in holds if free[g] == f)
-        return used > lower or any(len(llms) > 1 for llms in holds.values())
+        # occupied units (no replica here is kept: such domains are frozen): at least the domain's
+        # new units past its units free now
+        now = {g: self.pm.now.get((domain.node, g), free[g]) for g in domain.gpus}
+        occupied = sum(max(0, load[g] - now[g]) for g in domain.gpus)
+        least_occupied = max(0, sum(load.values()) - sum(now.values()))
+        return used > lower or any(len(llms) > 1 for llms in holds.values()) or occupied > least_occupied
 
     def _arrange(self, domain: Domain, replicas: list[ReplicaPlacement]):
         """(llm, local GPU indices, share) of each replica in the best arrangement, or None."""
@@ -545,12 +605,13 @@ class Polisher:
         counts: dict[str, int] = defaultdict(int)
         for rp in replicas:
             counts[rp.llm] += 1
-        key = (domain.gpu_type, frees, tuple(sorted(counts.items())))
+        helds = tuple(self.pm.held.get((domain.node, g), 0) for g in domain.gpus)
+        key = (domain.gpu_type, frees, helds, tuple(sorted(counts.items())))
         if key not in self.memo:
-            self.memo[key] = self._solve(domain, replicas, frees, counts)
+            self.memo[key] = self._solve(domain, replicas, frees, helds, counts)
         return self.memo[key]
 
-    def _solve(self, domain: Domain, replicas, frees, counts):
+    def _solve(self, domain: Domain, replicas, frees, helds, counts):
         from scepsy.models.instance.instance import Node
 
         f = self.pm.cluster.fractions_per_gpu
@@ -565,11 +626,18 @@ class Polisher:
         sub_hint = number_replicas(
             sub_cluster, [Spot(rp.llm, "d", tuple(sorted(local[s.gpu] for s in rp.shards)), rp.shards[0].units) for rp in replicas]
         )
+        # the units held now, as one stand-in replica per GPU of an LLM the allocation does not have:
+        # it is no keep candidate (a domain with candidates is never polished) and holds the units
+        sub_current = None
+        if self.pm.replanning:
+            sub_current = Placement(f, tuple(
+                ReplicaPlacement("", k, "d", (Shard(k, units),)) for k, units in enumerate(helds) if units > 0
+            ))
         limit = min(self.per_domain_s, self.deadline - time.perf_counter())
         if limit <= 0:
             return None
-        sub = build_placement_model(sub_cluster, sub_allocation)
-        outcome = solve_placement(sub, limit, 1, sub_hint, polish=False, parameters=self.parameters)
+        sub = build_placement_model(sub_cluster, sub_allocation, sub_current)
+        outcome = solve_placement(sub, limit, 1, sub_hint, current=sub_current, polish=False, parameters=self.parameters)
         if outcome.placement is None:
             return None
         return [(rp.llm, tuple(s.gpu for s in rp.shards), rp.shards[0].units) for rp in outcome.placement.replicas]

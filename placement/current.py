@@ -17,7 +17,18 @@ Deployments keep their names.
     movable_m     = min(#current replicas of m with its new shape, d_m)
     moved_shards  = sum_m t_m * (movable_m - kept_m)
 
-Re-planning minimises `moved_shards` first (the rest of the objective follows, docs/placement.md).
+A replica that is not kept is *new*: it starts. It starts at once where the units it takes are free
+now; units the current replicas still hold must first be given back, i.e. a current replica stops
+before the new one starts (break before make). With c_i the free units of GPU i (F minus
+reservations), b_i the units the current placement holds on it and N_i the units of new replicas
+on it:
+
+    c_i^now         = max(0, c_i - b_i)                    (free_now)
+    occupied_units  = sum_i max(0, N_i - c_i^now)
+
+the units of new replicas that wait for a current replica to stop (0 where every new replica fits
+on what is free now). Re-planning minimises `moved_shards` first, `occupied_units` second (the rest
+of the objective follows, docs/placement.md).
 """
 
 from __future__ import annotations
@@ -66,6 +77,25 @@ def keep_candidates(cluster: Cluster, allocation: Allocation, current: Placement
             continue
         out.append(Candidate(rp.llm, rp.replica, node.name, domains.pop(), gpus))
     return out
+
+
+def held_units(cluster: Cluster, current: Placement | None) -> dict[tuple[str, int], int]:
+    """b_i: the units the current placement holds on each GPU of the cluster (GPUs it holds nothing
+    on are left out)."""
+    if current is None:
+        return {}
+    gpus = {n.name: n.gpus for n in cluster.nodes}
+    out: dict[tuple[str, int], int] = {}
+    for rp in current.replicas:
+        for s in rp.shards:
+            if s.gpu < gpus.get(rp.node, 0):
+                out[(rp.node, s.gpu)] = out.get((rp.node, s.gpu), 0) + s.units
+    return out
+
+
+def free_now(cluster: Cluster, current: Placement | None) -> dict[tuple[str, int], int]:
+    """c_i^now = max(0, c_i - b_i) of every GPU the current placement holds units on."""
+    return {i: max(0, cluster.free_units(*i) - units) for i, units in sorted(held_units(cluster, current).items())}
 
 
 def movable_replicas(cluster: Cluster, allocation: Allocation, current: Placement | None) -> dict[str, int]:

@@ -4,9 +4,10 @@
     free_gpus      GPUs with no reservation and no shard
     shared_gpus    GPUs holding shards of two or more different LLMs
     moved_shards   (re-planning) placement/current.py
+    occupied_units (re-planning) placement/current.py: units of new replicas beyond what is free now
 
-Lexicographic order (PlacementObjective.key, smaller is better): fewest moved shards (re-planning
-only), most free domains, most free GPUs, fewest shared GPUs. Reservations count as taken: a
+Lexicographic order (PlacementObjective.key, smaller is better): fewest moved shards, then fewest
+occupied units (both re-planning only), most free domains, most free GPUs, fewest shared GPUs. Reservations count as taken: a
 domain or GPU with a reservation is never free, whatever the placement does.
 """
 
@@ -19,7 +20,7 @@ from scepsy.models.instance.instance import Cluster
 from scepsy.models.plan.fragmentation import domain_counts_after
 from scepsy.models.plan.plan import PlacementObjective
 
-from scepsy.placement.current import keep_candidates, movable_replicas
+from scepsy.placement.current import free_now, keep_candidates, movable_replicas
 
 
 def evaluate(cluster: Cluster, allocation: Allocation, placement: Placement, current: Placement | None = None) -> PlacementObjective:
@@ -36,26 +37,58 @@ def evaluate(cluster: Cluster, allocation: Allocation, placement: Placement, cur
     shared = sum(len(llms) > 1 for llms in taken.values())
     if current is None:
         return PlacementObjective(free_domains, free_gpus, shared)
-    kept = kept_replicas(cluster, allocation, placement, current)
+    matched = _kept_spots(cluster, allocation, placement, current)
+    kept: dict[str, int] = {}
+    for (llm, _, _), count in matched.items():
+        kept[llm] = kept.get(llm, 0) + count
     tp = {c.llm: c.tp for c in allocation.llms}
     movable = movable_replicas(cluster, allocation, current)
     moved = sum(tp[m] * (movable[m] - kept.get(m, 0)) for m in movable)
-    return PlacementObjective(free_domains, free_gpus, shared, moved, sum(kept.values()))
+    return PlacementObjective(free_domains, free_gpus, shared, moved, sum(kept.values()),
+                              occupied_units(cluster, allocation, placement, current, matched))
 
 
 def kept_replicas(cluster: Cluster, allocation: Allocation, placement: Placement, current: Placement) -> dict[str, int]:
     """Per LLM, how many keep candidates the placement keeps (each new replica keeps at most one)."""
+    kept: dict[str, int] = {}
+    for (llm, _, _), count in _kept_spots(cluster, allocation, placement, current).items():
+        kept[llm] = kept.get(llm, 0) + count
+    return kept
+
+
+def occupied_units(cluster: Cluster, allocation: Allocation, placement: Placement, current: Placement,
+                   matched: dict[tuple[str, str, tuple[int, ...]], int] | None = None) -> int:
+    """sum_i max(0, N_i - c_i^now) (placement/current.py): N_i the units on GPU i of the
+    placement's replicas that keep no candidate."""
+    if matched is None:
+        matched = _kept_spots(cluster, allocation, placement, current)
+    left = dict(matched)  # kept replicas still to be taken out, per spot
+    new: dict[tuple[str, int], int] = {}
+    for rp in placement.replicas:
+        key = (rp.llm, rp.node, tuple(sorted(s.gpu for s in rp.shards)))
+        if left.get(key, 0) > 0:
+            left[key] -= 1
+            continue
+        for s in rp.shards:
+            new[(rp.node, s.gpu)] = new.get((rp.node, s.gpu), 0) + s.units
+    now = free_now(cluster, current)
+    return sum(max(0, units - now[i]) for i, units in new.items() if i in now)
+
+
+def _kept_spots(cluster: Cluster, allocation: Allocation, placement: Placement,
+                current: Placement) -> dict[tuple[str, str, tuple[int, ...]], int]:
+    """Per spot (llm, node, sorted GPUs), how many of the placement's replicas there keep a
+    candidate: as many as the spot has replicas and candidates (each replica keeps at most one)."""
     spots: dict[tuple[str, str, tuple[int, ...]], int] = {}
     for rp in placement.replicas:
         key = (rp.llm, rp.node, tuple(sorted(s.gpu for s in rp.shards)))
         spots[key] = spots.get(key, 0) + 1
-    kept: dict[str, int] = {}
+    matched: dict[tuple[str, str, tuple[int, ...]], int] = {}
     for candidate in keep_candidates(cluster, allocation, current):
         key = (candidate.llm, candidate.node, candidate.gpus)
-        if spots.get(key, 0) > 0:
-            spots[key] -= 1
-            kept[candidate.llm] = kept.get(candidate.llm, 0) + 1
-    return kept
+        if spots.get(key, 0) > matched.get(key, 0):
+            matched[key] = matched.get(key, 0) + 1
+    return matched
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Instance, Stage
 from scepsy.models.performance.alp import predict
+from scepsy.placement.objective import evaluate
 from scepsy.planner.allocation.planning import make_plan
 
 from conftest import INSTANCES
@@ -626,13 +627,13 @@ def _settled(context: PolicyContext, rate: float, plan_rate: float) -> Controlle
 
 
 def test_a_swap_that_leaves_an_llm_dark_waits_while_the_running_plan_carries_the_load(beam_context):
-    """The plan for 10.5 req/s fills the cluster (gen on 2 GPUs, ver on the other 2). A backlog on
+    """The plan for 10.5 req/s holds every GPU (gen on 2, ver on the other 2). A backlog on
     ver asks for the plan for more, which re-shapes gen onto one GPU: its successor needs the GPUs
     its only replica holds, so gen would serve nothing for a start-up. While the running plan
     carries the sustained rate the decision keeps it (the backlog drains); where the running plan
     is overloaded at the sustained rate, the swap is taken."""
     state = _settled(beam_context, 10.5, 10.5)
-    assert state.allocation.units == 40 and state.allocation.of("gen").tp == 2
+    assert state.allocation.of("gen").tp == 2 and state.allocation.of("ver").replicas == 2  # every GPU holds a replica
     ready = {c.llm: c.replicas for c in state.allocation.llms}
     at = beam_context.instance.with_arrival_rates({"beam": 10.5})
     observed = {m.name: at.offered_rate_rps(m.name) for m in beam_context.instance.llms}
@@ -670,6 +671,23 @@ def test_a_scale_down_never_leaves_an_llm_dark(beam_context):
     guarded = [d for d in decisions if "dark_llms" in d.inputs]
     assert all("without a serving replica" in d.reason for d in guarded)
     assert guarded or any(d.action == "replan" for d in decisions)  # the cheaper plan was seen
+
+
+def test_a_reshape_places_the_new_replicas_on_the_gpus_free_now(beam_context):
+    """Scaling down from 3 req/s (gen and ver on one GPU each, two GPUs free) to 1 req/s re-shapes
+    ver to a smaller share: the re-placement puts its new replica on a GPU free now, so it starts
+    before its predecessor stops (no unit waits for one that runs: occupied units 0)."""
+    replanner = beam_context.replanner
+    small = replanner.allocation({"beam": 1.0})
+    running = replanner.place(replanner.allocation({"beam": 3.0}), None)
+    reshaped = {c.llm for c in small.llms} - {c.llm for c in replanner.allocation({"beam": 3.0}).llms if c == small.of(c.llm)}
+    assert reshaped  # something must move for the stage to decide
+    placed = replanner.place(small, running)
+    assert _dark_llms(beam_context, running, placed) == []
+    assert evaluate(beam_context.instance.cluster, small, placed, running).occupied_units == 0
+    held_now = {s.gpu for r in running.replicas for s in r.shards}
+    moved = [r for r in placed.replicas if r.llm in reshaped]
+    assert moved and all(not held_now & {s.gpu for s in r.shards} for r in moved)
 
 
 def test_every_system_starts_from_the_plan_for_the_first_minutes_rate(rag, rag_plan):

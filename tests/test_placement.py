@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from ortools.sat.python import cp_model
 
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.errors import InfeasibleError
@@ -17,7 +18,7 @@ from scepsy.models.plan.document import plan_json
 from scepsy.models.plan.fragmentation import fragmentation_report
 from scepsy.models.instance.instance import Cluster, GpuTypeSpec, Node, load_instance
 from support.synthetic import random_instance
-from scepsy.placement.cpsat import build_placement_model, canonical, solve_placement
+from scepsy.placement.cpsat import build_placement_model, canonical, hint_values, solve_placement
 from scepsy.placement.heuristic import HeuristicResult, first_fit_placement, heuristic_placement, placement_order
 from scepsy.placement.objective import Spot, evaluate, number_replicas
 from scepsy.pipeline import plan_and_place
@@ -132,6 +133,26 @@ def random_current(seed: int, cluster: Cluster, allocation: Allocation) -> Place
     return None
 
 
+def reshaped_current(seed: int, cluster: Cluster, allocation: Allocation) -> Placement | None:
+    """A running placement in which every LLM has another shape (share one unit off, or another
+    TP degree where the domains allow it): no replica can stay, so the occupied units decide."""
+    rng = np.random.default_rng(1300 + seed)
+    f = cluster.fractions_per_gpu
+    largest = cluster.largest_domain("G")
+    choices = []
+    for c in allocation.llms:
+        tps = [t for t in (1, 2, 4) if t <= largest and t != c.tp]
+        if tps and rng.random() < 0.4:
+            tp, share = int(rng.choice(tps)), c.share
+        else:
+            tp, share = c.tp, (c.share + 1 if c.share < f else c.share - 1)
+        choices.append(LlmAllocation(c.llm, c.gpu_type, tp, share, max(1, c.replicas + int(rng.integers(-1, 1)))))
+    try:
+        return place(cluster, Allocation(f, tuple(choices)), HEURISTIC).placement
+    except PlacementInfeasibleError:
+        return None
+
+
 TINY = range(80)
 
 
@@ -164,6 +185,24 @@ def test_replanning_equals_exhaustive_search(seed):
     assert validate_placement(cluster, allocation, result.placement) == []
 
 
+@pytest.mark.parametrize("seed", range(60))
+def test_replanning_after_a_reshape_equals_exhaustive_search(seed):
+    """Every LLM changes shape: nothing stays, and the fewest occupied units (new replicas' units
+    past what is free now) decide before the fragmentation stages."""
+    cluster, allocation = tiny_case(seed)
+    current = reshaped_current(seed, cluster, allocation)
+    best = exhaustive_best(cluster, allocation, current)
+    if best is None:
+        with pytest.raises(PlacementInfeasibleError):
+            place(cluster, allocation, EXACT, current)
+        return
+    result = place(cluster, allocation, EXACT, current)
+    assert result.info.status == "optimal"
+    assert result.info.objective.key() == best
+    assert result.info.objective == evaluate(cluster, allocation, result.placement, current)
+    assert validate_placement(cluster, allocation, result.placement) == []
+
+
 def test_tiny_cases_cover_infeasible_and_replanning_moves():
     outcomes = [exhaustive_best(*tiny_case(seed)) for seed in TINY]
     assert sum(o is None for o in outcomes) >= 10 and sum(o is not None for o in outcomes) >= 40
@@ -174,6 +213,16 @@ def test_tiny_cases_cover_infeasible_and_replanning_moves():
         if exhaustive_best(c, a) is not None
     ]
     assert any(m is not None and m > 0 for m in moved) and any(m == 0 for m in moved)
+    # after a reshape the occupied units are sometimes forced above 0, sometimes avoidable
+    bests = [
+        exhaustive_best(c, a, current)
+        for s in range(60)
+        for c, a in [tiny_case(s)]
+        for current in [reshaped_current(s, c, a)]
+        if current is not None
+    ]
+    occupied = [best[1] for best in bests if best is not None]
+    assert sum(o > 0 for o in occupied) >= 5 and sum(o == 0 for o in occupied) >= 5
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,6 +466,100 @@ def test_replanning_moves_as_few_shards_as_possible():
     allocation = allocation_of(10, ("a", 1, 10, 1), ("b", 2, 10, 1), ("c", 1, 10, 1))
     result = place(cluster, allocation, EXACT, current)
     assert result.info.objective.moved_shards == 0 and result.info.objective.kept_replicas == 2
+
+
+def free_now_units(cluster: Cluster, current: Placement) -> dict:
+    """Units of each GPU free while the current placement runs (written out here, independently)."""
+    free = {(n.name, g): cluster.free_units(n.name, g) for n in cluster.nodes for g in range(n.gpus)}
+    for rp in current.replicas:
+        for s in rp.shards:
+            free[(rp.node, s.gpu)] -= s.units
+    return free
+
+
+def starts_at_once(cluster: Cluster, current: Placement, placement: Placement) -> bool:
+    """Every replica the placement adds fits, all together, on the units free now: each can start
+    before any running replica stops (make before break)."""
+    free = free_now_units(cluster, current)
+    old = {(r.llm, r.node, tuple(r.shards)) for r in current.replicas}
+    for rp in placement.replicas:
+        if (rp.llm, rp.node, tuple(rp.shards)) not in old:
+            for s in rp.shards:
+                free[(rp.node, s.gpu)] -= s.units
+    return all(units >= 0 for units in free.values())
+
+
+def test_a_reshape_places_the_new_replicas_on_the_gpus_free_now():
+    """gen and ver hold one NVLink pair; both change shape, so nothing can stay. The other pair is
+    free: the new replicas go there, and both start before the old ones stop. Without a current
+    placement both pairs are alike."""
+    cluster = cluster_of([((0, 1), (2, 3))])
+    current = Placement(10, (
+        ReplicaPlacement("gen", 0, "node-0", (Shard(0, 10),)),
+        ReplicaPlacement("ver", 0, "node-0", (Shard(1, 10),)),
+    ))
+    allocation = allocation_of(10, ("gen", 2, 7, 1), ("ver", 2, 3, 1))
+    result = place(cluster, allocation, EXACT, current)
+    assert {r.shards[0].gpu for r in result.placement.replicas} == {2}
+    assert result.info.objective.occupied_units == 0 and result.info.objective.moved_shards == 0
+    assert starts_at_once(cluster, current, result.placement)
+    assert place(cluster, allocation, EXACT).info.objective.occupied_units is None
+    # the occupied units stage comes before the fragmentation stages: here it costs no free domain
+    assert result.info.objective.free_domains == 1
+
+
+def test_occupied_units_count_only_the_units_past_what_is_free_now():
+    """a holds 6 units of GPU 0; a grows to 7 units (a new replica) and b needs 4: b beside the old a
+    (4 units free there) and the new a on GPU 1 start at once, 0 occupied units, although b sits
+    on a GPU that a holds now. The other way round 3 of a's 7 units would wait."""
+    cluster = cluster_of([((0, 1),)], gpus=2)
+    current = Placement(10, (ReplicaPlacement("a", 0, "node-0", (Shard(0, 6),)),))
+    allocation = allocation_of(10, ("a", 1, 7, 1), ("b", 1, 4, 1))
+    result = place(cluster, allocation, EXACT, current)
+    where = {r.llm: r.shards[0].gpu for r in result.placement.replicas}
+    assert where == {"a": 1, "b": 0} and result.info.objective.occupied_units == 0
+    assert starts_at_once(cluster, current, result.placement)
+    swapped = Placement(10, (
+        ReplicaPlacement("a", 0, "node-0", (Shard(0, 7),)),
+        ReplicaPlacement("b", 0, "node-0", (Shard(1, 4),)),
+    ))
+    assert evaluate(cluster, allocation, swapped, current).occupied_units == 3
+    # a kept replica is not new: it occupies nothing
+    kept = place(cluster, allocation_of(10, ("a", 1, 6, 1), ("b", 1, 4, 2)), EXACT, current)
+    assert kept.info.objective.kept_replicas == 1 and kept.info.objective.occupied_units == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reshaped_replanning_on_random_clusters_is_valid_and_never_worse_than_the_heuristic(seed):
+    """Nodes alike but for what runs on them: the symmetry classes tell GPUs apart by the units held
+    now, the hint and the domain polish keep the occupied units."""
+    rng = np.random.default_rng(40 + seed)
+    cluster, allocation = random_case(seed, int(rng.integers(2, 4)), layouts=LAYOUTS_8[:2], reserved_gpus=0.0, n_llms=4, fill=0.5)
+    running = Allocation(allocation.fractions_per_gpu, tuple(
+        replace(c, share=c.share - 1 if c.share > 1 else c.share + 1) for c in allocation.llms
+    ))
+    try:
+        current = place(cluster, running, HEURISTIC).placement
+    except PlacementInfeasibleError:
+        pytest.skip("the running allocation does not place")
+    heuristic = place(cluster, allocation, HEURISTIC, current)
+    exact = place(cluster, allocation, QUICK, current)
+    for result in (heuristic, exact):
+        assert validate_placement(cluster, allocation, result.placement) == []
+        assert result.info.objective == evaluate(cluster, allocation, result.placement, current)
+    assert exact.info.objective.key() <= heuristic.info.objective.key()
+    model = build_placement_model(cluster, allocation, current)
+    canon = canonical(model, heuristic.placement)
+    objective = evaluate(cluster, allocation, canon, current)
+    assert objective == evaluate(cluster, allocation, heuristic.placement, current)
+    # the canonical hint's values satisfy every constraint, and its o[i] add up to its occupied units
+    values = hint_values(model, canon)
+    for var, value in values.items():
+        model.model.add(var == value)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_deterministic_time = 10.0
+    assert solver.solve(model.model) == cp_model.OPTIMAL
+    assert sum(values[var] for var in model.o.values()) == objective.occupied_units
 
 
 # ---------------------------------------------------------------------------------------------

@@ -77,6 +77,7 @@ class PlacementObjectiveRecord(_Record):
     shared_gpus: int
     moved_shards: int | None = None
     kept_replicas: int | None = None
+    occupied_units: int | None = None
 
 
 class PlacementSolverRecord(_Record):
@@ -453,7 +454,8 @@ def prediction_sections(prediction: Prediction) -> dict:
 
 def _placement_solver(info: PlacementInfo, include_wall_time: bool) -> PlacementSolverRecord:
     objective: PlacementObjective = info.objective
-    moved = {"moved_shards": objective.moved_shards, "kept_replicas": objective.kept_replicas} if objective.moved_shards is not None else {}
+    moved = {"moved_shards": objective.moved_shards, "kept_replicas": objective.kept_replicas,
+             "occupied_units": objective.occupied_units} if objective.moved_shards is not None else {}
     extra: dict[str, Any] = {}
     if info.bounds:
         extra["bound"] = dict(info.bounds)

@@ -23,7 +23,7 @@ class SolverInfo:
 @dataclass(frozen=True)
 class PlacementObjective:
     """A placement's lexicographic objective (docs/placement.md), in the order it is optimised:
-    when re-planning, the fewest `moved_shards` first; then the most `free_domains` (NVLink domains
+    when re-planning, the fewest `moved_shards` first and the fewest `occupied_units` second; then the most `free_domains` (NVLink domains
     whose GPUs are all free whole GPUs), the most `free_gpus` (whole GPUs free), the fewest
     `shared_gpus` (GPUs holding shards of two or more LLMs)."""
 
@@ -32,10 +32,11 @@ class PlacementObjective:
     shared_gpus: int
     moved_shards: int | None = None  # re-planning only: shards of kept-shape replicas that move
     kept_replicas: int | None = None  # re-planning only: replicas left exactly where they were
+    occupied_units: int | None = None  # re-planning only: units of new replicas beyond what is free now
 
-    def key(self) -> tuple[int, int, int, int]:
+    def key(self) -> tuple[int, int, int, int, int]:
         """Smaller is better, compared lexicographically."""
-        return (self.moved_shards or 0, -self.free_domains, -self.free_gpus, self.shared_gpus)
+        return (self.moved_shards or 0, self.occupied_units or 0, -self.free_domains, -self.free_gpus, self.shared_gpus)
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ Metric names, read from the pinned releases' sources:
   exposed only when the server runs with `--enable-metrics`
   (`sglang/srt/entrypoints/http_server.py` adds the route and middleware only then), which every
   emitted SGLang engine has: the drain hook and the controller read them.
-The two latency histograms were read in vLLM's and SGLang's sources at revisions near, not at,
-the pinned tags (the files and classes named above) and in SGLang's docs, "Production Metrics" (docs.sglang.io/references/production_metrics.html), which
-shows `sglang:e2e_request_latency_seconds` with `_sum`, `_count`, `_bucket` per `model_name`.
+The two latency histograms were read in vLLM's and SGLang's sources at revisions other than
+the pinned tags (the files and classes named above) and in SGLang's docs, "Production Metrics"
+(docs.sglang.io/references/production_metrics.html), which shows
+`sglang:e2e_request_latency_seconds` with `_sum`, `_count`, `_bucket` per `model_name`.
 """
 
 from __future__ import annotations

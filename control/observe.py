@@ -63,7 +63,7 @@ def observation(time_s: float, llms: Sequence[str], samples: LlmSamples, cluster
     down = all(_unanswered(samples.rates_rps[llm]) for llm in llms)
     queue = {llm: w / ready[llm] for llm in llms if (w := _value(samples.waiting[llm])) is not None and ready[llm] > 0}
     kv = {llm: v for llm in llms if (v := _value(samples.kv_usage[llm])) is not None}
-    latency = {llm: v for llm in llms if isinstance(v := samples.latency_s.get(llm), float)}  # a Missing one left out
+    latency = {llm: mean for llm in llms if isinstance(mean := samples.latency_s.get(llm), float)}  # a Missing one left out
     return Observation(
         time_s=time_s,
         llm_rates_rps=None if down and llms else rates,

@@ -511,7 +511,7 @@ def test_the_loop_reads_a_real_prometheus_scraping_emulated_vllm_replicas(api, t
     [seen] = observed
     latency = seen.llm_latency_s
     assert latency is not None and sorted(latency) == ["gen", "ver"]
-    assert all(math.isfinite(v) and v > 0 for v in latency.values()), latency
+    assert all(v is not None and math.isfinite(v) and v > 0 for v in latency.values()), latency
 
 
 @pytest.mark.skipif(not prometheus_server.available(), reason="the Debian package prometheus is not installed (.ci/run installs it)")

@@ -6,9 +6,13 @@ SGLang `sglang:num_requests_total`) summed over its replicas, or None where Prom
 give it (unreachable, slow, no series, NaN, stale: control/prometheus.py), never 0 in its place;
 queued requests per ready replica, the requests waiting per LLM (the backlog the policy drains)
 and KV-cache usage where known; `llm_rates_rps` is None
-as a whole when Prometheus itself did not answer. Ready and starting replicas come from the cluster
-(control/act.py `read_cluster`): a replica counts as capacity only once its pod is Ready, and a
-draining one not at all.
+as a whole when Prometheus itself did not answer. `llm_latency_s`: the mean latency of the calls
+the LLM's engines finished in the window (their end-to-end latency histograms, vLLM
+`vllm:e2e_request_latency_seconds`, SGLang `sglang:e2e_request_latency_seconds`); an LLM whose
+latency is missing (no call finished in the window, NaN, stale, unanswered) is left out, so the
+policy does not update its correction of that LLM's model, and it is None where no LLM has one.
+Ready and starting replicas come from the cluster (control/act.py `read_cluster`): a replica
+counts as capacity only once its pod is Ready, and a draining one not at all.
 
 Per workflow, where the workflow entry's metrics are scraped (tracing/capture/entry_metrics.py):
 the rate of workflow requests arriving at the entry, which a backlog does not hide (completions
@@ -59,6 +63,7 @@ def observation(time_s: float, llms: Sequence[str], samples: LlmSamples, cluster
     down = all(_unanswered(samples.rates_rps[llm]) for llm in llms)
     queue = {llm: w / ready[llm] for llm in llms if (w := _value(samples.waiting[llm])) is not None and ready[llm] > 0}
     kv = {llm: v for llm in llms if (v := _value(samples.kv_usage[llm])) is not None}
+    latency = {llm: mean for llm in llms if isinstance(mean := samples.latency_s.get(llm), float)}  # a Missing one left out
     return Observation(
         time_s=time_s,
         llm_rates_rps=None if down and llms else rates,
@@ -69,6 +74,7 @@ def observation(time_s: float, llms: Sequence[str], samples: LlmSamples, cluster
         waiting_requests={llm: w for llm in llms if (w := _value(samples.waiting[llm])) is not None} or None,
         workflow_rates_rps=workflow_rates,
         workflow_latency_s=workflow_latency,
+        llm_latency_s=latency or None,
     )
 
 

@@ -16,6 +16,13 @@ both label every metric with the served model name, which the manifests set to t
     freshness                    max by (model_name) (timestamp(<finished counter>))
     queue, running               sum by (model_name) (<gauge>)
     KV-cache usage               max by (model_name) (<gauge>)
+    mean call latency            sum by (model_name) (rate(<latency histogram>_sum[window]))
+                                   / sum by (model_name) (rate(<latency histogram>_count[window]))
+
+(the engines' metric names: k8s/engines.py `METRICS`; the latency histogram is each engine's
+end-to-end request latency, vLLM `vllm:e2e_request_latency_seconds`, SGLang
+`sglang:e2e_request_latency_seconds`). A mean latency is NaN where no call finished in the window
+(0/0): `nan`, never 0; and `stale` with the rate of its LLM.
 
 and, per workflow, from the workflow entry's metrics (tracing/capture/entry_metrics.py), grouped by
 its `workflow` label:
@@ -232,6 +239,14 @@ def gauge_query(settings: PrometheusSettings, metric: str, how: str = "sum") -> 
     return f"{how} by ({LLM_LABEL}) ({metric}{_matchers(settings.selector)})"
 
 
+def llm_latency_query(settings: PrometheusSettings) -> str:
+    """Mean latency of the calls each LLM's engines finished in the window: NaN where none finished (0/0)."""
+    histogram = METRICS[settings.engine].request_latency
+    matchers, window = _matchers(settings.selector), _window(settings.window_s)
+    return (f"sum by ({LLM_LABEL}) (rate({histogram}_sum{matchers}[{window}]))"
+            f" / sum by ({LLM_LABEL}) (rate({histogram}_count{matchers}[{window}]))")
+
+
 @dataclass(frozen=True)
 class LlmSamples:
     """One period's reading of every LLM: a number or why there is none."""
@@ -242,6 +257,7 @@ class LlmSamples:
     running: Mapping[str, float | Missing]
     kv_usage: Mapping[str, float | Missing]
     queries: tuple[Answer, ...]
+    latency_s: Mapping[str, float | Missing] = field(default_factory=dict)  # mean call latency over the window
 
     @property
     def unanswered(self) -> Missing | None:
@@ -282,8 +298,9 @@ def _stale(rates: dict[str, float | Missing], ages: Mapping[str, float | Missing
 
 
 def read_llms(client: PrometheusClient, llms: list[str]) -> LlmSamples:
-    """The per-LLM rates (finished requests per second over the window), queue, running and KV
-    usage; a rate whose newest sample is older than `max_age_s` is `stale`."""
+    """The per-LLM rates (finished requests per second over the window), queue, running, KV
+    usage and mean call latency over the window; a rate whose newest sample is older than
+    `max_age_s` is `stale`, and so is that LLM's latency."""
     settings = client.settings
     names = METRICS[settings.engine]
     rates = client.query(rate_query(settings))
@@ -299,8 +316,11 @@ def read_llms(client: PrometheusClient, llms: list[str]) -> LlmSamples:
     waiting = ask(gauge_query(settings, names.waiting))
     running = ask(gauge_query(settings, names.running))
     kv = ask(gauge_query(settings, names.kv_cache_usage, "max"))
+    latency = ask(llm_latency_query(settings))
+    latency_s = _per_llm(latency, llms)
+    _stale(latency_s, _per_llm(fresh, llms), now, settings.max_age_s)
     return LlmSamples(now, rates_rps, _per_llm(waiting, llms), _per_llm(running, llms), _per_llm(kv, llms),
-                      (rates, fresh, waiting, running, kv))
+                      (rates, fresh, waiting, running, kv, latency), latency_s)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,13 +3,23 @@ pinned images, ports and the Prometheus metrics each engine exposes on `GET /met
 
 Metric names, read from the pinned releases' sources:
 - vLLM v0.11.0 (`vllm/v1/metrics/loggers.py`): the gauges `vllm:num_requests_running`,
-  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0..1) and the counter
-  `vllm:request_success_total` (label `finished_reason`); always exposed.
+  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (0..1), the counter
+  `vllm:request_success_total` (label `finished_reason`) and the histogram
+  `vllm:e2e_request_latency_seconds` (`PrometheusStatLogger`: labels `model_name`, `engine`;
+  observed once per finished request, `record()` with each `finished_request.e2e_latency`, the
+  request's arrival to its last token, in seconds); always exposed.
 - SGLang v0.5.9 (`sglang/srt/metrics/collector.py`): the gauges `sglang:num_running_reqs`,
-  `sglang:num_queue_reqs`, `sglang:token_usage` (0..1, the KV pool in use) and the counter
-  `sglang:num_requests_total`; exposed only when the server runs with `--enable-metrics`
+  `sglang:num_queue_reqs`, `sglang:token_usage` (0..1, the KV pool in use), the counter
+  `sglang:num_requests_total` and the histogram `sglang:e2e_request_latency_seconds`
+  (`TokenizerMetricsCollector`, with the counter's labels `model_name`, `engine_type`; observed
+  once per finished request, `observe_one_finished_request(..., e2e_latency, ...)`, in seconds);
+  exposed only when the server runs with `--enable-metrics`
   (`sglang/srt/entrypoints/http_server.py` adds the route and middleware only then), which every
   emitted SGLang engine has: the drain hook and the controller read them.
+The two latency histograms were read in vLLM's and SGLang's sources at revisions other than
+the pinned tags (the files and classes named above) and in SGLang's docs, "Production Metrics"
+(docs.sglang.io/references/production_metrics.html), which shows
+`sglang:e2e_request_latency_seconds` with `_sum`, `_count`, `_bucket` per `model_name`.
 """
 
 from __future__ import annotations
@@ -44,9 +54,12 @@ class EngineMetrics:
     waiting: str  # gauge: requests queued for the batch
     kv_cache_usage: str  # gauge, 0..1: share of the KV cache in use
     requests_finished: str  # counter: requests finished
+    request_latency: str  # histogram (`_sum`, `_count`, `_bucket`), seconds: each finished request's end-to-end latency
 
 
 METRICS = {
-    "vllm": EngineMetrics("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:request_success_total"),
-    "sglang": EngineMetrics("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:num_requests_total"),
+    "vllm": EngineMetrics("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:request_success_total",
+                          "vllm:e2e_request_latency_seconds"),
+    "sglang": EngineMetrics("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:num_requests_total",
+                            "sglang:e2e_request_latency_seconds"),
 }

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 
 import httpx
 from pathlib import Path
@@ -29,8 +30,8 @@ from support.prometheus_server import PrometheusServer
 from scepsy.control.act import Actuation, ApplyFailed, AutoscalerConflict, KubeCluster, dry_run, read_cluster
 from scepsy.control.gauges import DesiredGauges
 from scepsy.control.live import LiveLoop, LiveSettings
-from scepsy.control.policy import ControlSettings, make_context
-from scepsy.control.observe import workflow_inputs
+from scepsy.control.policy import ControlSettings, Observation, make_context
+from scepsy.control.observe import observation as live_observation, workflow_inputs
 from scepsy.control.prometheus import (
     PrometheusClient,
     PrometheusSettings,
@@ -465,14 +466,25 @@ def test_api_control_refuses_slos_it_cannot_derive(api, tmp_path, instance, prom
 
 
 @pytest.mark.skipif(not prometheus_server.available(), reason="the Debian package prometheus is not installed (.ci/run installs it)")
-def test_the_loop_reads_a_real_prometheus_scraping_emulated_vllm_replicas(api, tmp_path, instance, prometheus):
+def test_the_loop_reads_a_real_prometheus_scraping_emulated_vllm_replicas(api, tmp_path, instance, prometheus, monkeypatch):
     """The whole observe path with real parts: `scepsy emulate` replicas export vLLM's metrics, a
-    real Prometheus scrapes them, the loop reads the rates through its HTTP API and the policy gets
-    them (the decision log's inputs)."""
+    real Prometheus scrapes them, the loop reads the rates and each LLM's mean call latency (its
+    engines' `vllm:e2e_request_latency_seconds`) through its HTTP API and the policy gets them (the
+    decision log's inputs, the observation it decides on)."""
     from contextlib import ExitStack
 
+    from scepsy.control import live
     from scepsy.tracing.capture.proxy import ServerThread
     from scepsy.tracing.emulation.emulator import create_app, emulator_config
+
+    observed: list[Observation] = []
+
+    def recorded(*args, **kwargs) -> Observation:  # the observation the loop hands the policy
+        seen = live_observation(*args, **kwargs)
+        observed.append(seen)
+        return seen
+
+    monkeypatch.setattr(live, "observation", recorded)
 
     _deploy(api, instance, _plan([(0, 0)], [(0, 2)]))
     with ExitStack() as stack:
@@ -485,8 +497,9 @@ def test_the_loop_reads_a_real_prometheus_scraping_emulated_vllm_replicas(api, t
             for i in range(count):
                 body = {"model": llm, "messages": [{"role": "user", "content": f"step {i}"}], "max_tokens": 2}
                 assert httpx.post(replicas[llm].url + "/v1/chat/completions", json=body, timeout=60.0).status_code == 200
-        server.wait_for("sum by (model_name) (vllm:request_success_total)",
-                        lambda found: {s["metric"]["model_name"]: float(s["value"][1]) for s in found} == {"gen": 6.0, "ver": 3.0})
+        for metric in ("vllm:request_success_total", "vllm:e2e_request_latency_seconds_count"):
+            server.wait_for(f"sum by (model_name) ({metric})",
+                            lambda found: {s["metric"]["model_name"]: float(s["value"][1]) for s in found} == {"gen": 6.0, "ver": 3.0})
         client = PrometheusClient(PrometheusSettings(server.url, window_s=600.0, max_age_s=600.0))
         said: list[str] = []
         loop, log = _loop(api, tmp_path, instance, prometheus, Clock(), said, client=client)
@@ -495,6 +508,10 @@ def test_the_loop_reads_a_real_prometheus_scraping_emulated_vllm_replicas(api, t
     rates = record["inputs"]["llm_rates_rps"]
     assert rates["gen"] > rates["ver"] > 0  # 6 against 3 finished requests over the same scrapes
     assert record["inputs"]["ready_replicas"] == {"gen": 1, "ver": 1}
+    [seen] = observed
+    latency = seen.llm_latency_s
+    assert latency is not None and sorted(latency) == ["gen", "ver"]
+    assert all(v is not None and math.isfinite(v) and v > 0 for v in latency.values()), latency
 
 
 @pytest.mark.skipif(not prometheus_server.available(), reason="the Debian package prometheus is not installed (.ci/run installs it)")

@@ -23,7 +23,15 @@ from support.prometheus_server import PrometheusServer
 
 from scepsy.control.act import ClusterState, RunningReplica
 from scepsy.control.observe import missing_llms, observation
-from scepsy.control.prometheus import Missing, PrometheusClient, PrometheusSettings, freshness_query, rate_query, read_llms
+from scepsy.control.prometheus import (
+    Missing,
+    PrometheusClient,
+    PrometheusSettings,
+    freshness_query,
+    llm_latency_query,
+    rate_query,
+    read_llms,
+)
 from scepsy.tracing.capture.proxy import ServerThread
 from scepsy.tracing.emulation.emulator import create_app, emulator_config
 
@@ -67,6 +75,10 @@ def test_real_prometheus_gives_per_llm_rates_of_emulated_vllm_replicas(tmp_path)
         totals = "sum by (model_name) (vllm:request_success_total)"
         server.wait_for(totals, lambda found: _total(found, "gen") == 6 and _total(found, "ver") == 2)
         server.wait_for("sum by (model_name) (sglang:num_requests_total)", lambda found: _total(found, "sgl") == 3)
+        # and their latency histograms, observed once per finished request
+        server.wait_for("sum by (model_name) (vllm:e2e_request_latency_seconds_count)",
+                        lambda found: (_total(found, "gen"), _total(found, "ver"), _total(found, "sgl")) == (6, 2, 3))
+        server.wait_for("sum by (model_name) (sglang:e2e_request_latency_seconds_count)", lambda found: _total(found, "sgl") == 3)
 
         # vLLM's label set arrived as vLLM writes it: model_name, engine, finished_reason
         series = server.query('vllm:request_success_total{model_name="gen"}')
@@ -84,10 +96,20 @@ def test_real_prometheus_gives_per_llm_rates_of_emulated_vllm_replicas(tmp_path)
         absent = samples.rates_rps["absent"]
         assert isinstance(absent, Missing) and absent.reason == "no series"
         assert recorded == []  # nothing retried
+        # each LLM's mean call latency over the window, from the engines' histograms
+        for llm in ("gen", "ver"):
+            latency = samples.latency_s[llm]
+            assert isinstance(latency, float) and math.isfinite(latency) and latency > 0, (llm, latency)
+        assert isinstance(samples.latency_s["absent"], Missing)
+        cluster = ClusterState((_running("gen", 0, True), _running("gen", 1, True), _running("ver", 0, True)), None)
+        seen = observation(1.0, ["gen", "ver", "absent"], samples, cluster)
+        assert seen.llm_latency_s == {"gen": samples.latency_s["gen"], "ver": samples.latency_s["ver"]}  # absent left out
 
         sglang = read_llms(PrometheusClient(PrometheusSettings(server.url, window_s=600.0, max_age_s=600.0, engine="sglang")), ["sgl", "gen"])
         sgl_rate = sglang.rates_rps["sgl"]
         assert isinstance(sgl_rate, float) and sgl_rate > 0 and sglang.waiting["sgl"] == 0.0
+        sgl_latency = sglang.latency_s["sgl"]
+        assert isinstance(sgl_latency, float) and math.isfinite(sgl_latency) and sgl_latency > 0
         assert isinstance(sglang.rates_rps["gen"], Missing)  # a vLLM engine has no SGLang series
 
         # the freshness query reads the newest sample's time from the real server
@@ -219,3 +241,34 @@ def test_a_garbled_answer_is_an_error_not_a_number(scripted, body):
     scripted.default = (200, body)
     answer = _client(scripted.url, []).query("up")
     assert answer.missing is not None and answer.missing.reason == "error" and answer.samples == ()
+
+
+def test_an_llm_whose_latency_is_nan_stale_or_absent_is_left_out_of_the_observation(scripted):
+    """NaN (no call finished in the window: 0/0), infinite, stale or no series: the LLM has no
+    latency in the observation (never 0), and the policy keeps its correction; where none has one,
+    `llm_latency_s` is None."""
+    settings = PrometheusSettings(scripted.url, max_age_s=60.0)
+    llms = ["gen", "ver", "emb", "rr", "old"]
+    scripted.answers[rate_query(settings)] = [(200, vector([(m, 1000.0, "1") for m in llms]))]
+    scripted.answers[freshness_query(settings)] = [(200, vector([(m, 1000.0, "999") for m in llms[:-1]] + [("old", 1000.0, "900")]))]
+    scripted.answers[llm_latency_query(settings)] = [(200, vector([("gen", 1000.0, "0.25"), ("ver", 1000.0, "NaN"),
+                                                                   ("emb", 1000.0, "+Inf"), ("old", 1000.0, "0.5")]))]
+    samples = read_llms(_client(scripted.url, [], max_age_s=60.0), llms)
+    assert samples.latency_s["gen"] == 0.25
+    reasons = {m: v.reason for m, v in samples.latency_s.items() if isinstance(v, Missing)}
+    assert reasons == {"ver": "nan", "emb": "nan", "rr": "no series", "old": "stale"}
+    cluster = ClusterState(tuple(_running(m, 0, True) for m in llms), None)
+    assert observation(5.0, llms, samples, cluster).llm_latency_s == {"gen": 0.25}
+
+    scripted.answers[llm_latency_query(settings)] = [(200, vector([("gen", 1000.0, "NaN")]))]
+    nothing = read_llms(_client(scripted.url, [], max_age_s=60.0), llms)
+    assert observation(6.0, llms, nothing, cluster).llm_latency_s is None
+
+
+def test_the_latency_query_divides_the_histograms_rates_through_the_selector():
+    vllm = PrometheusSettings("http://prometheus", window_s=60.0, selector='namespace="scepsy"')
+    assert llm_latency_query(vllm) == ('sum by (model_name) (rate(vllm:e2e_request_latency_seconds_sum{namespace="scepsy"}[60s]))'
+                                       ' / sum by (model_name) (rate(vllm:e2e_request_latency_seconds_count{namespace="scepsy"}[60s]))')
+    sglang = PrometheusSettings("http://prometheus", window_s=30.0, engine="sglang")
+    assert llm_latency_query(sglang) == ("sum by (model_name) (rate(sglang:e2e_request_latency_seconds_sum[30s]))"
+                                         " / sum by (model_name) (rate(sglang:e2e_request_latency_seconds_count[30s]))")

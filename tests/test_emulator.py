@@ -613,3 +613,37 @@ def test_personalities_differ_where_vllm_and_sglang_do():
         assert listed[0]["score"] >= listed[1]["score"]
     with pytest.raises(Exception, match="personality"):
         emulator_config("bge-reranker-base", "L4", fraction=0.1, personality="tgi")
+
+
+@pytest.mark.parametrize("personality", ["vllm", "sglang"])
+def test_the_latency_histogram_observes_each_request_answered_in_full(personality):
+    """`vllm:e2e_request_latency_seconds` (and with the SGLang personality
+    `sglang:e2e_request_latency_seconds`) under the engine's labels: one observation per request
+    answered in full, streamed or not; each the engine model's time for it (arrival to last token;
+    modelled seconds over the speedup, 10)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    speedup = 10.0
+    config = emulator_config("llama-3.2-1b", "H100", served_model_names=["gen"], speedup=speedup, personality=personality)
+    modelled = 0.0
+    with ServerThread(create_app(config)) as server:
+        for k in range(3):
+            body = {"model": "gen", "prompt": ids(40, 9000 + 100 * k), "max_tokens": 4, "stream": k == 2}
+            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60.0) as response:
+                assert response.status_code == 200
+                list(response.iter_lines())
+            modelled += config.engine.request_time_s(40, 4) / speedup
+        families = {f.name: f for f in text_string_to_metric_families(httpx.get(server.url + "/metrics").text)}
+    names = {"vllm": ("vllm:e2e_request_latency_seconds", {"model_name": "gen", "engine": "0"}),
+             "sglang": ("sglang:e2e_request_latency_seconds", {"model_name": "gen", "engine_type": "unified"})}
+    assert ("sglang:e2e_request_latency_seconds" in families) == (personality == "sglang")
+    for engine in ("vllm", personality):
+        name, labels = names[engine]
+        family = families[name]
+        assert family.type == "histogram"
+        samples = {(s.name.removeprefix(name), s.labels.get("le")): s.value for s in family.samples}
+        assert all({k: v for k, v in s.labels.items() if k != "le"} == labels for s in family.samples)
+        assert samples[("_count", None)] == 3 == samples[("_bucket", "+Inf")]
+        assert samples[("_sum", None)] == pytest.approx(modelled, rel=1e-3) and modelled > 0
+        cumulative = [v for (suffix, le), v in samples.items() if suffix == "_bucket"]
+        assert cumulative == sorted(cumulative)

@@ -10,6 +10,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,7 @@ class Emulator:
         self.started_s = int(time.time())
         self.requests_ok = 0
         self.finished: dict[str, int] = {}  # requests answered in full, by the finish reason of their first choice
+        self.latency = metrics.latency_histograms()  # their latencies, per engine's buckets
         self.registry = metrics.registry(self.snapshot)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -61,12 +63,20 @@ class Emulator:
         return metrics.Snapshot(
             config.names[0], config.personality, live.running, live.waiting, live.kv_usage, live.replica.preemptions,
             stats.prompt_tokens, stats.generation_tokens, stats.cached_tokens, dict(self.finished), stats.iterations,
-            live.busy_s, stats.aborted_sequences, stats.lag_s_max, stats.lag_s_mean, config.speedup)
+            live.busy_s, stats.aborted_sequences, stats.lag_s_max, stats.lag_s_mean, config.speedup, dict(self.latency))
 
-    def finish(self, reason: str) -> None:
-        """Count a request answered in full (vLLM's `vllm:request_success_total{finished_reason}`)."""
+    def finish(self, reason: str, sequences: Sequence[LiveSequence]) -> None:
+        """Count a request answered in full (vLLM's `vllm:request_success_total{finished_reason}`)
+        and observe its latency (the engines' `e2e_request_latency_seconds`): the engine model's,
+        from its sequences' arrival in the scheduler to their last token, in wall-clock seconds
+        (modelled seconds over `speedup`; the driver's lateness is the emulator's, not the engine's)."""
         self.requests_ok += 1
         self.finished[reason] = self.finished.get(reason, 0) + 1
+        requests = [s.request for s in sequences if s.request is not None]
+        ended = [r.finish_s for r in requests if r.finish_s is not None]
+        if requests and ended:
+            latency_s = max(max(ended) - min(r.arrival_s for r in requests), 0.0) / self.config.speedup
+            self.latency = {engine: histogram.observe(latency_s) for engine, histogram in self.latency.items()}
 
     @property
     def live(self) -> LiveReplica:
@@ -178,7 +188,7 @@ class Emulator:
             for choice in choices:
                 self.live.abort(choice.sequence)
             return Response(status_code=499)
-        self.finish(choices[0].finish_reason)
+        self.finish(choices[0].finish_reason, [c.sequence for c in choices])
         return JSONResponse(self._final(choices, header, chat))
 
     def _final(self, choices: list[Choice], header: dict, chat: bool) -> dict:
@@ -214,7 +224,7 @@ class Emulator:
             for sequence in sequences:
                 self.live.abort(sequence)
             raise Disconnected()
-        self.finish("stop")
+        self.finish("stop", sequences)
         return sequences
 
     async def embeddings(self, request: Request) -> Response:

@@ -10,14 +10,22 @@ engine); the gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
 `vllm:num_preemptions`, `vllm:prompt_tokens`, `vllm:generation_tokens`, `vllm:prefix_cache_hits`
 (prometheus_client adds `_total`) and `vllm:request_success` with the extra label
 `finished_reason`, one series per reason from the start (`FINISH_REASON_STRINGS` of
-`vllm/v1/engine/__init__.py`: stop, length, abort).
+`vllm/v1/engine/__init__.py`: stop, length, abort); the histogram
+`vllm:e2e_request_latency_seconds` (`_bucket` at vLLM's `request_latency_buckets`, `_sum`,
+`_count`), observed once per request answered in full, as vLLM observes each finished request.
 
 SGLang (`python/sglang/srt/metrics/collector.py` and the labels `tokenizer_manager.py` and
 `scheduler.py` give it), only with the `sglang` personality, as SGLang serves them
 only with `--enable-metrics`: the scheduler's gauges `sglang:num_running_reqs`,
 `sglang:num_queue_reqs`, `sglang:token_usage` (0..1) with the scheduler's labels `model_name`,
 `engine_type` ("unified" without disaggregation), `tp_rank`, `pp_rank`; the tokenizer manager's
-counter `sglang:num_requests_total` with `model_name`, `engine_type`.
+counter `sglang:num_requests_total` with `model_name`, `engine_type`, and beside it the tokenizer
+manager's histogram `sglang:e2e_request_latency_seconds` with the same labels (at SGLang's default
+`bucket_e2e_request_latency`).
+
+A request's latency is the engine model's: from its arrival in the scheduler to its last
+sequence's last token (what vLLM's and SGLang's `e2e_latency` measure), in seconds of the wall
+clock, which the client and Prometheus' rates share: with `speedup` s, the modelled latency over s.
 
 The emulator's own quantities are `scepsy_emulator_*`. Values are read from the live replica when
 Prometheus scrapes (a collector, not state kept twice).
@@ -29,8 +37,9 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 # vllm/v1/engine/__init__.py FINISH_REASON_STRINGS of the pinned release (later ones add more)
 VLLM_FINISH_REASONS = ("stop", "length", "abort")
@@ -38,6 +47,41 @@ VLLM_LABELS = ("model_name", "engine")
 SGLANG_SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank")
 SGLANG_TOKENIZER_LABELS = ("model_name", "engine_type")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Latency buckets (upper bounds, s): vLLM's `request_latency_buckets` (vllm/v1/metrics/loggers.py)
+# and SGLang's default `bucket_e2e_request_latency` (sglang/srt/metrics/collector.py)
+VLLM_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                        480.0, 960.0, 1920.0, 7680.0)
+SGLANG_LATENCY_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 100.0, 200.0,
+                          400.0, 600.0, 1200.0, 1800.0, 2400.0)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A latency histogram as Prometheus keeps one: per upper bound, the observations at most it
+    (cumulative, the `le` buckets), the count of all (`+Inf`, `_count`) and their sum (`_sum`)."""
+
+    bounds: tuple[float, ...]
+    at_most: tuple[int, ...] = ()
+    count: int = 0
+    sum_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.at_most:
+            object.__setattr__(self, "at_most", (0,) * len(self.bounds))
+
+    def observe(self, seconds: float) -> "Histogram":
+        """This histogram with one more observation."""
+        at_most = tuple(n + (seconds <= bound) for n, bound in zip(self.at_most, self.bounds))
+        return Histogram(self.bounds, at_most, self.count + 1, self.sum_s + seconds)
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """(`le`, cumulative count) pairs, `+Inf` last, as prometheus_client writes them."""
+        return [(floatToGoString(b), float(n)) for b, n in zip(self.bounds, self.at_most)] + [("+Inf", float(self.count))]
+
+
+def latency_histograms() -> dict[str, Histogram]:
+    """An empty latency histogram per engine personality, at that engine's buckets."""
+    return {"vllm": Histogram(VLLM_LATENCY_BUCKETS), "sglang": Histogram(SGLANG_LATENCY_BUCKETS)}
 
 
 @dataclass(frozen=True)
@@ -60,6 +104,7 @@ class Snapshot:
     lag_s_max: float
     lag_s_mean: float
     speedup: float
+    latency: Mapping[str, Histogram]  # per engine personality (latency_histograms): requests answered in full
 
     @property
     def requests(self) -> int:
@@ -86,6 +131,11 @@ class EmulatorCollector(Collector):
             family.add_metric(values, float(value))
             return family
 
+        def histogram(metric: str, text: str, value: Histogram, labels: tuple[str, ...] = VLLM_LABELS, values: list[str] = vllm) -> Metric:
+            family = HistogramMetricFamily(metric, text, labels=list(labels))
+            family.add_metric(values, value.buckets(), sum_value=value.sum_s)
+            return family
+
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", now.running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", now.waiting)
         yield gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use vllm:kv_cache_usage_perc instead.", now.kv_usage)
@@ -99,6 +149,7 @@ class EmulatorCollector(Collector):
         for reason in VLLM_FINISH_REASONS:
             success.add_metric([*vllm, reason], float(now.finished.get(reason, 0)))
         yield success
+        yield histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", now.latency["vllm"])
         if now.personality == "sglang":
             scheduler = [now.model_name, "unified", "0", "0"]
             yield gauge("sglang:num_running_reqs", "The number of running requests.", now.running, SGLANG_SCHEDULER_LABELS, scheduler)
@@ -106,6 +157,8 @@ class EmulatorCollector(Collector):
             yield gauge("sglang:token_usage", "The token usage.", now.kv_usage, SGLANG_SCHEDULER_LABELS, scheduler)
             yield counter("sglang:num_requests", "Number of requests processed.", now.requests,
                           SGLANG_TOKENIZER_LABELS, [now.model_name, "unified"])
+            yield histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+                            now.latency["sglang"], SGLANG_TOKENIZER_LABELS, [now.model_name, "unified"])
         yield counter("scepsy_emulator_iterations", "Engine iterations run.", now.iterations)
         yield counter("scepsy_emulator_busy_seconds", "Modelled seconds spent in iterations.", now.busy_s)
         yield counter("scepsy_emulator_aborted_sequences", "Sequences dropped because their client left.", now.aborted_sequences)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any, Callable
 
 from starlette.requests import Request
 
 from scepsy.tracing.emulation.generation import Choice, usage_counts
-from scepsy.tracing.emulation.livereplica import LiveReplica
+from scepsy.tracing.emulation.livereplica import LiveReplica, LiveSequence
 
 
 class Disconnected(Exception):
@@ -45,7 +46,7 @@ class EventStream:
     aborts its sequences in the engine.
     """
 
-    def __init__(self, live: LiveReplica, finish: Callable[[str], None], choices: list[Choice], notify: asyncio.Event,
+    def __init__(self, live: LiveReplica, finish: Callable[[str, Sequence[LiveSequence]], None], choices: list[Choice], notify: asyncio.Event,
                  header: dict, chat: bool, include_usage: bool):
         self.live, self.finish, self.choices, self.notify = live, finish, choices, notify
         self.header, self.chat, self.include_usage = header, chat, include_usage
@@ -93,7 +94,7 @@ class EventStream:
         if self.include_usage:
             tail += self._event([], usage=usage_counts(choices))
         await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n", "more_body": False})
-        self.finish(choices[0].finish_reason)
+        self.finish(choices[0].finish_reason, [c.sequence for c in choices])
 
     async def __call__(self, scope, receive, send) -> None:
         headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]

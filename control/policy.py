@@ -30,10 +30,10 @@ does no I/O and reads no clock. Each period:
 3. Decide. First, where a workflow's SLO is missed as users see it while its LLMs' backlog stands
    and grows, a plan with more share units (`_larger`), never keep. The planning rate of a scale-down is the highest up_w of the last `stabilization_s`
    (a scale-down is thus taken only when it was right for the whole window).
-   - no dark swap: a scale-up whose placement stops every running replica of an LLM while none of
-     its new replicas fits on the units free now (`_dark_llms`) is taken only where the running
-     plan overloads an LLM at the sustained rate; else the running plan drains the backlog. A
-     scale-down never leaves an LLM dark: it takes the stop-only step instead;
+   - no dark swap: a scale-up whose placement stops every running (or starting) replica of an LLM
+     while none of its new replicas fits on the units free now (`_dark_llms`) is taken only where
+     the running plan overloads an LLM at the sustained rate; else the running plan drains the
+     backlog. A scale-down never leaves an LLM dark: it takes the stop-only step instead;
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
      breaks a workflow's SLO (latency_slo_s * scale_up_at, default the SLO itself) or overloads an
      LLM, re-plan at once for up_w (as the HPA, whose scale-up stabilization is 0 s: the window's
@@ -71,7 +71,7 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from scepsy.control.forecast import PREDICTORS, Forecaster, ForecastState
 from scepsy.control.rates import workflow_rates
@@ -493,8 +493,9 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
                         last_scale_s=scaled, last_direction=turned, last_up_s=now if up_scale else state.last_up_s)
         return after, Decision(now, "replan", allocation, placement, reason, moved, bound, inputs)
 
-    def overloaded_at_sustained() -> bool:
-        """The running plan overloads an LLM at the sustained rate: its backlog would never drain."""
+    def dark_swap_pays() -> bool:
+        """A swap that leaves an LLM dark for a start-up is taken only where the running plan
+        overloads an LLM at the sustained rate: its backlog would never drain by itself."""
         latencies = _latencies(context, state.allocation, sustained)
         return latencies is None or not all(math.isfinite(v) for v in latencies.values())
 
@@ -503,6 +504,8 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         return {m: now - t for m, (t, d) in state.last_direction.items()
                 if d == -direction and now - t <= s.flap_window_s + 1e-9}
 
+    trigger = context.trigger_slos_s
+
     # 3. decide: where users see the SLO missed while the queue grows, a larger plan, never keep
     if pressing:
         larger = _larger(context, state.allocation, up)
@@ -510,8 +513,8 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         if larger is None or placed_larger is None:
             return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows, but no larger plan fits the cluster")
         inputs["slo_missed_queue_growing"] = pressing
-        dark = _dark_llms(context, state.placement, placed_larger, observation.ready_replicas)
-        if dark and not overloaded_at_sustained():
+        dark = _dark_llms(context, state.placement, placed_larger)
+        if dark and not dark_swap_pays():
             inputs["dark_llms"] = dark
             return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows; the larger plan leaves "
                         f"{', '.join(dark)} without a serving replica for a start-up, and the plan that runs carries the "
@@ -519,7 +522,6 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         return adopt(larger, placed_larger, f"scale up: the SLO of {', '.join(pressing)} is missed and the queue grows", True)
 
     # scale up at once, for the forecast, when the running plan breaks an SLO there
-    trigger = context.trigger_slos_s
     breaks = not _meets(current, trigger)
     target = _choose(context, state.allocation, up) if breaks else None
     # a plan that frees share units is a scale-down, whatever triggered it: its rules below apply
@@ -537,8 +539,8 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         placement = context.replanner.place(target, state.placement)
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
-        dark = _dark_llms(context, state.placement, placement, observation.ready_replicas)
-        if dark and not overloaded_at_sustained():
+        dark = _dark_llms(context, state.placement, placement)
+        if dark and not dark_swap_pays():
             inputs["dark_llms"] = dark
             return keep(f"the forecast breaks the SLO, but the better plan leaves {', '.join(dark)} without a serving "
                         "replica for a start-up while the plan that runs carries the sustained rate")
@@ -548,7 +550,12 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     # scale down: never while a backlog stands; only a cheaper plan that holds beyond the hysteresis over a full window
     if standing:
         return keep(f"a backlog stands on {', '.join(standing)}: no scale-down")
-    target = _choose(context, state.allocation, _scaled(window, 1 + s.hysteresis), alternative=state.allocation)
+    def lit(candidate: Allocation) -> bool:
+        """A scale-down target that leaves no LLM dark (or shares the running shapes: stops only)."""
+        placed_candidate = context.replanner.place(candidate, state.placement)
+        return placed_candidate is None or not _dark_llms(context, state.placement, placed_candidate)
+
+    target = _choose(context, state.allocation, _scaled(window, 1 + s.hysteresis), alternative=state.allocation, acceptable=lit)
     if target is None or target.units >= state.allocation.units:
         return keep("the plan that runs meets the forecast; no cheaper plan holds beyond the hysteresis")
     if now - since < s.stabilization_s - 1e-9:
@@ -563,7 +570,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
             names = ", ".join(f"{m} ({hold[m]:g} s ago)" for m in sorted(hold))
             return keep(f"a cheaper plan holds, but it scales down {names}, scaled up within {s.flap_window_s:g} s (flap guard)")
     placed = context.replanner.place(target, state.placement)
-    dark = [] if placed is None else _dark_llms(context, state.placement, placed, observation.ready_replicas)
+    dark = [] if placed is None else _dark_llms(context, state.placement, placed)
     if placed is not None and moves(state.placement, placed) <= s.max_moves_per_period and not dark:
         return adopt(target, placed, "scale down: a cheaper plan holds over the stabilization window", False)
     if dark:
@@ -579,12 +586,11 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     return adopt(allocation, placement, f"scale down in steps: the cheaper plan {why}; replicas stopped only", False)
 
 
-def _dark_llms(context: PolicyContext, running: Placement, target: Placement,
-               ready: Mapping[str, int] | None = None) -> list[str]:
+def _dark_llms(context: PolicyContext, running: Placement, target: Placement) -> list[str]:
     """The LLMs the move from `running` to `target` leaves with no replica serving for a start-up:
     every running replica of theirs stops and none of their new replicas fits on the units free
-    now, so the successor waits for its predecessor's GPUs (the staged swap on a full cluster).
-    An LLM with no ready replica (`ready`, where given) has none to lose."""
+    now, so the successor waits for its predecessor's GPUs (the staged swap on a full cluster). A
+    replica still starting counts as running: stopping it starts its start-up over."""
     cluster = context.instance.cluster
     free = {(node.name, gpu): cluster.free_units(node.name, gpu) for node in cluster.nodes for gpu in range(node.gpus)}
     for replica in running.replicas:
@@ -594,8 +600,6 @@ def _dark_llms(context: PolicyContext, running: Placement, target: Placement,
     after = Counter(_placed(r) for r in target.replicas)
     dark = []
     for llm in sorted({r.llm for r in running.replicas}):
-        if ready is not None and ready.get(llm, 0) == 0:
-            continue
         kept = sum(min(n, after[k]) for k, n in before.items() if k[0] == llm)
         new = [k for k in (after - before).elements() if k[0] == llm]
         fits = any(all(free.get((k[1], gpu), 0) >= units for gpu, units in k[2]) for k in new)
@@ -609,7 +613,8 @@ def _placed(replica: ReplicaPlacement) -> tuple:
 
 
 def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, float],
-            alternative: Allocation | None = None) -> Allocation | None:
+            alternative: Allocation | None = None,
+            acceptable: Callable[[Allocation], bool] | None = None) -> Allocation | None:
     """The plan for `rates`: the running shapes with other replica counts (starts and stops only),
     unless re-shaping some LLMs to the fresh plan's shapes pays for its relocations: the share
     units it saves over one stabilization window exceed the units of the re-shaped replicas held
@@ -617,7 +622,9 @@ def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, flo
     is tried (the others keep their running shapes, all with the fewest replicas that meet the
     planning SLOs: control/replan.py), and the one that pays most is taken, so one LLM can shrink
     without relocating the others. Savings are counted against the cheaper of the kept plan and
-    `alternative` (for a scale-down: the plan that runs, which is what keeping means)."""
+    `alternative` (for a scale-down: the plan that runs, which is what keeping means). With
+    `acceptable`, the re-shapes it refuses are passed over for the next that pays (a scale-down
+    re-shapes only the LLMs whose successors can start beside their predecessors)."""
     s = context.settings
     kept = context.replanner.same_shapes(running, rates)
     fresh = context.replanner.allocation(rates)
@@ -626,7 +633,7 @@ def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, flo
     baseline = kept.units if alternative is None else min(kept.units, alternative.units)
     shapes = {c.llm: c.shape for c in running.llms}
     reshapeable = [c for c in fresh.llms if shapes.get(c.llm) != c.shape]
-    best, best_gain = kept, 0.0
+    paying: list[tuple[float, int, Allocation]] = []
     for size in range(1, len(reshapeable) + 1):
         for subset in itertools.combinations(reshapeable, size):
             candidate = fresh if size == len(reshapeable) else context.replanner.same_shapes(_with_shapes(running, subset), rates)
@@ -634,9 +641,12 @@ def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, flo
                 continue
             reshaped = sum(c.units for c in candidate.llms if shapes.get(c.llm) != c.shape)
             gain = (baseline - candidate.units) * s.stabilization_s - reshaped * s.startup_s
-            if gain > best_gain:
-                best, best_gain = candidate, gain
-    return best
+            if gain > 0:
+                paying.append((gain, len(paying), candidate))
+    for _, _, candidate in sorted(paying, key=lambda item: (-item[0], item[1])):  # the most paying first, ties in trial order
+        if acceptable is None or acceptable(candidate):
+            return candidate
+    return kept
 
 
 def _with_shapes(running: Allocation, choices: tuple[LlmAllocation, ...]) -> Allocation:

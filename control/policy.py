@@ -467,7 +467,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     inputs["forecast_rps"] = {w: round(v, 6) for w, v in sustained.items()}
     inputs["burst_margin_rps"] = {w: round(v, 6) for w, v in margin.items()}
     inputs["backlog_rps"] = {w: round(v, 6) for w, v in backlog.items()}
-    inputs["llm_latency_s"] = {m: round(float(v), 6) for m, v in sorted((observation.llm_latency_s or {}).items()) if _good(v)}
+    inputs["llm_latency_s"] = {m: round(v, 6) for m, v in sorted((observation.llm_latency_s or {}).items()) if v is not None and _good(v)}
     inputs["latency_correction"] = {m: round(v, 6) for m, v in sorted(scales.items())}
     inputs["planning_rate_rps"] = {w: round(v, 6) for w, v in window.items()}
     state = replace(state, forecasts=forecasts, recent=recent, observed_since_s=since, last_time_s=now, history=history,

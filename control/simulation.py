@@ -98,6 +98,7 @@ class Sample:
     starting: Mapping[str, int]  # per LLM
     gpus: float  # GPUs held (starting, serving and draining replicas)
     latency_s: Mapping[str, float]  # per workflow: mean latency of the requests that arrived in the period
+    serving: Mapping[str, int] = field(default_factory=dict)  # per LLM: replicas taking requests (ready, or leaving and not drained)
 
 
 @dataclass(frozen=True)
@@ -296,6 +297,10 @@ class _Fleet:
 
     def ready(self, llm: str) -> int:
         return sum(1 for r in self.live() if r.llm == llm and r.sim is not None)
+
+    def serving(self, llm: str) -> int:
+        """Replicas whose engine takes requests now: ready, or asked to stop and not drained yet."""
+        return sum(1 for r in self.replicas if r.llm == llm and r.stopped_s is None and r.sim is not None and r.sim.accepting)
 
     def starting(self, llm: str) -> int:
         """Replicas asked for and not serving yet: starting, or waiting for their GPUs."""
@@ -543,7 +548,7 @@ class _System:
             ready, starting = self.ready(), self.starting()
             self.step(now, reading, ready, starting)
             recorder.timeline.append(Sample(now, arrived, ready, starting, self.gpus_held(),
-                                            _period_latency(recorder, now - period, now)))
+                                            _period_latency(recorder, now - period, now), self.serving()))
 
     def attach(self, env: simpy.Environment, cluster: SimCluster) -> None:
         raise NotImplementedError
@@ -553,6 +558,10 @@ class _System:
 
     def ready(self) -> dict[str, int]:
         raise NotImplementedError
+
+    def serving(self) -> dict[str, int]:
+        """Per LLM, the replicas taking requests (the ready ones, where none leaves while serving)."""
+        return self.ready()
 
     def starting(self) -> dict[str, int]:
         raise NotImplementedError
@@ -582,6 +591,9 @@ class _PlanSystem(_System):
 
     def ready(self) -> dict[str, int]:
         return {m.name: self.fleet.ready(m.name) for m in self.run.instance.llms}
+
+    def serving(self) -> dict[str, int]:
+        return {m.name: self.fleet.serving(m.name) for m in self.run.instance.llms}
 
     def starting(self) -> dict[str, int]:
         return {m.name: self.fleet.starting(m.name) for m in self.run.instance.llms}

@@ -170,27 +170,7 @@ def test_cpsat_equals_exhaustive_search(seed):
     assert validate_placement(cluster, allocation, result.placement) == []
 
 
-@pytest.mark.parametrize("seed", range(60))
-def test_replanning_equals_exhaustive_search(seed):
-    cluster, allocation = tiny_case(seed)
-    current = random_current(seed, cluster, allocation)
-    best = exhaustive_best(cluster, allocation, current)
-    if best is None:
-        with pytest.raises(PlacementInfeasibleError):
-            place(cluster, allocation, EXACT, current)
-        return
-    result = place(cluster, allocation, EXACT, current)
-    assert result.info.status == "optimal"
-    assert result.info.objective.key() == best
-    assert validate_placement(cluster, allocation, result.placement) == []
-
-
-@pytest.mark.parametrize("seed", range(60))
-def test_replanning_after_a_reshape_equals_exhaustive_search(seed):
-    """Every LLM changes shape: nothing stays, and the fewest occupied units (new replicas' units
-    past what is free now) decide before the fragmentation stages."""
-    cluster, allocation = tiny_case(seed)
-    current = reshaped_current(seed, cluster, allocation)
+def _replanning_matches_exhaustive_search(cluster, allocation, current) -> None:
     best = exhaustive_best(cluster, allocation, current)
     if best is None:
         with pytest.raises(PlacementInfeasibleError):
@@ -201,6 +181,20 @@ def test_replanning_after_a_reshape_equals_exhaustive_search(seed):
     assert result.info.objective.key() == best
     assert result.info.objective == evaluate(cluster, allocation, result.placement, current)
     assert validate_placement(cluster, allocation, result.placement) == []
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_replanning_equals_exhaustive_search(seed):
+    cluster, allocation = tiny_case(seed)
+    _replanning_matches_exhaustive_search(cluster, allocation, random_current(seed, cluster, allocation))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_replanning_after_a_reshape_equals_exhaustive_search(seed):
+    """Every LLM changes shape: nothing stays, and the fewest occupied units (new replicas' units
+    past what is free now) decide before the fragmentation stages."""
+    cluster, allocation = tiny_case(seed)
+    _replanning_matches_exhaustive_search(cluster, allocation, reshaped_current(seed, cluster, allocation))
 
 
 def test_tiny_cases_cover_infeasible_and_replanning_moves():

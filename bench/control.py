@@ -44,13 +44,13 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from scepsy.control.policy import ControllerState, ControlSettings, Observation, PolicyContext, decide, make_context
+from scepsy.control.policy import (ControllerState, ControlSettings, Observation, PolicyContext, decide, make_context,
+                                   meets_planning_slos)
 from scepsy.control.report import control_document, control_table
 from scepsy.control.simulation import (SHAPES, ClosedLoopSettings, opening_plan, peak_rates, rate_bins, run_systems,
                                       shaped_arrivals, trace_arrivals)
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance, load_instance
-from scepsy.models.performance.alp import predict
 from scepsy.planner.allocation.planning import make_plan
 from scepsy.planner.allocation.search import PlanSettings
 
@@ -204,11 +204,7 @@ def maximum_scale(instance: Instance, context: PolicyContext) -> float:
 def _meets_slos(instance: Instance, context: PolicyContext, scale: float) -> bool:
     rates = {w.name: w.arrival_rate * scale for w in instance.workflows}
     allocation = context.replanner.allocation(rates)
-    if allocation is None:
-        return False
-    prediction = predict(instance.with_arrival_rates(rates), allocation)
-    return not any(p.overloaded for p in prediction.llms) and all(
-        prediction.workflow(w).latency_s <= slo for w, slo in context.planning_slos_s.items())
+    return allocation is not None and meets_planning_slos(context, allocation, rates)
 
 
 def scenario_arrivals(instance: Instance, context: PolicyContext, shape: str, peak: float, start_min: float, minutes: float,

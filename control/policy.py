@@ -75,11 +75,12 @@ from typing import Any, Callable, Mapping
 
 from scepsy.control.forecast import PREDICTORS, Forecaster, ForecastState
 from scepsy.control.rates import workflow_rates
-from scepsy.control.replan import Replanner, moves, moves_lower_bound, without_replicas
+from scepsy.control.replan import Replanner, moves, moves_lower_bound, replica_key, without_replicas
 from scepsy.models.errors import InputError
-from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement
 from scepsy.models.instance.instance import Instance
 from scepsy.models.performance.alp import AllocationError, predict
+from scepsy.placement.current import free_now
 
 ACTIONS = ("keep", "replan", "hold")
 VARIABILITY_WEIGHT = 0.2  # the burst variability's exponential weight on the newest period: about 5 periods of memory
@@ -398,6 +399,11 @@ def _meets(latencies: Mapping[str, float] | None, slos: Mapping[str, float]) -> 
     return latencies is not None and all(latencies[w] <= slo * (1 + 1e-9) for w, slo in slos.items())
 
 
+def meets_planning_slos(context: PolicyContext, allocation: Allocation, rates: Mapping[str, float]) -> bool:
+    """The allocation is predicted to meet every workflow's planning SLO at `rates`, no LLM overloaded."""
+    return _meets(_latencies(context, allocation, rates), context.planning_slos_s)
+
+
 def _scaled(rates: Mapping[str, float], factor: float) -> dict[str, float]:
     return {w: r * factor for w, r in rates.items()}
 
@@ -592,24 +598,21 @@ def _dark_llms(context: PolicyContext, running: Placement, target: Placement) ->
     now, so the successor waits for its predecessor's GPUs (the staged swap on a full cluster). A
     replica still starting counts as running: stopping it starts its start-up over."""
     cluster = context.instance.cluster
-    free = {(node.name, gpu): cluster.free_units(node.name, gpu) for node in cluster.nodes for gpu in range(node.gpus)}
-    for replica in running.replicas:
-        for shard in replica.shards:
-            free[(replica.node, shard.gpu)] = free.get((replica.node, shard.gpu), 0) - shard.units
-    before = Counter(_placed(r) for r in running.replicas)
-    after = Counter(_placed(r) for r in target.replicas)
+    held_free = free_now(cluster, running)  # GPUs the running replicas hold units on; the others are free
+
+    def free(node: str, gpu: int) -> int:
+        return held_free.get((node, gpu), cluster.free_units(node, gpu))
+
+    before = Counter(replica_key(r) for r in running.replicas)
+    after = Counter(replica_key(r) for r in target.replicas)
     dark = []
     for llm in sorted({r.llm for r in running.replicas}):
         kept = sum(min(n, after[k]) for k, n in before.items() if k[0] == llm)
         new = [k for k in (after - before).elements() if k[0] == llm]
-        fits = any(all(free.get((k[1], gpu), 0) >= units for gpu, units in k[2]) for k in new)
+        fits = any(all(free(k[1], gpu) >= units for gpu, units in k[2]) for k in new)
         if kept == 0 and new and not fits:
             dark.append(llm)
     return dark
-
-
-def _placed(replica: ReplicaPlacement) -> tuple:
-    return (replica.llm, replica.node, tuple(sorted((s.gpu, s.units) for s in replica.shards)))
 
 
 def _choose(context: PolicyContext, running: Allocation, rates: Mapping[str, float],

@@ -239,12 +239,16 @@ def gauge_query(settings: PrometheusSettings, metric: str, how: str = "sum") -> 
     return f"{how} by ({LLM_LABEL}) ({metric}{_matchers(settings.selector)})"
 
 
-def llm_latency_query(settings: PrometheusSettings) -> str:
-    """Mean latency of the calls each LLM's engines finished in the window: NaN where none finished (0/0)."""
-    histogram = METRICS[settings.engine].request_latency
+def _mean_query(settings: PrometheusSettings, histogram: str, label: str) -> str:
+    """The mean of a histogram's observations in the window, per `label`: NaN where there was none (0/0)."""
     matchers, window = _matchers(settings.selector), _window(settings.window_s)
-    return (f"sum by ({LLM_LABEL}) (rate({histogram}_sum{matchers}[{window}]))"
-            f" / sum by ({LLM_LABEL}) (rate({histogram}_count{matchers}[{window}]))")
+    return (f"sum by ({label}) (rate({histogram}_sum{matchers}[{window}]))"
+            f" / sum by ({label}) (rate({histogram}_count{matchers}[{window}]))")
+
+
+def llm_latency_query(settings: PrometheusSettings) -> str:
+    """Mean latency of the calls each LLM's engines finished in the window."""
+    return _mean_query(settings, METRICS[settings.engine].request_latency, LLM_LABEL)
 
 
 @dataclass(frozen=True)
@@ -270,19 +274,19 @@ class LlmSamples:
         return [f"{llm}: {value.text()}" for llm, value in sorted(self.rates_rps.items()) if isinstance(value, Missing)]
 
 
-def _per_llm(answer: Answer, llms: list[str], label: str = LLM_LABEL) -> dict[str, float | Missing]:
+def _per_name(answer: Answer, names: list[str], label: str = LLM_LABEL) -> dict[str, float | Missing]:
     """Each name's value in the answer (grouped by `label`), or why there is none."""
     out: dict[str, float | Missing] = {}
     values = answer.by(label)
-    for llm in llms:
+    for name in names:
         if answer.missing is not None and answer.missing.reason != "no series":
-            out[llm] = answer.missing
-        elif llm not in values:
-            out[llm] = Missing("no series", f"no {llm} series in {answer.query}")
-        elif not math.isfinite(values[llm]):
-            out[llm] = Missing("nan", f"{llm}: {values[llm]} from {answer.query}")
+            out[name] = answer.missing
+        elif name not in values:
+            out[name] = Missing("no series", f"no {name} series in {answer.query}")
+        elif not math.isfinite(values[name]):
+            out[name] = Missing("nan", f"{name}: {values[name]} from {answer.query}")
         else:
-            out[llm] = values[llm]
+            out[name] = values[name]
     return out
 
 
@@ -310,16 +314,17 @@ def read_llms(client: PrometheusClient, llms: list[str]) -> LlmSamples:
         return rates if down else client.query(promql)
 
     fresh = ask(freshness_query(settings))
-    rates_rps = _per_llm(rates, llms)
+    rates_rps = _per_name(rates, llms)
     now = next((s.time_s for s in rates.samples), None)
-    _stale(rates_rps, _per_llm(fresh, llms), now, settings.max_age_s)
+    ages = _per_name(fresh, llms)
+    _stale(rates_rps, ages, now, settings.max_age_s)
     waiting = ask(gauge_query(settings, names.waiting))
     running = ask(gauge_query(settings, names.running))
     kv = ask(gauge_query(settings, names.kv_cache_usage, "max"))
     latency = ask(llm_latency_query(settings))
-    latency_s = _per_llm(latency, llms)
-    _stale(latency_s, _per_llm(fresh, llms), now, settings.max_age_s)
-    return LlmSamples(now, rates_rps, _per_llm(waiting, llms), _per_llm(running, llms), _per_llm(kv, llms),
+    latency_s = _per_name(latency, llms)
+    _stale(latency_s, ages, now, settings.max_age_s)
+    return LlmSamples(now, rates_rps, _per_name(waiting, llms), _per_name(running, llms), _per_name(kv, llms),
                       (rates, fresh, waiting, running, kv, latency), latency_s)
 
 
@@ -336,10 +341,8 @@ def workflow_freshness_query(settings: PrometheusSettings) -> str:
 
 
 def workflow_latency_query(settings: PrometheusSettings) -> str:
-    """Mean latency of the workflow requests finished in the window: NaN where none finished (0/0)."""
-    matchers, window = _matchers(settings.selector), _window(settings.window_s)
-    return (f"sum by ({WORKFLOW_LABEL}) (rate({DURATION_METRIC}_sum{matchers}[{window}]))"
-            f" / sum by ({WORKFLOW_LABEL}) (rate({DURATION_METRIC}_count{matchers}[{window}]))")
+    """Mean latency of the workflow requests finished in the window."""
+    return _mean_query(settings, DURATION_METRIC, WORKFLOW_LABEL)
 
 
 @dataclass(frozen=True)
@@ -364,12 +367,12 @@ def read_workflows(client: PrometheusClient, workflows: list[str], down: Missing
     settings = client.settings
     if down is not None:
         answer = Answer(workflow_rate_query(settings), missing=down)
-        return WorkflowSamples(_per_llm(answer, workflows, WORKFLOW_LABEL), _per_llm(answer, workflows, WORKFLOW_LABEL), (answer,))
+        return WorkflowSamples(_per_name(answer, workflows, WORKFLOW_LABEL), _per_name(answer, workflows, WORKFLOW_LABEL), (answer,))
     rates = client.query(workflow_rate_query(settings))
     if rates.missing is not None:  # the entry's counter is not there: its latency is not either
-        return WorkflowSamples(_per_llm(rates, workflows, WORKFLOW_LABEL), _per_llm(rates, workflows, WORKFLOW_LABEL), (rates,))
+        return WorkflowSamples(_per_name(rates, workflows, WORKFLOW_LABEL), _per_name(rates, workflows, WORKFLOW_LABEL), (rates,))
     fresh = client.query(workflow_freshness_query(settings))
     latency = client.query(workflow_latency_query(settings))
-    rates_rps = _per_llm(rates, workflows, WORKFLOW_LABEL)
-    _stale(rates_rps, _per_llm(fresh, workflows, WORKFLOW_LABEL), next((s.time_s for s in rates.samples), None), settings.max_age_s)
-    return WorkflowSamples(rates_rps, _per_llm(latency, workflows, WORKFLOW_LABEL), (rates, fresh, latency))
+    rates_rps = _per_name(rates, workflows, WORKFLOW_LABEL)
+    _stale(rates_rps, _per_name(fresh, workflows, WORKFLOW_LABEL), next((s.time_s for s in rates.samples), None), settings.max_age_s)
+    return WorkflowSamples(rates_rps, _per_name(latency, workflows, WORKFLOW_LABEL), (rates, fresh, latency))

@@ -60,8 +60,7 @@ class Replanner:
         return {w.name: _grid_value(self._step(rates_rps.get(w.name, 0.0)), self.rate_step) for w in self.instance.workflows}
 
     def _step(self, rate: float) -> int:
-        rate = max(rate, RATE_FLOOR_RPS)
-        return math.ceil(math.log(rate / RATE_FLOOR_RPS) / math.log1p(self.rate_step) - 1e-9)
+        return _steps_up(max(rate, RATE_FLOOR_RPS) / RATE_FLOOR_RPS, self.rate_step)
 
     def allocation(self, rates_rps: Mapping[str, float]) -> Allocation | None:
         key = tuple(self._step(rates_rps.get(w.name, 0.0)) for w in self.instance.workflows)
@@ -95,7 +94,7 @@ class Replanner:
         out = {}
         for llm, scale in sorted(scales.items()):
             if scale > 1 + 1e-9:
-                out[llm] = (1 + self.rate_step) ** math.ceil(math.log(scale) / math.log1p(self.rate_step) - 1e-9)
+                out[llm] = (1 + self.rate_step) ** _steps_up(scale, self.rate_step)
         return out
 
     def corrected(self, scales: Mapping[str, float]) -> "Replanner":
@@ -127,6 +126,11 @@ def cheapest_objective(instance: Instance) -> str:
     return "min_units" if instance.cluster.fractions_per_gpu > 1 else "min_gpus"
 
 
+def _steps_up(ratio: float, rate_step: float) -> int:
+    """The fewest steps of the geometric grid (factor 1 + rate_step) that reach `ratio` (>= 1)."""
+    return math.ceil(math.log(ratio) / math.log1p(rate_step) - 1e-9)
+
+
 def _grid_value(step: int, rate_step: float) -> float:
     return RATE_FLOOR_RPS * (1 + rate_step) ** step
 
@@ -136,14 +140,16 @@ def _without_slos(instance: Instance) -> Instance:
     return replace(instance, workflows=workflows)
 
 
-def _key(replica: ReplicaPlacement) -> tuple:
+def replica_key(replica: ReplicaPlacement) -> tuple:
+    """Where a replica runs, whatever its index: (llm, node, ((gpu, units), ...)); two replicas
+    with one key are interchangeable."""
     return (replica.llm, replica.node, tuple(sorted((s.gpu, s.units) for s in replica.shards)))
 
 
 def moves(old: Placement, new: Placement) -> int:
     """Replicas started, stopped or relocated between two placements (module docstring)."""
-    before = Counter(_key(r) for r in old.replicas)
-    after = Counter(_key(r) for r in new.replicas)
+    before = Counter(replica_key(r) for r in old.replicas)
+    after = Counter(replica_key(r) for r in new.replicas)
     starts = Counter(k[0] for k in (after - before).elements())
     stops = Counter(k[0] for k in (before - after).elements())
     return sum(max(starts[m], stops[m]) for m in set(starts) | set(stops))

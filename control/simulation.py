@@ -57,7 +57,7 @@ import numpy as np
 import simpy
 
 from scepsy.control.policy import ControlSettings, ControllerState, Decision, Observation, PolicyContext, decide, make_context
-from scepsy.control.replan import moves, moves_lower_bound
+from scepsy.control.replan import moves, moves_lower_bound, replica_key
 from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
 from scepsy.models.instance.instance import Instance
@@ -258,10 +258,6 @@ class _Replica:
         return self.held_s is not None and self.stopped_s is None
 
 
-def _key(replica: ReplicaPlacement) -> tuple:
-    return (replica.llm, replica.node, tuple(sorted((s.gpu, s.units) for s in replica.shards)))
-
-
 class _Fleet:
     """The replicas of a plan-driven system on the cluster's GPUs, and the actuation of a target
     plan (module docstring: a replica takes its GPUs only where they are free)."""
@@ -286,7 +282,7 @@ class _Fleet:
         for llm, router in cluster.routers.items():
             placed = sorted((r for r in self.initial.replicas if r.llm == llm), key=lambda r: r.replica)
             for rp, sim in zip(placed, router.replicas):
-                self.replicas.append(_Replica(llm, _key(rp), self._gpus(rp), 0.0, 0.0, sim))
+                self.replicas.append(_Replica(llm, replica_key(rp), self._gpus(rp), 0.0, 0.0, sim))
         self._note_held()
 
     def _gpus(self, rp: ReplicaPlacement) -> float:
@@ -331,7 +327,7 @@ class _Fleet:
         now = self.env.now
         wanted: dict[tuple, list[ReplicaPlacement]] = defaultdict(list)
         for rp in placement.replicas:
-            wanted[_key(rp)].append(rp)
+            wanted[replica_key(rp)].append(rp)
         have: dict[tuple, list[_Replica]] = defaultdict(list)
         for r in self.live():
             have[r.key].append(r)

@@ -38,9 +38,7 @@ def evaluate(cluster: Cluster, allocation: Allocation, placement: Placement, cur
     if current is None:
         return PlacementObjective(free_domains, free_gpus, shared)
     matched = _kept_spots(cluster, allocation, placement, current)
-    kept: dict[str, int] = {}
-    for (llm, _, _), count in matched.items():
-        kept[llm] = kept.get(llm, 0) + count
+    kept = _per_llm(matched)
     tp = {c.llm: c.tp for c in allocation.llms}
     movable = movable_replicas(cluster, allocation, current)
     moved = sum(tp[m] * (movable[m] - kept.get(m, 0)) for m in movable)
@@ -50,8 +48,12 @@ def evaluate(cluster: Cluster, allocation: Allocation, placement: Placement, cur
 
 def kept_replicas(cluster: Cluster, allocation: Allocation, placement: Placement, current: Placement) -> dict[str, int]:
     """Per LLM, how many keep candidates the placement keeps (each new replica keeps at most one)."""
+    return _per_llm(_kept_spots(cluster, allocation, placement, current))
+
+
+def _per_llm(matched: dict[tuple[str, str, tuple[int, ...]], int]) -> dict[str, int]:
     kept: dict[str, int] = {}
-    for (llm, _, _), count in _kept_spots(cluster, allocation, placement, current).items():
+    for (llm, _, _), count in matched.items():
         kept[llm] = kept.get(llm, 0) + count
     return kept
 

@@ -407,13 +407,13 @@ def test_entry_metrics_count_workflow_requests_at_arrival_also_while_held(engine
 
 def test_entry_metrics_bound_the_workflow_names():
     from scepsy.tracing.capture.entry_metrics import MAX_WORKFLOW_LABELS, OTHER_WORKFLOW, EntryMetrics
-    from scepsy.tracing.capture.proxy import WorkflowStarts
+    from scepsy.tracing.capture.proxy import MAX_TRACKED_WORKFLOWS
 
-    metrics = EntryMetrics(WorkflowStarts(), done_s=1.0)
+    metrics = EntryMetrics(MAX_TRACKED_WORKFLOWS, done_s=1.0)
     for k in range(MAX_WORKFLOW_LABELS + 5):
-        metrics.call_started(f"id{k}", f"name{k}", 100.0)
+        metrics.call_started(f"id{k}", f"name{k}", 100.0, new=True)
         metrics.call_ended(f"id{k}", 101.0)
-    metrics.call_started("unnamed", None, 100.0)
+    metrics.call_started("unnamed", None, 100.0, new=True)
     metrics.call_ended("unnamed", 100.5)
     text = metrics.exposition(102.5)[0].decode()
     assert f'scepsy_entry_requests_total{{workflow="{OTHER_WORKFLOW}"}} 6.0' in text  # 5 past the bound + the unnamed one

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -36,16 +35,6 @@ OTHER_WORKFLOW = "(other)"
 DURATION_BUCKETS_S = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 3600.0)
 REQUESTS_METRIC = "scepsy_entry_requests_total"
 DURATION_METRIC = "scepsy_entry_request_duration_seconds"
-
-
-class Seen(Protocol):
-    """The workflow request ids seen lately, with their starts (proxy.WorkflowStarts)."""
-
-    limit: int
-
-    def __contains__(self, workflow_id: str) -> bool: ...
-
-    def start_of(self, workflow_id: str, now_s: float) -> float: ...
 
 
 @dataclass
@@ -62,15 +51,14 @@ class EntryMetrics:
     """The two metrics of the module docstring, in a registry of their own (a process may run
     several proxies: tests, benchmarks). Not thread-safe: the proxy calls it from its event loop."""
 
-    def __init__(self, seen: Seen, done_s: float = WORKFLOW_DONE_S):
+    def __init__(self, limit: int, done_s: float = WORKFLOW_DONE_S):
         self.done_s = done_s
-        self.limit = seen.limit
+        self.limit = limit  # open workflow requests kept at most (the proxy's ids remembered)
         self.registry = CollectorRegistry(auto_describe=True)
         self.arrivals = Counter(REQUESTS_METRIC.removesuffix("_total"), "Workflow requests arrived at the entry (their first call)",
                                 ["workflow"], registry=self.registry)
         self.durations = Histogram(DURATION_METRIC, "Finished workflow requests: first call's arrival to the last call's end",
                                    ["workflow"], buckets=DURATION_BUCKETS_S, registry=self.registry)
-        self._seen = seen  # ids seen: a later call of one is no new arrival
         self._open: dict[str, _Open] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()  # open ids with no call in flight, oldest end first
         self._labels: set[str] = set()
@@ -82,12 +70,11 @@ class EntryMetrics:
         self._labels.add(name)
         return name
 
-    def call_started(self, workflow_id: str | None, workflow: str | None, now_s: float) -> None:
-        """A traced call arrived (before any hold)."""
+    def call_started(self, workflow_id: str | None, workflow: str | None, start_s: float, new: bool) -> None:
+        """A traced call arrived (before any hold): of the workflow request that started at
+        `start_s`, its first call where `new` (the proxy's WorkflowStarts did not know the id)."""
         if workflow_id is None:
             return
-        new = workflow_id not in self._seen
-        start_s = self._seen.start_of(workflow_id, now_s)
         if new:
             label = self._label(workflow)
             self.arrivals.labels(workflow=label).inc()

@@ -366,7 +366,7 @@ class ProxyEndpoint:
         self.session: aiohttp.ClientSession | None = None
         self.starts = WorkflowStarts()
         self.limits = {llm: InFlightLimit(limit) for llm, limit in config.max_in_flight.items()}
-        self.metrics = EntryMetrics(WorkflowStarts(), config.workflow_done_s)
+        self.metrics = EntryMetrics(self.starts.limit, config.workflow_done_s)
 
     def open(self) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.config.connect_timeout_s, sock_read=self.config.timeout_s)
@@ -441,14 +441,12 @@ class ProxyEndpoint:
         except HeaderError as exc:
             await _send_whole(send, *_json_error(400, f"{exc}; send a short UTF-8 workflow name and id", "invalid_workflow_header"))
             return
-        limit = self.limits.get(llm)
-        workflow_start_s = start_s
-        if call.workflow_id and (self.config.workflow_priority or limit is not None):
-            workflow_start_s = self.starts.start_of(call.workflow_id, start_s)
+        new = call.workflow_id is not None and call.workflow_id not in self.starts
+        workflow_start_s = self.starts.start_of(call.workflow_id, start_s) if call.workflow_id is not None else start_s
         if self.config.workflow_priority and call.workflow_id and payload is not None and upstream_path in PRIORITY_ENDPOINTS:
             body = call.request_body = with_priority(body, payload, workflow_start_s)
         upstream = (scope["method"], url, self._upstream_headers(headers), body)
-        self.metrics.call_started(call.workflow_id, call.workflow, start_s)  # at arrival: demand, before any hold
+        self.metrics.call_started(call.workflow_id, call.workflow, workflow_start_s, new)  # at arrival: demand, before any hold
         try:
             await self._held_and_forwarded(call, llm, upstream, workflow_start_s, receive, send)
         finally:

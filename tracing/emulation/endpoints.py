@@ -51,8 +51,8 @@ class Emulator:
         self.started_s = int(time.time())
         self.requests_ok = 0
         self.finished: dict[str, int] = {}  # requests answered in full, by the finish reason of their first choice
-        self.latency = metrics.latency_histograms()  # their latencies, per engine's buckets
         self.registry = metrics.registry(self.snapshot)
+        self.latency = metrics.latency_histograms(self.registry, config.personality, config.names[0])  # their latencies
 
     # -- plumbing -------------------------------------------------------------------------------
 
@@ -63,7 +63,7 @@ class Emulator:
         return metrics.Snapshot(
             config.names[0], config.personality, live.running, live.waiting, live.kv_usage, live.replica.preemptions,
             stats.prompt_tokens, stats.generation_tokens, stats.cached_tokens, dict(self.finished), stats.iterations,
-            live.busy_s, stats.aborted_sequences, stats.lag_s_max, stats.lag_s_mean, config.speedup, dict(self.latency))
+            live.busy_s, stats.aborted_sequences, stats.lag_s_max, stats.lag_s_mean, config.speedup)
 
     def finish(self, reason: str, sequences: Sequence[LiveSequence]) -> None:
         """Count a request answered in full (vLLM's `vllm:request_success_total{finished_reason}`)
@@ -76,7 +76,8 @@ class Emulator:
         ended = [r.finish_s for r in requests if r.finish_s is not None]
         if requests and ended:
             latency_s = max(max(ended) - min(r.arrival_s for r in requests), 0.0) / self.config.speedup
-            self.latency = {engine: histogram.observe(latency_s) for engine, histogram in self.latency.items()}
+            for histogram in self.latency:
+                histogram.observe(latency_s)
 
     @property
     def live(self) -> LiveReplica:

@@ -28,7 +28,8 @@ sequence's last token (what vLLM's and SGLang's `e2e_latency` measure), in secon
 clock, which the client and Prometheus' rates share: with `speedup` s, the modelled latency over s.
 
 The emulator's own quantities are `scepsy_emulator_*`. Values are read from the live replica when
-Prometheus scrapes (a collector, not state kept twice).
+Prometheus scrapes (a collector, not state kept twice); the latency histograms, which no replica
+keeps, are prometheus_client's own, observed as each request is answered.
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 # vllm/v1/engine/__init__.py FINISH_REASON_STRINGS of the pinned release (later ones add more)
 VLLM_FINISH_REASONS = ("stop", "length", "abort")
@@ -55,33 +55,16 @@ SGLANG_LATENCY_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0
                           400.0, 600.0, 1200.0, 1800.0, 2400.0)
 
 
-@dataclass(frozen=True)
-class Histogram:
-    """A latency histogram as Prometheus keeps one: per upper bound, the observations at most it
-    (cumulative, the `le` buckets), the count of all (`+Inf`, `_count`) and their sum (`_sum`)."""
-
-    bounds: tuple[float, ...]
-    at_most: tuple[int, ...] = ()
-    count: int = 0
-    sum_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.at_most:
-            object.__setattr__(self, "at_most", (0,) * len(self.bounds))
-
-    def observe(self, seconds: float) -> "Histogram":
-        """This histogram with one more observation."""
-        at_most = tuple(n + (seconds <= bound) for n, bound in zip(self.at_most, self.bounds))
-        return Histogram(self.bounds, at_most, self.count + 1, self.sum_s + seconds)
-
-    def buckets(self) -> list[tuple[str, float]]:
-        """(`le`, cumulative count) pairs, `+Inf` last, as prometheus_client writes them."""
-        return [(floatToGoString(b), float(n)) for b, n in zip(self.bounds, self.at_most)] + [("+Inf", float(self.count))]
-
-
-def latency_histograms() -> dict[str, Histogram]:
-    """An empty latency histogram per engine personality, at that engine's buckets."""
-    return {"vllm": Histogram(VLLM_LATENCY_BUCKETS), "sglang": Histogram(SGLANG_LATENCY_BUCKETS)}
+def latency_histograms(registry: CollectorRegistry, personality: str, model_name: str) -> list[Histogram]:
+    """The engine's end-to-end latency histograms in the replica's registry, as the real engines
+    label them (vLLM's always, SGLang's with the `sglang` personality): each request answered in
+    full is observed in every one."""
+    out = [Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", list(VLLM_LABELS),
+                     buckets=VLLM_LATENCY_BUCKETS, registry=registry).labels(model_name, "0")]
+    if personality == "sglang":
+        out.append(Histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+                             list(SGLANG_TOKENIZER_LABELS), buckets=SGLANG_LATENCY_BUCKETS, registry=registry).labels(model_name, "unified"))
+    return out
 
 
 @dataclass(frozen=True)
@@ -104,7 +87,6 @@ class Snapshot:
     lag_s_max: float
     lag_s_mean: float
     speedup: float
-    latency: Mapping[str, Histogram]  # per engine personality (latency_histograms): requests answered in full
 
     @property
     def requests(self) -> int:
@@ -131,11 +113,6 @@ class EmulatorCollector(Collector):
             family.add_metric(values, float(value))
             return family
 
-        def histogram(metric: str, text: str, value: Histogram, labels: tuple[str, ...] = VLLM_LABELS, values: list[str] = vllm) -> Metric:
-            family = HistogramMetricFamily(metric, text, labels=list(labels))
-            family.add_metric(values, value.buckets(), sum_value=value.sum_s)
-            return family
-
         yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", now.running)
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", now.waiting)
         yield gauge("vllm:gpu_cache_usage_perc", "GPU KV-cache usage. 1 means 100 percent usage. DEPRECATED: Use vllm:kv_cache_usage_perc instead.", now.kv_usage)
@@ -149,7 +126,6 @@ class EmulatorCollector(Collector):
         for reason in VLLM_FINISH_REASONS:
             success.add_metric([*vllm, reason], float(now.finished.get(reason, 0)))
         yield success
-        yield histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", now.latency["vllm"])
         if now.personality == "sglang":
             scheduler = [now.model_name, "unified", "0", "0"]
             yield gauge("sglang:num_running_reqs", "The number of running requests.", now.running, SGLANG_SCHEDULER_LABELS, scheduler)
@@ -157,8 +133,6 @@ class EmulatorCollector(Collector):
             yield gauge("sglang:token_usage", "The token usage.", now.kv_usage, SGLANG_SCHEDULER_LABELS, scheduler)
             yield counter("sglang:num_requests", "Number of requests processed.", now.requests,
                           SGLANG_TOKENIZER_LABELS, [now.model_name, "unified"])
-            yield histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-                            now.latency["sglang"], SGLANG_TOKENIZER_LABELS, [now.model_name, "unified"])
         yield counter("scepsy_emulator_iterations", "Engine iterations run.", now.iterations)
         yield counter("scepsy_emulator_busy_seconds", "Modelled seconds spent in iterations.", now.busy_s)
         yield counter("scepsy_emulator_aborted_sequences", "Sequences dropped because their client left.", now.aborted_sequences)

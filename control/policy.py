@@ -31,9 +31,12 @@ does no I/O and reads no clock. Each period:
    and grows, a plan with more share units (`_larger`), never keep. The planning rate of a scale-down is the highest up_w of the last `stabilization_s`
    (a scale-down is thus taken only when it was right for the whole window).
    - no dark swap: a scale-up whose placement stops every running (or starting) replica of an LLM
-     while none of its new replicas fits on the units free now (`_dark_llms`) is taken only where
-     the running plan overloads an LLM at the sustained rate; else the running plan drains the
-     backlog. A scale-down never leaves an LLM dark: it takes the stop-only step instead;
+     while none of its new replicas fits on the units free now (`_dark_llms`) gives way to the
+     running shapes with more replicas (`_lit_larger`: for up_w, or the highest rate below it
+     that places) where they carry the sustained rate; failing that it is taken only where the
+     running plan overloads an LLM at the sustained rate and the backlog did not fall over the
+     last period; else the running plan drains the backlog. A scale-down never leaves an LLM
+     dark: it takes the stop-only step instead;
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
      breaks a workflow's SLO (latency_slo_s * scale_up_at, default the SLO itself) or overloads an
      LLM, re-plan at once for up_w (as the HPA, whose scale-up stabilization is 0 s: the window's
@@ -463,6 +466,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     margin = {w: max(s.headroom * sustained[w], s.burst_z * math.sqrt(variability[w] / s.margin_samples)) for w in rates}
     backlog, standing = _backlog(observation, context)
     corrections, pressing = _feedback(state, observation, context, rates, standing)
+    draining = _draining(state, observation)
     scales = _scales(corrections, s)
     context = context.corrected(scales)  # the model as the deployment is measured, for the rest of the decision
     up = {w: sustained[w] + margin[w] + backlog[w] for w in rates}
@@ -501,9 +505,21 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
 
     def dark_swap_pays() -> bool:
         """A swap that leaves an LLM dark for a start-up is taken only where the running plan
-        overloads an LLM at the sustained rate: its backlog would never drain by itself."""
+        overloads an LLM at the sustained rate and the backlog did not fall over the last period:
+        it would never drain by itself, and it does not drain now (after a burst it does)."""
         latencies = _latencies(context, state.allocation, sustained)
-        return latencies is None or not all(math.isfinite(v) for v in latencies.values())
+        overloaded = latencies is None or not all(math.isfinite(v) for v in latencies.values())
+        return overloaded and not draining
+
+    def lit_instead(rates: Mapping[str, float]) -> tuple[Allocation, Placement] | None:
+        """Instead of a scale-up that leaves an LLM dark: the running shapes with more replicas
+        (no LLM stops serving) where they carry the sustained rate, no LLM overloaded; None where
+        none does (then the dark swap is taken if the running plan overloads)."""
+        grown = _lit_larger(context, state, rates)
+        if grown is None:
+            return None
+        latencies = _latencies(context, grown[0], sustained)
+        return grown if latencies is not None and all(math.isfinite(v) for v in latencies.values()) else None
 
     def guarded(direction: int) -> dict[str, float]:
         """LLMs whose last change went the other way within the flap window: name -> seconds since."""
@@ -520,11 +536,17 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
             return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows, but no larger plan fits the cluster")
         inputs["slo_missed_queue_growing"] = pressing
         dark = _dark_llms(context, state.placement, placed_larger)
-        if dark and not dark_swap_pays():
+        if dark:
             inputs["dark_llms"] = dark
-            return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows; the larger plan leaves "
-                        f"{', '.join(dark)} without a serving replica for a start-up, and the plan that runs carries the "
-                        "sustained rate: it drains the backlog sooner")
+            lit = lit_instead(up)
+            if lit is not None:
+                return adopt(*lit, f"scale up: the SLO of {', '.join(pressing)} is missed and the queue grows; the running "
+                             f"shapes with more replicas, as the larger plan leaves {', '.join(dark)} without a serving "
+                             "replica for a start-up", True)
+            if not dark_swap_pays():
+                return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows; the larger plan leaves "
+                            f"{', '.join(dark)} without a serving replica for a start-up, and the plan that runs carries the "
+                            "sustained rate: it drains the backlog sooner")
         return adopt(larger, placed_larger, f"scale up: the SLO of {', '.join(pressing)} is missed and the queue grows", True)
 
     # scale up at once, for the forecast, when the running plan breaks an SLO there
@@ -545,12 +567,18 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         placement = context.replanner.place(target, state.placement)
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
-        dark = _dark_llms(context, state.placement, placement)
-        if dark and not dark_swap_pays():
-            inputs["dark_llms"] = dark
-            return keep(f"the forecast breaks the SLO, but the better plan leaves {', '.join(dark)} without a serving "
-                        "replica for a start-up while the plan that runs carries the sustained rate")
         broken = sorted(w for w in trigger if current is None or current[w] > trigger[w] * (1 + 1e-9))
+        dark = _dark_llms(context, state.placement, placement)
+        if dark:
+            inputs["dark_llms"] = dark
+            lit = lit_instead(up)
+            if lit is not None:
+                return adopt(*lit, f"scale up: the forecast breaks the SLO of {', '.join(broken)}; the running shapes with "
+                             f"more replicas, as the better plan leaves {', '.join(dark)} without a serving replica for a "
+                             "start-up", True)
+            if not dark_swap_pays():
+                return keep(f"the forecast breaks the SLO, but the better plan leaves {', '.join(dark)} without a serving "
+                            "replica for a start-up while the plan that runs carries the sustained rate")
         return adopt(target, placement, f"scale up: the forecast breaks the SLO of {', '.join(broken)}", True)
 
     # scale down: never while a backlog stands; only a cheaper plan that holds beyond the hysteresis over a full window
@@ -590,6 +618,30 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     if not _meets(_latencies(context, allocation, window), slos):
         return keep(f"a cheaper plan holds, but it {why} and the stop-only step would break the planning SLO")
     return adopt(allocation, placement, f"scale down in steps: the cheaper plan {why}; replicas stopped only", False)
+
+
+def _draining(state: ControllerState, observation: Observation) -> bool:
+    """The requests waiting in the engines, summed over the LLMs, fell since the last period."""
+    now = sum(float(v) for v in (observation.waiting_requests or {}).values() if _good(v))
+    return now < sum(state.waiting.values()) - 1e-9
+
+
+def _lit_larger(context: PolicyContext, state: ControllerState, rates: Mapping[str, float]) -> tuple[Allocation, Placement] | None:
+    """The running shapes with the fewest replicas for `rates`, or for the highest rate below it
+    on the rate grid whose plan the cluster places without leaving an LLM dark, where that holds
+    more share units than the plan that runs: a scale-up that only starts replicas."""
+    step = 1 + context.settings.rate_step
+    factor = 1.0
+    while factor > 1e-3:
+        candidate = context.replanner.same_shapes(state.allocation, _scaled(rates, factor))
+        if candidate is not None:
+            if candidate.units <= state.allocation.units:
+                return None  # lower rates need no more replicas than run now
+            placed = context.replanner.place(candidate, state.placement)
+            if placed is not None and not _dark_llms(context, state.placement, placed):
+                return candidate, placed
+        factor /= step
+    return None
 
 
 def _dark_llms(context: PolicyContext, running: Placement, target: Placement) -> list[str]:

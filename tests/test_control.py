@@ -647,6 +647,55 @@ def test_a_swap_that_leaves_an_llm_dark_waits_while_the_running_plan_carries_the
     assert overloaded.allocation.of("gen").tp == 1  # taken: the running plan would never drain
 
 
+def test_a_scale_up_that_would_leave_an_llm_dark_starts_replicas_of_the_running_shapes(beam_context):
+    """The plan for 5.5 req/s (gen on two GPUs at 8 of 10 units each, ver on a third) when the load
+    doubles: the fresh plan re-shapes gen onto whole GPUs, the units its only replica holds, so gen
+    would serve nothing for a start-up (as would the plan for the rate plus margin, which re-shapes
+    ver). The decision starts replicas of the running shapes on the free GPUs instead: they carry
+    the doubled rate, and no LLM stops serving."""
+    state = _settled(beam_context, 5.5, 5.5)
+    assert (state.allocation.of("gen").tp, state.allocation.of("gen").share) == (2, 8)
+    fresh = beam_context.replanner.allocation({"beam": 11.0})
+    assert fresh.of("gen").share == 10
+    assert _dark_llms(beam_context, state.placement, beam_context.replanner.place(fresh, state.placement)) == ["gen"]
+    ready = {c.llm: c.replicas for c in state.allocation.llms}
+    at = beam_context.instance.with_arrival_rates({"beam": 11.0})
+    observed = {m.name: at.offered_rate_rps(m.name) for m in beam_context.instance.llms}
+    for k in range(12, 15):
+        before = state
+        state, decision = decide(state, Observation(60.0 * k, observed, ready, workflow_rates_rps={"beam": 11.0}), beam_context)
+        if decision.action == "replan":
+            break
+    assert decision.action == "replan" and decision.inputs["dark_llms"]
+    assert "running shapes with more replicas" in decision.reason
+    assert [c.shape for c in decision.allocation.llms] == [c.shape for c in before.allocation.llms]
+    assert decision.allocation.units > before.allocation.units
+    assert _dark_llms(beam_context, before.placement, decision.placement) == []
+    latencies = predict(beam_context.instance.with_arrival_rates({"beam": 11.0}), decision.allocation)
+    assert latencies.feasible
+
+
+def test_a_dark_swap_waits_while_the_backlog_falls(beam_context):
+    """The plan for 10.5 req/s holds every GPU; at 14 req/s it is overloaded and the only larger
+    plan leaves gen dark. While the requests waiting fall (the load that overloaded it has passed
+    its peak) the decision keeps the plan that drains them; once they grow, the swap is taken."""
+    state = _settled(beam_context, 10.5, 10.5)
+    ready = {c.llm: c.replicas for c in state.allocation.llms}
+    at = beam_context.instance.with_arrival_rates({"beam": 14.0})
+    observed = {m.name: at.offered_rate_rps(m.name) for m in beam_context.instance.llms}
+
+    def period(k: int, waiting: float):
+        return Observation(60.0 * k, observed, ready, workflow_rates_rps={"beam": 14.0}, waiting_requests={"ver": waiting})
+
+    falling = replace(state, waiting={"ver": 4000.0})
+    for k, waiting in enumerate((3000.0, 2000.0, 1000.0)):
+        falling, decision = decide(falling, period(12 + k, waiting), beam_context)
+        assert decision.action == "keep" and decision.inputs["dark_llms"] == ["gen"]
+    _, decision = decide(falling, period(15, 1500.0), beam_context)
+    assert decision.action == "replan" and decision.inputs["dark_llms"] == ["gen"]
+    assert decision.allocation.of("gen").shape != state.allocation.of("gen").shape
+
+
 def test_a_scale_down_never_leaves_an_llm_dark(beam_context):
     """gen runs on GPUs 0-1 and ver on GPU 2 (the plan for 10.5 req/s less a ver replica) when the
     load falls to 1 req/s: the cheapest plan re-shapes both. A scale-down is taken only where every

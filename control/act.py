@@ -15,7 +15,12 @@ plan, with the settings the plan was deployed with). Against the cluster, in thi
    has: each pod gets a deletionTimestamp, the gateways drop it at
    once, and its preStop hook returns only when its running and queued requests are done, so a
    replica leaves its gateway before its pod goes. A removed replica whose GPUs an added one needs
-   is deleted first instead (the added one could not start beside it);
+   is deleted first instead (the added one could not start beside it), one replica of an LLM at a
+   time: it goes where its LLM keeps another Ready replica; as its LLM's last serving one it waits
+   while a new replica of its LLM will serve without its GPUs (scheduled and starting, or waiting
+   for the GPUs of a replica deleted before it), and goes where none will (its successor needs
+   its GPUs: the LLM serves nothing until the successor is Ready, which the policy allows only
+   where the running plan is overloaded). So an LLM with two or more replicas swaps them rolling;
 4. last, the plan ConfigMap `scepsy-plan` with the target plan: the record of the plan that runs
    completely.
 
@@ -355,6 +360,7 @@ class Actuation:
     applied: list[ApplyResult] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     created_engines: set[str] = field(default_factory=set)  # engine Deployments this actuation created
+    deleted_gpus: dict[str, tuple] = field(default_factory=dict)  # the GPUs of each replica it deleted for a successor
     waiting_for: tuple[str, ...] = ()
     phase: str = "new"  # new | waiting | done | stuck | failed
     problem: str | None = None
@@ -381,11 +387,14 @@ class Actuation:
                 self._apply(change.after)
                 if change.action == "create" and _engine_name(change.after) is not None:
                     self.created_engines.add(change.name)
-        # a removal whose GPUs an added replica needs goes first (the new pod could not start beside it)
-        added_gpus = {g for o in self.target if _engine_name(o) is not None and o["metadata"]["name"] not in
-                      {d["metadata"]["name"] for d in live_engines} for g in _gpus(o)}
+        # a removal whose GPUs an added replica not Ready yet needs goes first (the new pod could
+        # not start beside it), in the rolling order of _rolling
+        state = read_cluster(self.cluster)
+        ready = {r.deployment for r in state.replicas if r.ready}
+        added_gpus = {g for o in self.target if (n := _engine_name(o)) is not None and n not in ready
+                      and (n in self.created_engines or n not in {d["metadata"]["name"] for d in live_engines}) for g in _gpus(o)}
         blocking = [c for c in removals if c.before is not None and set(_gpus(c.before)) & added_gpus] if allow_removals else []
-        for change in blocking:
+        for change in self._rolling(blocking, state, target_engines):
             self._delete(change)
         state = read_cluster(self.cluster)
         not_ready = tuple(sorted(r.deployment for r in state.replicas if r.deployment in target_engines and not r.ready and not r.deleting))
@@ -413,6 +422,33 @@ class Actuation:
         self._apply(self._plan_configmap())
         self.phase = "done"
         return self.phase
+
+    def _rolling(self, blocking: list[Change], state: ClusterState, target_engines: set[str]) -> list[Change]:
+        """The removals whose GPUs an added replica needs that go now, in the staged order: one
+        goes where its LLM keeps another Ready replica serving; as its LLM's last serving one it
+        waits while a new replica of its LLM will serve without its GPUs (one starting: scheduled,
+        not Ready; or one waiting for GPUs a replica this actuation deleted frees), so an LLM
+        with two or more replicas swaps them one at a time and never goes dark; where none will,
+        it goes (break before make: its successor needs its GPUs)."""
+        by_name = {r.deployment: r for r in state.replicas}
+        serving = {r.deployment for r in state.replicas if r.ready and not r.deleting}
+        freeing = {g for gpus in self.deleted_gpus.values() for g in gpus}
+        new = [r for r in state.replicas if r.deployment in target_engines and not r.ready and not r.deleting]
+        targets = {n: o for o in self.target if (n := _engine_name(o)) is not None}
+        out = []
+        for change in sorted(blocking, key=lambda c: c.name):
+            replica = by_name.get(change.name)
+            gpus = set(_gpus(change.before)) if change.before is not None else set()
+            if replica is not None and not any(n != change.name and by_name[n].llm == replica.llm for n in serving):
+                coming = any(r.llm == replica.llm and not (set(_gpus(targets[r.deployment])) & gpus)
+                             and (not r.unschedulable or set(_gpus(targets[r.deployment])) & freeing)
+                             for r in new if r.deployment in targets)
+                if coming:
+                    continue
+            out.append(change)
+            serving.discard(change.name)
+            self.deleted_gpus[change.name] = tuple(sorted(gpus))
+        return out
 
     def _apply(self, obj: dict) -> None:
         before = self.cluster.get(obj)

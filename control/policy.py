@@ -31,12 +31,13 @@ does no I/O and reads no clock. Each period:
    and grows, a plan with more share units (`_larger`), never keep. The planning rate of a scale-down is the highest up_w of the last `stabilization_s`
    (a scale-down is thus taken only when it was right for the whole window).
    - no dark swap: a scale-up whose placement stops every running (or starting) replica of an LLM
-     while none of its new replicas fits on the units free now (`_dark_llms`) gives way to the
-     running shapes with more replicas (`_lit_larger`: for up_w, or the highest rate below it
-     that places) where they carry the sustained rate; failing that it is taken only where the
-     running plan overloads an LLM at the sustained rate and the backlog did not fall over the
-     last period; else the running plan drains the backlog. A scale-down never leaves an LLM
-     dark: it takes the stop-only step instead;
+     while none of its new replicas fits on the units free now, nor, where the LLM `rolls` (two
+     or more serve and one fewer carries the sustained rate), on those plus one of its replicas'
+     units (`_dark_llms`), gives way to the running shapes with more replicas (`_lit_larger`: for
+     up_w, or the highest rate below it that places) where they carry the sustained rate;
+     failing that it is taken only where the running plan overloads an LLM at the sustained rate
+     and the backlog did not fall over the last period; else the running plan drains the
+     backlog. A scale-down never leaves an LLM dark: it takes the stop-only step instead;
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
      breaks a workflow's SLO (latency_slo_s * scale_up_at, default the SLO itself) or overloads an
      LLM, re-plan at once for up_w (as the HPA, whose scale-up stabilization is 0 s: the window's
@@ -446,6 +447,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         "ready_replicas": dict(sorted(observation.ready_replicas.items())),
         "starting_replicas": dict(sorted(observation.starting_replicas.items())),
     }
+    ready = observation.ready_replicas
     rates, source = _rates(observation, context)
     if rates is None:
         return _hold(state, observation, f"{source}: keeping the last good plan", inputs)
@@ -511,11 +513,20 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         overloaded = latencies is None or not all(math.isfinite(v) for v in latencies.values())
         return overloaded and not draining
 
+    def rolls(llm: str) -> bool:
+        """The LLM can swap its replicas one at a time: two or more serve, and the plan that runs
+        with one of them fewer carries the sustained rate (the rolling swap's capacity)."""
+        if ready.get(llm, 0) < 2 or sum(c.replicas for c in state.allocation.llms if c.llm == llm) < 2:
+            return False
+        fewer, _ = without_replicas(state.allocation, state.placement, {llm: 1})
+        latencies = _latencies(context, fewer, sustained)
+        return latencies is not None and all(math.isfinite(v) for v in latencies.values())
+
     def lit_instead(rates: Mapping[str, float]) -> tuple[Allocation, Placement] | None:
         """Instead of a scale-up that leaves an LLM dark: the running shapes with more replicas
         (no LLM stops serving) where they carry the sustained rate, no LLM overloaded; None where
         none does (then the dark swap is taken if the running plan overloads)."""
-        grown = _lit_larger(context, state, rates)
+        grown = _lit_larger(context, state, rates, rolls)
         if grown is None:
             return None
         latencies = _latencies(context, grown[0], sustained)
@@ -535,7 +546,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         if larger is None or placed_larger is None:
             return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows, but no larger plan fits the cluster")
         inputs["slo_missed_queue_growing"] = pressing
-        dark = _dark_llms(context, state.placement, placed_larger)
+        dark = _dark_llms(context, state.placement, placed_larger, rolls)
         if dark:
             inputs["dark_llms"] = dark
             lit = lit_instead(up)
@@ -568,7 +579,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
         broken = sorted(w for w in trigger if current is None or current[w] > trigger[w] * (1 + 1e-9))
-        dark = _dark_llms(context, state.placement, placement)
+        dark = _dark_llms(context, state.placement, placement, rolls)
         if dark:
             inputs["dark_llms"] = dark
             lit = lit_instead(up)
@@ -587,7 +598,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     def lit(candidate: Allocation) -> bool:
         """A scale-down target that leaves no LLM dark (or shares the running shapes: stops only)."""
         placed_candidate = context.replanner.place(candidate, state.placement)
-        return placed_candidate is None or not _dark_llms(context, state.placement, placed_candidate)
+        return placed_candidate is None or not _dark_llms(context, state.placement, placed_candidate, rolls)
 
     target = _choose(context, state.allocation, _scaled(window, 1 + s.hysteresis), alternative=state.allocation, acceptable=lit)
     if target is None or target.units >= state.allocation.units:
@@ -604,7 +615,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
             names = ", ".join(f"{m} ({hold[m]:g} s ago)" for m in sorted(hold))
             return keep(f"a cheaper plan holds, but it scales down {names}, scaled up within {s.flap_window_s:g} s (flap guard)")
     placed = context.replanner.place(target, state.placement)
-    dark = [] if placed is None else _dark_llms(context, state.placement, placed)
+    dark = [] if placed is None else _dark_llms(context, state.placement, placed, rolls)
     if placed is not None and moves(state.placement, placed) <= s.max_moves_per_period and not dark:
         return adopt(target, placed, "scale down: a cheaper plan holds over the stabilization window", False)
     if dark:
@@ -626,7 +637,8 @@ def _draining(state: ControllerState, observation: Observation) -> bool:
     return now < sum(state.waiting.values()) - 1e-9
 
 
-def _lit_larger(context: PolicyContext, state: ControllerState, rates: Mapping[str, float]) -> tuple[Allocation, Placement] | None:
+def _lit_larger(context: PolicyContext, state: ControllerState, rates: Mapping[str, float],
+                rolls: Callable[[str], bool]) -> tuple[Allocation, Placement] | None:
     """The running shapes with the fewest replicas for `rates`, or for the highest rate below it
     on the rate grid whose plan the cluster places without leaving an LLM dark, where that holds
     more share units than the plan that runs: a scale-up that only starts replicas."""
@@ -638,22 +650,27 @@ def _lit_larger(context: PolicyContext, state: ControllerState, rates: Mapping[s
             if candidate.units <= state.allocation.units:
                 return None  # lower rates need no more replicas than run now
             placed = context.replanner.place(candidate, state.placement)
-            if placed is not None and not _dark_llms(context, state.placement, placed):
+            if placed is not None and not _dark_llms(context, state.placement, placed, rolls):
                 return candidate, placed
         factor /= step
     return None
 
 
-def _dark_llms(context: PolicyContext, running: Placement, target: Placement) -> list[str]:
+def _dark_llms(context: PolicyContext, running: Placement, target: Placement, rolls: Callable[[str], bool]) -> list[str]:
     """The LLMs the move from `running` to `target` leaves with no replica serving for a start-up:
     every running replica of theirs stops and none of their new replicas fits on the units free
-    now, so the successor waits for its predecessor's GPUs (the staged swap on a full cluster). A
-    replica still starting counts as running: stopping it starts its start-up over."""
+    now, nor, for an LLM that `rolls` (swaps one replica at a time), on those plus one of its
+    replicas' units, so the successor waits for its last predecessor's GPUs (the staged swap on a
+    full cluster). A replica still starting counts as running: stopping it starts its start-up
+    over."""
     cluster = context.instance.cluster
     held_free = free_now(cluster, running)  # GPUs the running replicas hold units on; the others are free
 
     def free(node: str, gpu: int) -> int:
         return held_free.get((node, gpu), cluster.free_units(node, gpu))
+
+    def fits(key: tuple, freed: Counter) -> bool:
+        return all(free(key[1], gpu) + freed[(key[1], gpu)] >= units for gpu, units in key[2])
 
     before = Counter(replica_key(r) for r in running.replicas)
     after = Counter(replica_key(r) for r in target.replicas)
@@ -661,8 +678,10 @@ def _dark_llms(context: PolicyContext, running: Placement, target: Placement) ->
     for llm in sorted({r.llm for r in running.replicas}):
         kept = sum(min(n, after[k]) for k, n in before.items() if k[0] == llm)
         new = [k for k in (after - before).elements() if k[0] == llm]
-        fits = any(all(free(k[1], gpu) >= units for gpu, units in k[2]) for k in new)
-        if kept == 0 and new and not fits:
+        mine = [k for k in before.elements() if k[0] == llm]
+        freed_by_one = [Counter({(k[1], gpu): units for gpu, units in k[2]}) for k in mine] if len(mine) >= 2 and rolls(llm) else []
+        lit = any(fits(k, Counter()) or any(fits(k, freed) for freed in freed_by_one) for k in new)
+        if kept == 0 and new and not lit:
             dark.append(llm)
     return dark
 

@@ -32,8 +32,10 @@ cluster has room: a replica to stop drains only while its LLM keeps another repl
 Where it has none (a swap on a full cluster), the swap is staged in this order: (1) every
 successor whose GPUs are free starts; (2) a replica to stop drains once its LLM keeps another
 serving; (3) a replica to stop whose GPUs a waiting successor needs drains even as its LLM's last
-serving one where none of its LLM's replicas is starting, and its LLM's calls wait at the router
-until the successor serves; (4) each release of GPUs repeats these steps. No moment holds more
+serving one, unless a new replica of its LLM will serve without its GPUs (one starting, or one
+waiting for GPUs a draining replica frees: a rolling swap, one replica of an LLM at a time),
+and where none will, its LLM's calls wait at the router until the successor serves; (4) each
+release of GPUs repeats these steps. No moment holds more
 GPUs, or more share units on a GPU, than the cluster has.
 
 Measured per system (control/report.py writes them): gpu_hours (replicas' GPUs, fractional
@@ -354,10 +356,12 @@ class _Fleet:
         """The staged swap, in this order: (1) a waiting replica whose GPUs are free takes them and
         starts (make before break); (2) a stopping replica drains once its LLM keeps another
         replica serving; (3) a stopping replica that holds GPUs a waiting replica needs drains
-        also as its LLM's last serving replica where none of its LLM's replicas is starting (its
-        successor waits for GPUs too: break before make, its LLM's calls wait at the router
-        until the successor serves). GPUs come free when a drained replica has finished its
-        requests; each release runs these steps again."""
+        also as its LLM's last serving replica, unless a new replica of its LLM will serve
+        without its GPUs: one starting, or one waiting for GPUs a draining replica frees
+        (a rolling swap: one replica of an LLM at a time, the next once its predecessor's
+        successor serves). Where none will, break before make: its LLM's calls wait at the
+        router until the successor serves. GPUs come free when a drained replica has finished
+        its requests; each release runs these steps again."""
         assert self.cluster is not None
         used = self._used_units()
         for replica in self.replicas:
@@ -373,11 +377,23 @@ class _Fleet:
                 continue
             router = self.cluster.routers[replica.llm]
             others = [r for r in router.replicas if r is not replica.sim and r.accepting]
-            successor_starting = any(r.llm == replica.llm and r.holds and r.sim is None for r in self.replicas)
             blocking = any(self._blocks(replica, w) for w in waiting)
-            if others or (blocking and not successor_starting):
+            if others or (blocking and not self._successor_coming(replica, waiting)):
                 router.drain(replica.sim)
                 self.env.process(self._retire(replica))
+
+    def _successor_coming(self, replica: _Replica, waiting: list[_Replica]) -> bool:
+        """A new replica of `replica`'s LLM will serve without its GPUs: one starting, or one
+        waiting for GPUs a draining replica frees (the rolling swap's next step)."""
+        draining = [r for r in self.replicas if r.holds and r.stopping and r.sim is not None and not r.sim.accepting]
+        for other in self.replicas:
+            if other.llm != replica.llm or other.stopped_s is not None or other.stopping or other.sim is not None:
+                continue
+            if other.holds:
+                return True  # starting
+            if other in waiting and not self._blocks(replica, other) and any(self._blocks(d, other) for d in draining):
+                return True
+        return False
 
     def _start(self, replica: _Replica, choice: LlmAllocation):
         yield self.env.timeout(self.startup_s)

@@ -604,6 +604,16 @@ def test_a_swap_on_a_full_cluster_never_holds_more_gpus_than_the_cluster(rag, ra
     assert result.workflow("rag").unfinished == 0
 
 
+def ONE_AT_A_TIME(llm: str) -> bool:
+    """Every LLM with two or more replicas may swap them one at a time."""
+    return True
+
+
+def NEVER(llm: str) -> bool:
+    """No LLM may (one replica serves, or the others could not carry the load)."""
+    return False
+
+
 @pytest.fixture(scope="module")
 def beam_context() -> PolicyContext:
     """beam-4xa6000 (gen and ver on 4 A6000s) with the SLO of bench/control.py's scenarios."""
@@ -641,8 +651,8 @@ def test_a_swap_that_leaves_an_llm_dark_waits_while_the_running_plan_carries_the
     assert decision.action == "keep" and decision.inputs["dark_llms"] == ["gen"]
     swap = beam_context.replanner.allocation({"beam": 14.0})
     placed = beam_context.replanner.place(swap, state.placement)
-    assert swap.of("gen").tp == 1 and _dark_llms(beam_context, state.placement, placed) == ["gen"]
-    assert _dark_llms(beam_context, state.placement, state.placement) == []
+    assert swap.of("gen").tp == 1 and _dark_llms(beam_context, state.placement, placed, ONE_AT_A_TIME) == ["gen"]
+    assert _dark_llms(beam_context, state.placement, state.placement, NEVER) == []
     overloaded = _settled(beam_context, 14.0, 10.5)
     assert overloaded.allocation.of("gen").tp == 1  # taken: the running plan would never drain
 
@@ -657,7 +667,7 @@ def test_a_scale_up_that_would_leave_an_llm_dark_starts_replicas_of_the_running_
     assert (state.allocation.of("gen").tp, state.allocation.of("gen").share) == (2, 8)
     fresh = beam_context.replanner.allocation({"beam": 11.0})
     assert fresh.of("gen").share == 10
-    assert _dark_llms(beam_context, state.placement, beam_context.replanner.place(fresh, state.placement)) == ["gen"]
+    assert _dark_llms(beam_context, state.placement, beam_context.replanner.place(fresh, state.placement), ONE_AT_A_TIME) == ["gen"]
     ready = {c.llm: c.replicas for c in state.allocation.llms}
     at = beam_context.instance.with_arrival_rates({"beam": 11.0})
     observed = {m.name: at.offered_rate_rps(m.name) for m in beam_context.instance.llms}
@@ -670,7 +680,7 @@ def test_a_scale_up_that_would_leave_an_llm_dark_starts_replicas_of_the_running_
     assert "running shapes with more replicas" in decision.reason
     assert [c.shape for c in decision.allocation.llms] == [c.shape for c in before.allocation.llms]
     assert decision.allocation.units > before.allocation.units
-    assert _dark_llms(beam_context, before.placement, decision.placement) == []
+    assert _dark_llms(beam_context, before.placement, decision.placement, NEVER) == []
     latencies = predict(beam_context.instance.with_arrival_rates({"beam": 11.0}), decision.allocation)
     assert latencies.feasible
 
@@ -696,6 +706,61 @@ def test_a_dark_swap_waits_while_the_backlog_falls(beam_context):
     assert decision.allocation.of("gen").shape != state.allocation.of("gen").shape
 
 
+def _full_beam(context: PolicyContext) -> tuple[Allocation, Placement, Allocation, Placement]:
+    """The plan for 10.5 req/s on beam-4xa6000 (gen on GPUs 0-1, ver's two replicas on GPUs 2 and
+    3: no GPU with 7 units free), and the same plan with ver re-shaped to 7 units on the same GPUs (each
+    successor needs its predecessor's GPU)."""
+    allocation = context.replanner.allocation({"beam": 10.5})
+    placement = context.replanner.place(allocation, None)
+    assert allocation.of("ver").replicas == 2 and allocation.of("ver").share == 10 and allocation.units >= 38  # no GPU has 7 units free
+    smaller = Allocation(allocation.fractions_per_gpu, tuple(replace(c, share=7) if c.llm == "ver" else c for c in allocation.llms))
+    reshaped = Placement(placement.fractions_per_gpu, tuple(
+        replace(r, replica=r.replica + 2, shards=tuple(Shard(x.gpu, 7) for x in r.shards)) if r.llm == "ver" else r
+        for r in placement.replicas))
+    return allocation, placement, smaller, reshaped
+
+
+def test_a_reshape_of_an_llm_with_two_replicas_rolls_and_is_not_dark(beam_context):
+    """ver's two replicas each hold a whole GPU and their successors need those GPUs: the policy
+    does not count ver dark (one stops while the other serves), and the simulated fleet swaps
+    them one at a time: ver always has a replica serving, and no moment holds more than 4 GPUs."""
+    allocation, placement, smaller, reshaped = _full_beam(beam_context)
+    assert _dark_llms(beam_context, placement, reshaped, ONE_AT_A_TIME) == []
+    assert _dark_llms(beam_context, placement, reshaped, NEVER) == ["ver"]  # one of two still starts, or the other could not carry the load
+    single = Placement(placement.fractions_per_gpu, tuple(r for r in reshaped.replicas if not (r.llm == "ver" and r.replica == 3)))
+    assert _dark_llms(beam_context, without_replicas(allocation, placement, {"ver": 1})[1], single, ONE_AT_A_TIME) == ["ver"]
+    beam = beam_context.instance
+    sim = SimulationSettings(duration_s=600.0, warmup_s=0.0, drain_s=600.0)
+    serving: list[int] = []
+    held: list[float] = []
+    fleets: list[_Fleet] = []
+
+    def controller(env, cluster):
+        fleet = _Fleet(env, beam, sim, 60.0, allocation, placement)
+        fleet.attach(cluster)
+        fleets.append(fleet)
+        yield env.timeout(60.0)
+        fleet.apply(smaller, reshaped)
+        while True:
+            serving.append(fleet.serving("ver"))
+            held.append(fleet.gpus_held())
+            yield env.timeout(1.0)
+
+    import random
+    rng = random.Random(3)
+    times, t = [], 0.0
+    while t < 600.0:
+        t += rng.expovariate(4.0)
+        times.append(t)
+    result = simulate(beam, allocation, sim, arrivals={"beam": [x for x in times if x < 600.0]}, controller=controller)
+    assert min(serving) >= 1 and max(held) <= 4.0 + 1e-9
+    key = lambda p: sorted((r.llm, r.node, r.shards) for r in p.replicas)  # noqa: E731
+    assert key(fleet_placement(fleets[0])) == key(reshaped)
+    ver_changes = sorted(t for t, llm, _ in fleets[0].changes if llm == "ver")
+    assert ver_changes  # the swap happened
+    assert result.workflow("beam").unfinished == 0
+
+
 def test_a_scale_down_never_leaves_an_llm_dark(beam_context):
     """gen runs on GPUs 0-1 and ver on GPU 2 (the plan for 10.5 req/s less a ver replica) when the
     load falls to 1 req/s: the cheapest plan re-shapes both. A scale-down is taken only where every
@@ -714,7 +779,7 @@ def test_a_scale_down_never_leaves_an_llm_dark(beam_context):
         decisions.append(decision)
         if decision.action == "replan":
             assert decision.placement is not None
-            assert _dark_llms(beam_context, before, decision.placement) == []
+            assert _dark_llms(beam_context, before, decision.placement, NEVER) == []
             ready = {c.llm: c.replicas for c in state.allocation.llms}
     guarded = [d for d in decisions if "dark_llms" in d.inputs]
     assert all("without a serving replica" in d.reason for d in guarded)
@@ -731,7 +796,7 @@ def test_a_reshape_places_the_new_replicas_on_the_gpus_free_now(beam_context):
     reshaped = {c.llm for c in small.llms} - {c.llm for c in replanner.allocation({"beam": 3.0}).llms if c == small.of(c.llm)}
     assert reshaped  # something must move for the stage to decide
     placed = replanner.place(small, running)
-    assert _dark_llms(beam_context, running, placed) == []
+    assert _dark_llms(beam_context, running, placed, NEVER) == []
     assert evaluate(beam_context.instance.cluster, small, placed, running).occupied_units == 0
     held_now = {s.gpu for r in running.replicas for s in r.shards}
     moved = [r for r in placed.replicas if r.llm in reshaped]

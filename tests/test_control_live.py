@@ -170,6 +170,26 @@ def test_a_removal_whose_gpus_a_new_replica_needs_goes_first(api, tmp_path, inst
     assert _writes(api) == [("apply", "Deployment", "ver-r1"), ("delete", "Deployment", "ver-r0")]
 
 
+def test_a_swap_of_every_replica_of_an_llm_rolls_one_at_a_time(api, tmp_path, instance):
+    """gen's two whole-GPU replicas are replaced by half-GPU ones on the same GPUs: each successor
+    needs its predecessor's GPU. One predecessor goes while the other serves; the second goes only
+    once the first successor is Ready, so gen always has a replica serving."""
+    before = _plan([(0, 0), (1, 1)], [(0, 2)], share=10)
+    after = _plan([(2, 0), (3, 1)], [(0, 2)], share=5)
+    baseline = _deploy(api, instance, before)
+    actuation = Actuation(_cluster(api, tmp_path), _objects(instance, after), 0.0, 900.0, baseline=baseline)
+    assert actuation.step(0.0) == "waiting"
+    deletes = lambda: [e[2] for e in _writes(api) if e[0] == "delete"]  # noqa: E731
+    assert deletes() == ["gen-r0"] and "gen-r1" in api.objects("Deployment")
+    assert actuation.step(60.0) == "waiting" and deletes() == ["gen-r0"]  # gen-r1 serves until gen-r2 does
+    api.ready("gen-r2")
+    assert actuation.step(120.0) == "waiting" and deletes() == ["gen-r0", "gen-r1"]
+    api.ready("gen-r3")
+    assert actuation.step(180.0) == "done"
+    state = read_cluster(_cluster(api, tmp_path))
+    assert state.running(instance)[:2] == after
+
+
 def test_dry_run_prints_the_diff_and_changes_nothing(api, tmp_path, instance):
     before = _plan([(0, 0), (1, 1)], [(0, 2)])
     after = _plan([(0, 0)], [(0, 2), (1, 3)])

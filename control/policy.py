@@ -532,6 +532,22 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         latencies = _latencies(context, grown[0], sustained)
         return grown if latencies is not None and all(math.isfinite(v) for v in latencies.values()) else None
 
+    def scale_up(target: Allocation, placed: Placement, why: str) -> tuple[ControllerState, Decision]:
+        """Adopt a larger plan, unless it leaves an LLM dark: then the running shapes with more
+        replicas where they carry the sustained rate, else the dark swap where it pays, else keep."""
+        dark = _dark_llms(context, state.placement, placed, rolls)
+        if not dark:
+            return adopt(target, placed, f"scale up: {why}", True)
+        inputs["dark_llms"] = dark
+        leaves = f"the larger plan leaves {', '.join(dark)} without a serving replica for a start-up"
+        grown = lit_instead(up)
+        if grown is not None:
+            return adopt(*grown, f"scale up: {why}; the running shapes with more replicas, as {leaves}", True)
+        if dark_swap_pays():
+            return adopt(target, placed, f"scale up: {why}; {leaves}, and the plan that runs is overloaded with a "
+                         "backlog that does not fall", True)
+        return keep(f"{why}, but {leaves} while the plan that runs carries the sustained rate or drains its backlog")
+
     def guarded(direction: int) -> dict[str, float]:
         """LLMs whose last change went the other way within the flap window: name -> seconds since."""
         return {m: now - t for m, (t, d) in state.last_direction.items()
@@ -546,19 +562,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         if larger is None or placed_larger is None:
             return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows, but no larger plan fits the cluster")
         inputs["slo_missed_queue_growing"] = pressing
-        dark = _dark_llms(context, state.placement, placed_larger, rolls)
-        if dark:
-            inputs["dark_llms"] = dark
-            lit = lit_instead(up)
-            if lit is not None:
-                return adopt(*lit, f"scale up: the SLO of {', '.join(pressing)} is missed and the queue grows; the running "
-                             f"shapes with more replicas, as the larger plan leaves {', '.join(dark)} without a serving "
-                             "replica for a start-up", True)
-            if not dark_swap_pays():
-                return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows; the larger plan leaves "
-                            f"{', '.join(dark)} without a serving replica for a start-up, and the plan that runs carries the "
-                            "sustained rate: it drains the backlog sooner")
-        return adopt(larger, placed_larger, f"scale up: the SLO of {', '.join(pressing)} is missed and the queue grows", True)
+        return scale_up(larger, placed_larger, f"the SLO of {', '.join(pressing)} is missed and the queue grows")
 
     # scale up at once, for the forecast, when the running plan breaks an SLO there
     breaks = not _meets(current, trigger)
@@ -579,18 +583,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         if placement is None:
             return keep("the forecast breaks the SLO and the better plan cannot be placed: keeping the plan that runs")
         broken = sorted(w for w in trigger if current is None or current[w] > trigger[w] * (1 + 1e-9))
-        dark = _dark_llms(context, state.placement, placement, rolls)
-        if dark:
-            inputs["dark_llms"] = dark
-            lit = lit_instead(up)
-            if lit is not None:
-                return adopt(*lit, f"scale up: the forecast breaks the SLO of {', '.join(broken)}; the running shapes with "
-                             f"more replicas, as the better plan leaves {', '.join(dark)} without a serving replica for a "
-                             "start-up", True)
-            if not dark_swap_pays():
-                return keep(f"the forecast breaks the SLO, but the better plan leaves {', '.join(dark)} without a serving "
-                            "replica for a start-up while the plan that runs carries the sustained rate")
-        return adopt(target, placement, f"scale up: the forecast breaks the SLO of {', '.join(broken)}", True)
+        return scale_up(target, placement, f"the forecast breaks the SLO of {', '.join(broken)}")
 
     # scale down: never while a backlog stands; only a cheaper plan that holds beyond the hysteresis over a full window
     if standing:

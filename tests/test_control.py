@@ -671,12 +671,14 @@ def test_a_scale_up_that_would_leave_an_llm_dark_starts_replicas_of_the_running_
     ready = {c.llm: c.replicas for c in state.allocation.llms}
     at = beam_context.instance.with_arrival_rates({"beam": 11.0})
     observed = {m.name: at.offered_rate_rps(m.name) for m in beam_context.instance.llms}
+    replans = []
     for k in range(12, 15):
         before = state
         state, decision = decide(state, Observation(60.0 * k, observed, ready, workflow_rates_rps={"beam": 11.0}), beam_context)
         if decision.action == "replan":
-            break
-    assert decision.action == "replan" and decision.inputs["dark_llms"]
+            replans.append((before, decision))
+    before, decision = replans[0]
+    assert decision.allocation is not None and decision.placement is not None and decision.inputs["dark_llms"]
     assert "running shapes with more replicas" in decision.reason
     assert [c.shape for c in decision.allocation.llms] == [c.shape for c in before.allocation.llms]
     assert decision.allocation.units > before.allocation.units
@@ -702,16 +704,18 @@ def test_a_dark_swap_waits_while_the_backlog_falls(beam_context):
         falling, decision = decide(falling, period(12 + k, waiting), beam_context)
         assert decision.action == "keep" and decision.inputs["dark_llms"] == ["gen"]
     _, decision = decide(falling, period(15, 1500.0), beam_context)
-    assert decision.action == "replan" and decision.inputs["dark_llms"] == ["gen"]
+    assert decision.action == "replan" and decision.allocation is not None and decision.inputs["dark_llms"] == ["gen"]
     assert decision.allocation.of("gen").shape != state.allocation.of("gen").shape
 
 
 def _full_beam(context: PolicyContext) -> tuple[Allocation, Placement, Allocation, Placement]:
     """The plan for 10.5 req/s on beam-4xa6000 (gen on GPUs 0-1, ver's two replicas on GPUs 2 and
-    3: no GPU with 7 units free), and the same plan with ver re-shaped to 7 units on the same GPUs (each
-    successor needs its predecessor's GPU)."""
+    3: no GPU with 7 units free), and the same plan with ver re-shaped to 7 units on the same GPUs
+    (each successor needs its predecessor's GPU)."""
     allocation = context.replanner.allocation({"beam": 10.5})
+    assert allocation is not None
     placement = context.replanner.place(allocation, None)
+    assert placement is not None
     assert allocation.of("ver").replicas == 2 and allocation.of("ver").share == 10 and allocation.units >= 38  # no GPU has 7 units free
     smaller = Allocation(allocation.fractions_per_gpu, tuple(replace(c, share=7) if c.llm == "ver" else c for c in allocation.llms))
     reshaped = Placement(placement.fractions_per_gpu, tuple(

@@ -36,8 +36,8 @@ does no I/O and reads no clock. Each period:
      units (`_dark_llms`), gives way to the running shapes with more replicas (`_lit_larger`: for
      up_w, or the highest rate below it that places) where they carry the sustained rate;
      failing that it is taken only where the running plan overloads an LLM at the sustained rate
-     and the backlog did not fall over the last period; else the running plan drains the
-     backlog. A scale-down never leaves an LLM dark: it takes the stop-only step instead;
+     and at the running median, and the backlog did not fall over the last period; else the
+     running plan drains the backlog. A scale-down never leaves an LLM dark: it takes the stop-only step instead;
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
      breaks a workflow's SLO (latency_slo_s * scale_up_at, default the SLO itself) or overloads an
      LLM, re-plan at once for up_w (as the HPA, whose scale-up stabilization is 0 s: the window's
@@ -507,9 +507,10 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
 
     def dark_swap_pays() -> bool:
         """A swap that leaves an LLM dark for a start-up is taken only where the running plan
-        overloads an LLM at the sustained rate and the backlog did not fall over the last period:
-        it would never drain by itself, and it does not drain now (after a burst it does)."""
-        latencies = _latencies(context, state.allocation, sustained)
+        overloads an LLM at both the sustained and the confirmed rate (the running median: what
+        holds now, not a trend's extrapolation) and the backlog did not fall over the last
+        period: it would never drain by itself, and it does not drain now (after a burst it does)."""
+        latencies = _latencies(context, state.allocation, {w: min(sustained[w], confirmed[w]) for w in sustained})
         overloaded = latencies is None or not all(math.isfinite(v) for v in latencies.values())
         return overloaded and not draining
 

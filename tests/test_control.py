@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from scepsy import api
 from scepsy.cli import app
 from scepsy.control.forecast import Forecaster
-from scepsy.control.policy import ControlSettings, ControllerState, Observation, PolicyContext, _choose, _dark_llms, decide, make_context
+from scepsy.control.policy import (ControlSettings, ControllerState, Observation, PolicyContext, _choose, _dark_llms, _latencies, _meets,
+                                   decide, make_context)
 from scepsy.control.rates import workflow_rates
 from scepsy.control.replan import Replanner, cheapest_objective, moves, moves_lower_bound, without_replicas
 from scepsy.control.simulation import (SYSTEM_TYPES, SYSTEMS, ClosedLoopSettings, _Fleet, fleet_placement, opening_plan, rate_bins,
@@ -706,6 +707,33 @@ def test_a_dark_swap_waits_while_the_backlog_falls(beam_context):
     _, decision = decide(falling, period(15, 1500.0), beam_context)
     assert decision.action == "replan" and decision.allocation is not None and decision.inputs["dark_llms"] == ["gen"]
     assert decision.allocation.of("gen").shape != state.allocation.of("gen").shape
+
+
+def test_a_dark_swap_waits_for_overload_the_median_confirms(beam_context):
+    """The plan for 10.5 req/s holds every GPU. With the Kalman predictor, a rise from 6 to 11 req/s
+    extrapolates to 13.8 req/s, past what the plan carries, and the only larger plan leaves gen
+    dark; the rate that holds now (the running median, 11 req/s) is within the plan's capacity, so
+    the decision keeps it rather than go dark on a trend."""
+    context = replace(beam_context, settings=replace(beam_context.settings, predictor="kalman"),
+                      forecaster=Forecaster("kalman"))
+    allocation = context.replanner.allocation({"beam": 10.5})
+    assert allocation is not None
+    placement = context.replanner.place(allocation, None)
+    assert placement is not None
+    state = ControllerState.initial(allocation, placement)
+    ready = {c.llm: c.replicas for c in allocation.llms}
+    decisions = []
+    for k, rate in enumerate((6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 11.0)):
+        at = context.instance.with_arrival_rates({"beam": rate})
+        observed = {m.name: at.offered_rate_rps(m.name) for m in context.instance.llms}
+        state, decision = decide(state, Observation(60.0 * k, observed, ready, workflow_rates_rps={"beam": rate}), context)
+        decisions.append(decision)
+    dark = [d for d in decisions if d.inputs.get("dark_llms")]
+    assert dark and all(d.action == "keep" for d in dark)
+    assert dark[-1].inputs["forecast_rps"]["beam"] > 13.0 and dark[-1].inputs["confirmed_rate_rps"]["beam"] == 11.0
+    overloaded = _latencies(context, allocation, {"beam": dark[-1].inputs["forecast_rps"]["beam"]})
+    assert overloaded is not None and math.isinf(overloaded["beam"])  # at the forecast, a swap would pay
+    assert _meets(_latencies(context, allocation, {"beam": 11.0}), {"beam": math.inf})  # it carries what holds now
 
 
 def _full_beam(context: PolicyContext) -> tuple[Allocation, Placement, Allocation, Placement]:

@@ -378,8 +378,9 @@ class Actuation:
         if self.finished:
             return self.phase
         live_engines = [d for d in self.cluster.deployments() if is_engine(d)]
+        live_names = {d["metadata"]["name"] for d in live_engines}
         target_engines = {n for o in self.target if (n := _engine_name(o)) is not None}
-        refuse_autoscalers(self.cluster, target_engines | {d["metadata"]["name"] for d in live_engines})
+        refuse_autoscalers(self.cluster, target_engines | live_names)
         pending = changes(self.cluster, self.target, live_engines, self.baseline)
         removals = [c for c in pending if c.action == "delete"]
         for change in pending:
@@ -392,11 +393,11 @@ class Actuation:
         state = read_cluster(self.cluster)
         ready = {r.deployment for r in state.replicas if r.ready}
         added_gpus = {g for o in self.target if (n := _engine_name(o)) is not None and n not in ready
-                      and (n in self.created_engines or n not in {d["metadata"]["name"] for d in live_engines}) for g in _gpus(o)}
+                      and (n in self.created_engines or n not in live_names) for g in _gpus(o)}
         blocking = [c for c in removals if c.before is not None and set(_gpus(c.before)) & added_gpus] if allow_removals else []
         for change in self._rolling(blocking, state, target_engines):
             self._delete(change)
-        state = read_cluster(self.cluster)
+        # the deletions touch no target engine: the state read above still says which are not Ready
         not_ready = tuple(sorted(r.deployment for r in state.replicas if r.deployment in target_engines and not r.ready and not r.deleting))
         missing = tuple(sorted(target_engines - {r.deployment for r in state.replicas}))
         self.waiting_for = not_ready + missing
@@ -433,16 +434,16 @@ class Actuation:
         by_name = {r.deployment: r for r in state.replicas}
         serving = {r.deployment for r in state.replicas if r.ready and not r.deleting}
         freeing = {g for gpus in self.deleted_gpus.values() for g in gpus}
-        new = [r for r in state.replicas if r.deployment in target_engines and not r.ready and not r.deleting]
-        targets = {n: o for o in self.target if (n := _engine_name(o)) is not None}
+        targets = {n: _gpus(o) for o in self.target if (n := _engine_name(o)) is not None}
+        new = [(r, targets[r.deployment]) for r in state.replicas
+               if r.deployment in target_engines and r.deployment in targets and not r.ready and not r.deleting]
         out = []
         for change in sorted(blocking, key=lambda c: c.name):
             replica = by_name.get(change.name)
-            gpus = set(_gpus(change.before)) if change.before is not None else set()
+            gpus = _gpus(change.before) if change.before is not None else set()
             if replica is not None and not any(n != change.name and by_name[n].llm == replica.llm for n in serving):
-                coming = any(r.llm == replica.llm and not (set(_gpus(targets[r.deployment])) & gpus)
-                             and (not r.unschedulable or set(_gpus(targets[r.deployment])) & freeing)
-                             for r in new if r.deployment in targets)
+                coming = any(r.llm == replica.llm and not (needs & gpus) and (not r.unschedulable or needs & freeing)
+                             for r, needs in new)
                 if coming:
                     continue
             out.append(change)

@@ -70,6 +70,7 @@ does no I/O and reads no clock. Each period:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -399,6 +400,12 @@ def _latencies(context: PolicyContext, allocation: Allocation, rates: Mapping[st
     return {w.name: math.inf if overloaded else w.latency_s for w in prediction.workflows}
 
 
+def _carries(context: PolicyContext, allocation: Allocation, rates: Mapping[str, float]) -> bool:
+    """The allocation serves `rates` with no LLM overloaded (whatever its latency)."""
+    latencies = _latencies(context, allocation, rates)
+    return latencies is not None and all(math.isfinite(v) for v in latencies.values())
+
+
 def _meets(latencies: Mapping[str, float] | None, slos: Mapping[str, float]) -> bool:
     return latencies is not None and all(latencies[w] <= slo * (1 + 1e-9) for w, slo in slos.items())
 
@@ -510,28 +517,24 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         overloads an LLM at both the sustained and the confirmed rate (the running median: what
         holds now, not a trend's extrapolation) and the backlog did not fall over the last
         period: it would never drain by itself, and it does not drain now (after a burst it does)."""
-        latencies = _latencies(context, state.allocation, {w: min(sustained[w], confirmed[w]) for w in sustained})
-        overloaded = latencies is None or not all(math.isfinite(v) for v in latencies.values())
-        return overloaded and not draining
+        now_rates = {w: min(sustained[w], confirmed[w]) for w in sustained}
+        return not _carries(context, state.allocation, now_rates) and not draining
 
+    @functools.cache
     def rolls(llm: str) -> bool:
         """The LLM can swap its replicas one at a time: two or more serve, and the plan that runs
         with one of them fewer carries the sustained rate (the rolling swap's capacity)."""
         if ready.get(llm, 0) < 2 or sum(c.replicas for c in state.allocation.llms if c.llm == llm) < 2:
             return False
         fewer, _ = without_replicas(state.allocation, state.placement, {llm: 1})
-        latencies = _latencies(context, fewer, sustained)
-        return latencies is not None and all(math.isfinite(v) for v in latencies.values())
+        return _carries(context, fewer, sustained)
 
     def lit_instead(rates: Mapping[str, float]) -> tuple[Allocation, Placement] | None:
         """Instead of a scale-up that leaves an LLM dark: the running shapes with more replicas
         (no LLM stops serving) where they carry the sustained rate, no LLM overloaded; None where
         none does (then the dark swap is taken if the running plan overloads)."""
         grown = _lit_larger(context, state, rates, rolls)
-        if grown is None:
-            return None
-        latencies = _latencies(context, grown[0], sustained)
-        return grown if latencies is not None and all(math.isfinite(v) for v in latencies.values()) else None
+        return grown if grown is not None and _carries(context, grown[0], sustained) else None
 
     def scale_up(target: Allocation, placed: Placement, why: str) -> tuple[ControllerState, Decision]:
         """Adopt a larger plan, unless it leaves an LLM dark: then the running shapes with more
@@ -672,10 +675,12 @@ def _dark_llms(context: PolicyContext, running: Placement, target: Placement, ro
     for llm in sorted({r.llm for r in running.replicas}):
         kept = sum(min(n, after[k]) for k, n in before.items() if k[0] == llm)
         new = [k for k in (after - before).elements() if k[0] == llm]
+        if kept or not new or any(fits(k, Counter()) for k in new):
+            continue
         mine = [k for k in before.elements() if k[0] == llm]
+        # a rolling swap: one replica stops while the others serve, and a successor starts on its units
         freed_by_one = [Counter({(k[1], gpu): units for gpu, units in k[2]}) for k in mine] if len(mine) >= 2 and rolls(llm) else []
-        lit = any(fits(k, Counter()) or any(fits(k, freed) for freed in freed_by_one) for k in new)
-        if kept == 0 and new and not lit:
+        if not any(fits(k, freed) for k in new for freed in freed_by_one):
             dark.append(llm)
     return dark
 

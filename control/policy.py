@@ -36,7 +36,9 @@ does no I/O and reads no clock. Each period:
      units (`_dark_llms`), gives way to the running shapes with more replicas (`_lit_larger`: for
      up_w, or the highest rate below it that places) where they carry the sustained rate;
      failing that it is taken only where the running plan overloads an LLM at the sustained rate
-     and at the running median, and the backlog did not fall over the last period; else the
+     and at the running median, and the overload has lasted a start-up (its backlog stood and
+     never fell for that long; the model's overload where no engine reports its queue: ski
+     rental, the outage is bought once keeping the plan has cost about as much); else the
      running plan drains the backlog. A scale-down never leaves an LLM dark: it takes the stop-only step instead;
    - scale up: when the running allocation's predicted latency (Aggregate LLM Pipeline) at up_w
      breaks a workflow's SLO (latency_slo_s * scale_up_at, default the SLO itself) or overloads an
@@ -195,6 +197,7 @@ class ControllerState:
     last_time_s: float | None = None  # the last good observation
     corrections: Mapping[str, float] = field(default_factory=dict)  # per LLM: running geometric mean of observed over predicted latency
     waiting: Mapping[str, float] = field(default_factory=dict)  # per LLM: the waiting requests last observed
+    overloaded_since_s: float | None = None  # the first period of the running overload (the backlog stands and never fell)
 
     @classmethod
     def initial(cls, allocation: Allocation, placement: Placement) -> "ControllerState":
@@ -479,6 +482,13 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     scales = _scales(corrections, s)
     context = context.corrected(scales)  # the model as the deployment is measured, for the rest of the decision
     up = {w: sustained[w] + margin[w] + backlog[w] for w in rates}
+    # what holds now: the sustained rate, never above the running median (not a trend's extrapolation)
+    now_rates = {w: min(sustained[w], confirmed[w]) for w in sustained}
+    # the overload's clock: a backlog that stands and did not fall, or where no engine reports its queue, the model's overload
+    queues_read = observation.waiting_requests is not None
+    overloaded = not draining and (bool(standing) if queues_read else not _carries(context, state.allocation, now_rates))
+    overloaded_since = (now if state.overloaded_since_s is None else state.overloaded_since_s) if overloaded else None
+    inputs["overloaded_for_s"] = None if overloaded_since is None else round(now - overloaded_since, 6)
     recent = tuple((t, r) for t, r in state.recent if t > now - s.stabilization_s) + ((now, up),)
     window = {w: max(r[w] for _, r in recent) for w in up}
     since = now if state.observed_since_s is None else state.observed_since_s
@@ -490,7 +500,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     inputs["latency_correction"] = {m: round(v, 6) for m, v in sorted(scales.items())}
     inputs["planning_rate_rps"] = {w: round(v, 6) for w, v in window.items()}
     state = replace(state, forecasts=forecasts, recent=recent, observed_since_s=since, last_time_s=now, history=history,
-                    variability=variability, corrections=corrections,
+                    variability=variability, corrections=corrections, overloaded_since_s=overloaded_since,
                     waiting={m: float(v) for m, v in (observation.waiting_requests or {}).items() if _good(v)})
 
     slos = context.planning_slos_s
@@ -515,10 +525,13 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
     def dark_swap_pays() -> bool:
         """A swap that leaves an LLM dark for a start-up is taken only where the running plan
         overloads an LLM at both the sustained and the confirmed rate (the running median: what
-        holds now, not a trend's extrapolation) and the backlog did not fall over the last
-        period: it would never drain by itself, and it does not drain now (after a burst it does)."""
-        now_rates = {w: min(sustained[w], confirmed[w]) for w in sustained}
-        return not _carries(context, state.allocation, now_rates) and not draining
+        holds now, not a trend's extrapolation), and the overload has lasted a start-up: its
+        backlog stood and never fell for that long (where no engine reports its queue: the model
+        overloaded at that rate), so it would not drain by itself (after a burst it does). Waiting
+        a start-up is the ski-rental rule: by then keeping the plan has cost about the outage the
+        swap costs, and a burst shorter than a start-up passes without one."""
+        lasted = overloaded_since is not None and now - overloaded_since >= s.startup_s - 1e-9
+        return not _carries(context, state.allocation, now_rates) and lasted
 
     @functools.cache
     def rolls(llm: str) -> bool:

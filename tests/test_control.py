@@ -688,10 +688,11 @@ def test_a_scale_up_that_would_leave_an_llm_dark_starts_replicas_of_the_running_
     assert latencies.feasible
 
 
-def test_a_dark_swap_waits_while_the_backlog_falls(beam_context):
+def test_a_dark_swap_waits_while_the_backlog_falls_and_for_a_start_up_of_overload(beam_context):
     """The plan for 10.5 req/s holds every GPU; at 14 req/s it is overloaded and the only larger
     plan leaves gen dark. While the requests waiting fall (the load that overloaded it has passed
-    its peak) the decision keeps the plan that drains them; once they grow, the swap is taken."""
+    its peak) the decision keeps the plan that drains them; once they grow, the overload's clock
+    starts, and the swap is taken when it has run a start-up (120 s), not before (ski rental)."""
     state = _settled(beam_context, 10.5, 10.5)
     ready = {c.llm: c.replicas for c in state.allocation.llms}
     at = beam_context.instance.with_arrival_rates({"beam": 14.0})
@@ -704,9 +705,23 @@ def test_a_dark_swap_waits_while_the_backlog_falls(beam_context):
     for k, waiting in enumerate((3000.0, 2000.0, 1000.0)):
         falling, decision = decide(falling, period(12 + k, waiting), beam_context)
         assert decision.action == "keep" and decision.inputs["dark_llms"] == ["gen"]
-    _, decision = decide(falling, period(15, 1500.0), beam_context)
+    growing = falling
+    for k, waiting in ((15, 1500.0), (16, 2000.0)):
+        growing, decision = decide(growing, period(k, waiting), beam_context)
+        assert decision.action == "keep" and decision.inputs["dark_llms"] == ["gen"]
+        assert growing.overloaded_since_s == 15 * 60.0
+    _, decision = decide(growing, period(17, 2500.0), beam_context)
     assert decision.action == "replan" and decision.allocation is not None and decision.inputs["dark_llms"] == ["gen"]
     assert decision.allocation.of("gen").shape != state.allocation.of("gen").shape
+    # where the engines report their queues, the clock runs on the backlog alone: the model's overload
+    # at 14 req/s with no request waiting (a forecast ahead of the load) does not start it
+    empty, _ = decide(state, period(12, 0.0), beam_context)
+    assert empty.overloaded_since_s is None
+    # a fall restarts the clock: the overload must last a start-up again
+    fell, _ = decide(growing, period(17, 1800.0), beam_context)
+    assert fell.overloaded_since_s is None
+    fell, decision = decide(fell, period(18, 2300.0), beam_context)
+    assert decision.action == "keep" and fell.overloaded_since_s == 18 * 60.0
 
 
 def test_a_dark_swap_waits_for_overload_the_median_confirms(beam_context):

@@ -22,6 +22,9 @@ mean rate plus headroom (`opening_plan`; `run_systems(opening=False)` starts fro
     oracle          the policy fed the true workflow rates: the highest 1-minute rate of the
                     arrivals over the next start-up time + period (constant predictor, no
                     stabilization window, median, burst margin or flap guard)
+    reactive        the oracle fed the true rate of the minute just past instead: what a
+                    controller that knows the past exactly and nothing of the future does (the
+                    reference for what learning the load from its arrivals allows)
 
 Actuation (plan-driven systems): the fleet runs on the cluster's GPUs, share units per GPU as the
 placement puts them. A replica asked for at t takes its GPUs as soon as they are free and serves
@@ -69,7 +72,8 @@ from scepsy.models.simulation.autoscaler import Autoscaler, HpaSettings
 from scepsy.models.simulation.simulator import SimCluster, SimulationResult, SimulationSettings, replica_engine, simulate
 from scepsy.planner.studies.baselines import hpa_deployment
 
-SYSTEMS = ("scepsy-control", "static", "static-peak", "k8s-hpa", "saturation", "oracle")
+SYSTEMS = ("scepsy-control", "static", "static-peak", "k8s-hpa", "saturation", "oracle", "reactive")
+BASELINES = ("static", "static-peak", "k8s-hpa", "saturation", "oracle")  # what --simulate runs beside the controller by default
 WINDOW_S = 60.0  # the SLO windows: 1 minute
 PEAK_WINDOW_S = 300.0  # static-peak plans for the peak 5-minute rate
 OPENING_S = 300.0  # every system starts from the plan for the first 5 minutes' rate
@@ -683,6 +687,16 @@ class _Oracle(_Policy):
         return replace(super().observe(now, reading, ready, starting), workflow_rates_rps=true)
 
 
+class _Reactive(_Oracle):
+    """The oracle fed the true rate of the last whole minute, nothing ahead (module docstring)."""
+
+    def observe(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> Observation:
+        last = max(int(now // WINDOW_S) - 1, 0)
+        true: dict[str, float | None] = {
+            w: float(self.minute_bins[w][last]) if last < len(self.minute_bins[w]) else 0.0 for w in self.run.workflows}
+        return replace(_Policy.observe(self, now, reading, ready, starting), workflow_rates_rps=true)
+
+
 class _Saturation(_PlanSystem):
     """The WVA-style rule per LLM on the given plan's shapes (module docstring)."""
 
@@ -737,7 +751,7 @@ class _Hpa(_System):
 
 SYSTEM_TYPES: dict[str, type[_System]] = {
     "scepsy-control": _Policy, "static": _PlanSystem, "static-peak": _StaticPeak, "k8s-hpa": _Hpa,
-    "saturation": _Saturation, "oracle": _Oracle,
+    "saturation": _Saturation, "oracle": _Oracle, "reactive": _Reactive,
 }
 
 

@@ -553,6 +553,10 @@ def test_a_closed_loop_step_recovers_and_every_baseline_runs(rag, rag_plan):
     for run in runs:
         assert run.gpu_hours > 0 and run.replicas_moved >= run.replicas_moved_lower_bound >= 0
         assert run.workflows[0].requests == len(arrivals["rag"])
+    # the oracle sees the step a start-up ahead; the reactive reference, in the first period after its first minute
+    first_up = {run.name: min(d.time_s for d in run.decisions if d.action == "replan" and d.reason.startswith("scale up"))
+                for run in runs if run.name in ("oracle", "reactive")}
+    assert first_up["oracle"] < 180.0 and first_up["reactive"] == 240.0, first_up
 
 
 def test_every_system_is_one_object_with_one_interface():

@@ -76,17 +76,17 @@ def simulate_control(
     `plan`, a plan JSON with its placement, sets the SLOs) on `arrivals` (JSONL {workflow,
     arrival_s}, an Azure-format CSV or azure:conv / azure:code, as `simulate --arrivals`; or
     timestamps per workflow),
-    beside `baselines` (default: all of static, static-peak, k8s-hpa, saturation, oracle) on the
+    beside `baselines` (default: static, static-peak, k8s-hpa, saturation, oracle; or reactive) on the
     same arrivals and GPUs. SLOs: each workflow's latency_slo_s, else twice the plan's predicted
     latency at the instance's rates. `plot` writes the timeline PNG; `progress` gets the systems
     done so far (fractional). The policy's knobs: `period_s`, `startup_s`, `predictor`, then those
     of `settings_file` (YAML, knob: value), then `setting` (NAME=VALUE items)."""
     from scepsy.control.report import plot_runs
-    from scepsy.control.simulation import SYSTEMS, ClosedLoopSettings, run_systems
+    from scepsy.control.simulation import BASELINES, SYSTEMS, ClosedLoopSettings, run_systems
     from scepsy.models.plan.document import deployable_plan, read_document
 
     knobs = control_settings(period_s, startup_s, predictor, settings_file, setting)
-    chosen = list(SYSTEMS[1:]) if baselines is None else list(baselines)
+    chosen = list(BASELINES) if baselines is None else list(baselines)
     for name in chosen:
         check_choice(name, SYSTEMS[1:], "baselines", "baseline")
     if plot is not None:

@@ -97,13 +97,16 @@ class Answer:
         return {s.labels.get(label, ""): s.value for s in self.samples}
 
 
+RATE_WINDOW_S = 60.0  # the rate window: 4 scrapes at the PodMonitors' 15 s interval
+
+
 @dataclass(frozen=True)
 class PrometheusSettings:
     url: str
     timeout_s: float = 5.0  # per try; a Prometheus slower than this counts as unreachable for the period
     attempts: int = 3  # tries per query: a restart of Prometheus or a dropped connection is retried
     backoff_s: float = 0.5  # wait before the second try, doubled before each further one
-    window_s: float = 60.0  # rate window: 4 scrapes at the PodMonitors' 15 s interval
+    window_s: float = RATE_WINDOW_S
     max_age_s: float = 60.0  # a newest sample older than this is stale (4 missed scrapes)
     selector: str = ""  # extra label matchers, e.g. 'namespace="scepsy"'
     engine: str = "vllm"  # whose metric names to read (k8s/engines.py METRICS)

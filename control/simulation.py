@@ -6,8 +6,9 @@ saturation and oracle start from the same plan, the controller's plan for the fi
 mean rate plus headroom (`opening_plan`; `run_systems(opening=False)` starts from the given one):
 
     scepsy-control  the policy (control/policy.py `decide`) every `period_s`, observing each
-                    workflow's arrivals at the entry over the period (the entry's request
-                    counter), the requests waiting per LLM (engines' queues: the backlog), KV
+                    workflow's arrival rate at the entry over the live loop's rate window (the
+                    entry's request counter over Prometheus' 60 s, or the period where
+                    longer), the requests waiting per LLM (engines' queues: the backlog), KV
                     usage, ready and starting replicas
     static          the plan it starts from, never changed
     static-peak     the plan for the trace's peak 5-minute rate per workflow (the controller's
@@ -61,6 +62,7 @@ from typing import Callable, Generator, Mapping, Sequence, TypeVar
 import numpy as np
 import simpy
 
+from scepsy.control.prometheus import RATE_WINDOW_S
 from scepsy.control.policy import ControlSettings, ControllerState, Decision, Observation, PolicyContext, decide, make_context
 from scepsy.control.replan import moves, moves_lower_bound, replica_key
 from scepsy.models.errors import InputError
@@ -554,13 +556,17 @@ class _System:
         meter = _Meter(env, cluster)
         period = self.run.control.period_s
         period_bins = rate_bins(self.run.arrivals, self.run.duration_s, period)
+        # the entry's rate as the live loop reads it: over Prometheus' rate window, or the period where longer
+        spanned = max(round(RATE_WINDOW_S / period), 1)
         k = 0
         while True:
             yield env.timeout(period)
             k += 1
             now = env.now
             arrived = {w: float(period_bins[w][k - 1]) if k - 1 < len(period_bins[w]) else 0.0 for w in self.run.workflows}
-            reading = replace(meter.read(period), arrivals_rps=arrived, latency_s=recorder.take_latency())
+            window = {w: float(np.mean(period_bins[w][max(k - spanned, 0):k])) if k - 1 < len(period_bins[w]) else 0.0
+                      for w in self.run.workflows}
+            reading = replace(meter.read(period), arrivals_rps=window, latency_s=recorder.take_latency())
             ready, starting = self.ready(), self.starting()
             self.step(now, reading, ready, starting)
             recorder.timeline.append(Sample(now, arrived, ready, starting, self.gpus_held(),

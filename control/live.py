@@ -74,7 +74,7 @@ class LiveSettings:
     act: str = "apply"  # apply | dry-run | gauges
     ready_timeout_s: float = 900.0  # a new replica not Ready after 15 minutes is stuck (a 70B model loads in 5-10)
     retry_s: float = 30.0  # first wait after a failed apply: API server hiccups clear in seconds
-    max_retry_s: float = 600.0  # the longest wait between retries: ten periods at the default period
+    max_retry_s: float = 600.0  # the longest wait between retries: ten minutes
 
     def __post_init__(self) -> None:
         if self.act not in ACT_MODES:

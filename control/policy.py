@@ -52,8 +52,8 @@ does no I/O and reads no clock. Each period:
      SLOs) pays for its relocations: the share units it saves over a stabilization window exceed
      the units the re-shaped replicas hold twice while they start (make before break). Every
      subset of the LLMs the fresh plan re-shapes is tried, the others keeping their shapes, and
-     the one that pays most is taken; the plan is placed with the fewest moves from the running
-     placement;
+     the one that pays most is taken, never re-shaping an LLM whose replicas are still starting
+     (`settled`); the plan is placed with the fewest moves from the running placement;
    - scale down: never while a backlog stands (`backlog_per_replica` waiting requests per ready
      replica on some LLM); otherwise when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
      the window covers `stabilization_s` of observations and no scale-up happened within it;
@@ -106,7 +106,7 @@ class SettingError(ValueError):
 class ControlSettings:
     """The policy's knobs; docs/control.md gives each default's reason."""
 
-    period_s: float = 60.0  # one decision a minute: the WVA's cycle, Prometheus' usual rate window
+    period_s: float = 30.0  # two decisions a minute, each over Prometheus' 60 s rate window: a rise is seen 30 s sooner
     startup_s: float = 180.0  # a replica's time to serve: pod start, image pull, weights, warm-up
     predictor: str = "ewma"  # constant, ewma or kalman (control/forecast.py)
     sustain_s: float = 300.0  # size for the mean rate over this window after a new replica's start-up
@@ -376,12 +376,14 @@ def _llm_latencies(context: PolicyContext, allocation: Allocation, rates: Mappin
     return {p.llm: p.latency_s for p in prediction.llms if not p.overloaded and math.isfinite(p.latency_s) and p.latency_s > 0}
 
 
-def _larger(context: PolicyContext, running: Allocation, rates: Mapping[str, float]) -> Allocation | None:
-    """The plan for `rates`, or for rates 25% higher each try (at most 12), until it holds more
-    share units than the plan that runs; None where none does (the cluster is full)."""
+def _larger(context: PolicyContext, running: Allocation, rates: Mapping[str, float],
+            acceptable: Callable[[Allocation], bool] | None = None) -> Allocation | None:
+    """The plan for `rates` (`_choose`, re-shapes as `acceptable` allows), or for rates 25% higher
+    each try (at most 12), until it holds more share units than the plan that runs; None where
+    none does (the cluster is full)."""
     factor = 1.0
     for _ in range(12):
-        target = _choose(context, running, _scaled(rates, factor))
+        target = _choose(context, running, _scaled(rates, factor), acceptable=acceptable)
         if target is not None and target.units > running.units:
             return target
         factor *= 1.25
@@ -565,6 +567,13 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
                          "backlog that does not fall", True)
         return keep(f"{why}, but {leaves} while the plan that runs carries the sustained rate or drains its backlog")
 
+    def settled(candidate: Allocation) -> bool:
+        """A re-plan re-shapes no LLM whose replicas are still starting: that would throw their
+        start-up away, and the predecessors serving until they are ready may hold the GPUs the
+        new shape is placed on (the plan is placed on the target, not on what still serves)."""
+        starting = {m for m, n in observation.starting_replicas.items() if n > 0}
+        return not any(c.llm in starting and c.shape != state.allocation.of(c.llm).shape for c in candidate.llms)
+
     def guarded(direction: int) -> dict[str, float]:
         """LLMs whose last change went the other way within the flap window: name -> seconds since."""
         return {m: now - t for m, (t, d) in state.last_direction.items()
@@ -574,7 +583,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
 
     # 3. decide: where users see the SLO missed while the queue grows, a larger plan, never keep
     if pressing:
-        larger = _larger(context, state.allocation, up)
+        larger = _larger(context, state.allocation, up, acceptable=settled)
         placed_larger = None if larger is None else context.replanner.place(larger, state.placement)
         if larger is None or placed_larger is None:
             return keep(f"the SLO of {', '.join(pressing)} is missed and the queue grows, but no larger plan fits the cluster")
@@ -583,7 +592,7 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
 
     # scale up at once, for the forecast, when the running plan breaks an SLO there
     breaks = not _meets(current, trigger)
-    target = _choose(context, state.allocation, up) if breaks else None
+    target = _choose(context, state.allocation, up, acceptable=settled) if breaks else None
     # a plan that frees share units is a scale-down, whatever triggered it: its rules below apply
     if breaks and (target is None or target.units >= state.allocation.units):
         if target is None:
@@ -610,7 +619,8 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
         placed_candidate = context.replanner.place(candidate, state.placement)
         return placed_candidate is None or not _dark_llms(context, state.placement, placed_candidate, rolls)
 
-    target = _choose(context, state.allocation, _scaled(window, 1 + s.hysteresis), alternative=state.allocation, acceptable=lit)
+    target = _choose(context, state.allocation, _scaled(window, 1 + s.hysteresis), alternative=state.allocation,
+                     acceptable=lambda candidate: settled(candidate) and lit(candidate))
     if target is None or target.units >= state.allocation.units:
         return keep("the plan that runs meets the forecast; no cheaper plan holds beyond the hysteresis")
     if now - since < s.stabilization_s - 1e-9:

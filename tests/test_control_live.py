@@ -449,7 +449,7 @@ def test_api_control_dry_run_prints_the_diff_logs_each_period_and_writes_nothing
                              show=shown.append, clock=clock, sleep=sleep)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert run.periods == 2 and [r["event"] for r in records] == ["start", "period", "period"]
-    assert [r["time_s"] for r in records[1:]] == [0.0, 60.0]  # one period every period_s of the injected clock
+    assert [r["time_s"] for r in records[1:]] == [0.0, ControlSettings().period_s]  # one period every period_s of the injected clock
     assert records[1]["action"] == "replan" and records[1]["act"]["mode"] == "dry-run"
     creates = [c for c in records[1]["act"]["changes"] if c.startswith("create deployment/")]
     assert creates and f"dry run: {creates[0]}" in shown

@@ -46,7 +46,7 @@ def control_simulation_view(result: ControlSimulation) -> RenderableType:
     return control_table(result.runs)
 
 
-def control_settings(period_s: float = 60.0, startup_s: float = 180.0, predictor: str = "ewma",
+def control_settings(period_s: float = 30.0, startup_s: float = 180.0, predictor: str = "ewma",
                      settings_file: PathLike | None = None, setting: Sequence[str] = ()) -> ControlSettings:
     """The controller's knobs: `period_s`, `startup_s`, `predictor`, then those of `settings_file`
     (YAML, knob: value), then `setting` (NAME=VALUE items); checked once, where they are defined
@@ -62,7 +62,7 @@ def simulate_control(
     arrivals: PathLike | Mapping[str, Sequence[float]],
     *,
     startup_s: float = 180.0,
-    period_s: float = 60.0,
+    period_s: float = 30.0,
     baselines: Sequence[str] | None = None,
     predictor: str = "ewma",
     seed: int = 0,
@@ -138,7 +138,7 @@ def control(
     context: str | None = None,
     act: str = "apply",
     log: PathLike = "scepsy-control.jsonl",
-    period_s: float = 60.0,
+    period_s: float = 30.0,
     startup_s: float = 180.0,
     predictor: str = "ewma",
     ready_timeout_s: float = 900.0,

@@ -60,7 +60,7 @@ def control(
     simulate: Annotated[bool, typer.Option("--simulate", help="Run the closed loop on the workflow simulator, beside the baselines.")] = False,
     arrivals: Annotated[Optional[Path], typer.Option("--arrivals", help="With --simulate: arrival timestamps, JSONL {workflow, arrival_s}, an Azure-format CSV, or azure:conv | azure:code (the shipped traces).")] = None,
     startup_s: Annotated[float, typer.Option("--startup-s", min=0.0, help="Seconds from asking for a replica to its serving.")] = 180.0,
-    period_s: Annotated[float, typer.Option("--period-s", min=1.0, help="Seconds between decisions.")] = 60.0,
+    period_s: Annotated[float, typer.Option("--period-s", min=1.0, help="Seconds between decisions.")] = 30.0,
     baselines: Annotated[str, typer.Option("--baselines", help="With --simulate: systems beside scepsy-control: static, static-peak, k8s-hpa, saturation, oracle, reactive.")] = "static,static-peak,k8s-hpa,saturation,oracle",
     predictor: Annotated[str, typer.Option("--predictor", help="Load forecast: constant, ewma or kalman.")] = "ewma",
     plot: Annotated[Optional[Path], typer.Option("--plot", help="With --simulate: write rate, replicas per LLM and latency over time (PNG).")] = None,

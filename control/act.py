@@ -395,7 +395,7 @@ class Actuation:
         added_gpus = {g for o in self.target if (n := _engine_name(o)) is not None and n not in ready
                       and (n in self.created_engines or n not in live_names) for g in _gpus(o)}
         blocking = [c for c in removals if c.before is not None and set(_gpus(c.before)) & added_gpus] if allow_removals else []
-        for change in self._rolling(blocking, state, target_engines):
+        for change in self._rolling(blocking, state):
             self._delete(change)
         # the deletions touch no target engine: the state read above still says which are not Ready
         not_ready = tuple(sorted(r.deployment for r in state.replicas if r.deployment in target_engines and not r.ready and not r.deleting))
@@ -424,7 +424,7 @@ class Actuation:
         self.phase = "done"
         return self.phase
 
-    def _rolling(self, blocking: list[Change], state: ClusterState, target_engines: set[str]) -> list[Change]:
+    def _rolling(self, blocking: list[Change], state: ClusterState) -> list[Change]:
         """The removals whose GPUs an added replica needs that go now, in the staged order: one
         goes where its LLM keeps another Ready replica serving; as its LLM's last serving one it
         waits while a new replica of its LLM will serve without its GPUs (one starting: scheduled,
@@ -435,8 +435,7 @@ class Actuation:
         serving = {r.deployment for r in state.replicas if r.ready and not r.deleting}
         freeing = {g for gpus in self.deleted_gpus.values() for g in gpus}
         targets = {n: _gpus(o) for o in self.target if (n := _engine_name(o)) is not None}
-        new = [(r, targets[r.deployment]) for r in state.replicas
-               if r.deployment in target_engines and r.deployment in targets and not r.ready and not r.deleting]
+        new = [(r, targets[r.deployment]) for r in state.replicas if r.deployment in targets and not r.ready and not r.deleting]
         out = []
         for change in sorted(blocking, key=lambda c: c.name):
             replica = by_name.get(change.name)

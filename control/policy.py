@@ -567,11 +567,12 @@ def decide(state: ControllerState, observation: Observation, context: PolicyCont
                          "backlog that does not fall", True)
         return keep(f"{why}, but {leaves} while the plan that runs carries the sustained rate or drains its backlog")
 
+    starting = {m for m, n in observation.starting_replicas.items() if n > 0}
+
     def settled(candidate: Allocation) -> bool:
         """A re-plan re-shapes no LLM whose replicas are still starting: that would throw their
         start-up away, and the predecessors serving until they are ready may hold the GPUs the
         new shape is placed on (the plan is placed on the target, not on what still serves)."""
-        starting = {m for m, n in observation.starting_replicas.items() if n > 0}
         return not any(c.llm in starting and c.shape != state.allocation.of(c.llm).shape for c in candidate.llms)
 
     def guarded(direction: int) -> dict[str, float]:

@@ -685,22 +685,22 @@ class _Oracle(_Policy):
         self.minute_bins = rate_bins(run.arrivals, run.duration_s, WINDOW_S)
 
     def observe(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> Observation:
-        ahead = int(math.ceil((self.run.control.startup_s + self.run.control.period_s) / WINDOW_S))
-        start = int(now // WINDOW_S)
-        true: dict[str, float | None] = {
-            w: float(self.minute_bins[w][start:start + ahead].max()) if start < len(self.minute_bins[w]) else 0.0
-            for w in self.run.workflows}
+        true: dict[str, float | None] = {w: self.true_rate(w, now) for w in self.run.workflows}
         return replace(super().observe(now, reading, ready, starting), workflow_rates_rps=true)
+
+    def true_rate(self, workflow: str, now: float) -> float:
+        """The highest 1-minute rate from the minute of `now` over the next start-up + period."""
+        ahead = int(math.ceil((self.run.control.startup_s + self.run.control.period_s) / WINDOW_S))
+        start, bins = int(now // WINDOW_S), self.minute_bins[workflow]
+        return float(bins[start:start + ahead].max()) if start < len(bins) else 0.0
 
 
 class _Reactive(_Oracle):
     """The oracle fed the true rate of the last whole minute, nothing ahead (module docstring)."""
 
-    def observe(self, now: float, reading: _Reading, ready: Mapping[str, int], starting: Mapping[str, int]) -> Observation:
-        last = max(int(now // WINDOW_S) - 1, 0)
-        true: dict[str, float | None] = {
-            w: float(self.minute_bins[w][last]) if last < len(self.minute_bins[w]) else 0.0 for w in self.run.workflows}
-        return replace(_Policy.observe(self, now, reading, ready, starting), workflow_rates_rps=true)
+    def true_rate(self, workflow: str, now: float) -> float:
+        last, bins = max(int(now // WINDOW_S) - 1, 0), self.minute_bins[workflow]
+        return float(bins[last]) if last < len(bins) else 0.0
 
 
 class _Saturation(_PlanSystem):

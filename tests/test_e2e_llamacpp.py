@@ -32,9 +32,10 @@ def _engine_missing() -> str | None:
 def test_prediction_matches_a_real_run(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "bench"))  # the benchmark imports its neighbour `paths`
     e2e = load_script("e2e_llamacpp", ROOT / "bench" / "e2e_llamacpp.py")
-    # fewer requests per phase than the benchmark's defaults: the test checks that every step runs on
-    # the engine and hands the next one what it needs, the benchmark measures the prediction's error
-    settings = e2e.E2ESettings(out_dir=tmp_path, trace_requests=4, run_requests=8, profile_requests=4)
+    # fewer requests per phase and profile points than the benchmark's defaults: the test checks that
+    # every step runs on the engine and hands the next one what it needs, the benchmark measures the
+    # prediction's error
+    settings = e2e.E2ESettings(out_dir=tmp_path, trace_requests=4, run_requests=8, profile_requests=4, profile_loads=(0.3, 0.9))
     report = e2e.run_e2e(settings, log=print)
     print({k: v for k, v in report.items() if k != "settings"})
     assert report["failed_requests"] == 0

@@ -1,8 +1,9 @@
 """Fuzz suite: mutated copies of the shipped instances, plans, allocations, profiles, traces,
 benchmark results, NVML answers and kubeconfigs, each run through the command that reads it; every
 case must keep the README's promise (tests/hostile.py: exit 0 with valid output, 2 with one plain
-line, or 3; never 1, never a traceback). CI samples SCEPSY_FUZZ_EXAMPLES cases per target
-(default 25, a fixed derandomised sample: about 20 s); bench/fuzz.py walks every path and mutation.
+line, or 3; never 1, never a traceback). Every test run samples SCEPSY_FUZZ_EXAMPLES cases per
+target (default 12, a fixed derandomised sample), the exhaustive run 60; bench/fuzz.py walks every
+path and mutation.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from fuzz_targets import TARGETS, check, command, mutated_copy
 from hostile import HOSTILE_VALUES, STRUCTURAL, dump, load_document, mutate, paths, text_mutation, workspace
 
-EXAMPLES = int(os.environ.get("SCEPSY_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("SCEPSY_FUZZ_EXAMPLES", "12"))
+EXHAUSTIVE_EXAMPLES = 60
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +44,13 @@ def mutated_text(draw, target):
     return dump(mutate(document, path, mutation), "." + source.rsplit(".", 1)[-1])
 
 
+@pytest.mark.parametrize("examples", [pytest.param(EXAMPLES, id="sample"),
+                                      pytest.param(EXHAUSTIVE_EXAMPLES, id="wide", marks=pytest.mark.exhaustive)])
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name)
-def test_mutated_inputs_keep_the_promise(ws, target):
+def test_mutated_inputs_keep_the_promise(ws, target, examples):
     counter = iter(range(10**9))
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
     @given(st.data())
     def case(data):

@@ -2,7 +2,7 @@
 benchmark results, NVML answers and kubeconfigs, each run through the command that reads it; every
 case must keep the README's promise (tests/hostile.py: exit 0 with valid output, 2 with one plain
 line, or 3; never 1, never a traceback). Every test run samples SCEPSY_FUZZ_EXAMPLES cases per
-target (default 12, a fixed derandomised sample), the exhaustive run 60; bench/fuzz.py walks every
+target (default 12, a fixed derandomised sample), the exhaustive run 25; bench/fuzz.py walks every
 path and mutation.
 """
 
@@ -18,7 +18,7 @@ from fuzz_targets import TARGETS, check, command, mutated_copy
 from hostile import HOSTILE_VALUES, STRUCTURAL, dump, load_document, mutate, paths, text_mutation, workspace
 
 EXAMPLES = int(os.environ.get("SCEPSY_FUZZ_EXAMPLES", "12"))
-EXHAUSTIVE_EXAMPLES = 60
+EXHAUSTIVE_EXAMPLES = 25
 
 
 @pytest.fixture(scope="module")

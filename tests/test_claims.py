@@ -28,7 +28,7 @@ from conftest import INSTANCES
 
 SMALLER = ("rag-4xa6000", "beam-4xa6000", "ensemble-4xa6000")
 SEEDS = (0, 1, 2)
-EVERY_RUN = ("rag-4xa6000", 0)  # the cheapest case (about 50 s of CPU) runs every time; the others in the exhaustive run
+EVERY_RUN = ("rag-4xa6000", 0)  # the cheapest case runs every time; the others in the exhaustive run
 
 
 @pytest.mark.slow

@@ -53,7 +53,8 @@ does no I/O and reads no clock. Each period:
      the units the re-shaped replicas hold twice while they start (make before break). Every
      subset of the LLMs the fresh plan re-shapes is tried, the others keeping their shapes, and
      the one that pays most is taken, re-shaping no LLM whose replicas are still starting
-     (`settled`) where its running shape can meet the rate; the plan is placed with the fewest moves from the running placement;
+     (`settled`) where its running shape can meet the rate; the plan is placed with the fewest
+     moves from the running placement;
    - scale down: never while a backlog stands (`backlog_per_replica` waiting requests per ready
      replica on some LLM); otherwise when a plan with fewer GPUs holds at the planning rate times 1 + `hysteresis`,
      the window covers `stabilization_s` of observations and no scale-up happened within it;

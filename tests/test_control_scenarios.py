@@ -3,9 +3,8 @@ first minutes' plan"): the controller against static-peak, both from the plan fo
 minutes' rate. What holds on every shape: no LLM is without a serving replica for longer than one
 swap's start-up (a dark swap is taken only where the running plan is overloaded; on the dip's
 return none at all: a scale-up does not re-shape an LLM whose new replica still starts), the
-fleet never
-holds more GPUs than the cluster, no LLM reverses more than once per 10 minutes, every request
-finishes, and the controller holds no more GPU-hours than static-peak. On the constant load its
+fleet never holds more GPUs than the cluster, no LLM reverses more than once per 10 minutes,
+every request finishes, and the controller holds no more GPU-hours than static-peak. On the constant load its
 SLO-miss minutes are at most static-peak's plus 2; after the step, the ramp and the burst it
 recovers: the last minutes meet the SLO again. The return from the dip (x10) drains past the run
 (docs/control.md says why). The slow suite runs them (-m exhaustive, as .ci/run does); the

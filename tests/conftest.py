@@ -88,6 +88,38 @@ def write_instance(tmp_path):
     return write
 
 
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory):
+    """vllm(name, count=1, cache_tokens=8192, **server_args) -> `count` real vLLM replicas of the tiny
+    Llama served as `name` (tests/support/vllm_server.py), started side by side, each on a port of its
+    own, ready when returned, stopped with the module; skips, naming the missing piece and the command
+    that installs it, where vLLM cannot run. A failing test's report shows their logs' tails."""
+    from contextlib import ExitStack
+
+    from support import vllm_server
+
+    reason = vllm_server.missing()
+    folder = tmp_path_factory.mktemp("vllm")
+    with ExitStack() as stack:
+        def start(name: str, count: int = 1, cache_tokens: int = 8192, **server_args) -> list[vllm_server.VllmServer]:
+            if reason:
+                pytest.skip(reason)
+            return stack.enter_context(vllm_server.vllm_replicas(name, count, cache_tokens, log_dir=folder,
+                                                                 model_dir=folder / "tiny-llama", **server_args))
+
+        yield start
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "support.vllm_server" in sys.modules:
+        logs = sys.modules["support.vllm_server"].running_logs()
+        if logs:
+            report.sections.append(("vLLM server logs", logs))
+
+
 # The longest test files (each a minute or more of the run on two cores), longest first: the
 # workers start with them and the many short files fill the end of the run on all (pytest-xdist
 # hands out files in collection order with --no-loadscope-reorder; by default it would start with the

@@ -253,9 +253,19 @@ def vllm_replicas(name: str, count: int = 1, cache_tokens: int = 8192, log_dir: 
     try:
         for server in servers:
             server.launch()
+            RUNNING.append(server)
         for server in servers:
             server.wait_ready()
         yield servers
     finally:
         for server in servers:
             server.stop()
+            RUNNING.remove(server)
+
+
+RUNNING: list[VllmServer] = []  # the servers of this process, whose logs a failing test shows
+
+
+def running_logs(lines: int = 30) -> str:
+    """The tails of the logs of every server this process runs (a failed test's report section)."""
+    return "\n\n".join(f"--- {s.name} on {s.url} ({s.log_path}) ---\n{s.log_tail(lines)}" for s in RUNNING)

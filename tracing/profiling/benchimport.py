@@ -12,17 +12,24 @@ python/sglang/bench_serving.py (mean/median/p99_e2e_latency_ms, concurrency):
                    its request throughput, and the row is marked with concurrency = N
     throughput     request_throughput; request_inthroughput (vLLM <= 0.4); completed / duration
     latency_mean   mean_e2el_ms (vLLM >= 0.5); mean_e2e_latency_ms (SGLang); mean_request_latency;
-                   else mean_ttft_ms + mean_tpot_ms * (total_output_tokens / completed - 1) (estimate:
-                   the default `vllm bench serve` result has no end-to-end latency)
+                   the mean of `latencies` (below); else mean_ttft_ms + mean_tpot_ms *
+                   (total_output_tokens / completed - 1) (estimate: a default `vllm bench serve`
+                   result without the `latencies` list has no end-to-end latency)
     latency_p50    median_e2el_ms / p50_e2el_ms; median_e2e_latency_ms; median_request_latency
     latency_p90    p90_e2el_ms; p90_e2e_latency_ms; p90_request_latency
     latency_p99    p99_e2el_ms; p99_e2e_latency_ms; p99_request_latency
 
 Percentiles may also come as `percentiles_e2el_ms: [[p, value_ms], ...]`. All latencies in these
-files are milliseconds and become seconds. A missing p90 is interpolated linearly between p50 and
-p99 by percentile rank; percentiles the file does not have are left empty (the planner then refuses
-a latency_metric that needs them). Every estimated or missing value is listed in the result's
-`notes`, so the user knows which numbers were not measured.
+fields are milliseconds and become seconds. A latency none of these fields holds is computed, as
+vLLM computes its e2el metrics (the mean, numpy's linear percentile), from the per-request
+`latencies` list (seconds) where the file has one: vLLM 0.32 saves that list with every result, so
+its default result (--percentile-metrics ttft,tpot,itl) has measured end-to-end latencies too. The
+list is used only where exactly `completed` of its entries are positive (a request that failed
+before its response ended has 0; otherwise the failed requests cannot be told apart). A missing p90
+is interpolated linearly between p50 and p99 by percentile rank; percentiles the file does not have
+are left empty (the planner then refuses a latency_metric that needs them). Every computed,
+estimated or missing value is listed in the result's `notes`, so the user knows which numbers were
+not read from a field or not measured.
 
 Closed-loop points approximate open-loop ones: a run that keeps N requests in flight has no
 arrival process, so its throughput X is taken as the arrival rate with the latency L it measured
@@ -45,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+import numpy as np
 import pandas as pd
 
 from scepsy.models.errors import InputError
@@ -90,6 +98,19 @@ def _percentile_list(result: dict, rank: float) -> float | None:
             if isinstance(pair, (list, tuple)) and len(pair) == 2 and _number(pair[0]) == rank:
                 return _number(pair[1])
     return None
+
+
+def _latency_list_ms(result: dict) -> list[float] | None:
+    """The successful requests' end-to-end latencies in ms from the per-request `latencies` list (s),
+    or None where the file has none or its positive entries are not `completed` of them (module doc)."""
+    latencies, completed = result.get("latencies"), _number(result.get("completed"))
+    if not isinstance(latencies, list) or not latencies or not completed:
+        return None
+    values = [_number(value) for value in latencies]
+    if any(value is None for value in values):
+        return None
+    succeeded = [value * 1000.0 for value in values if value > 0]  # s -> ms
+    return succeeded if len(succeeded) == completed else None
 
 
 def _concurrency(result: dict) -> int | None:
@@ -147,6 +168,14 @@ def _latencies(result: dict, where: str, notes: list[str]) -> dict:
     p90 = _first(result, _P90) if _first(result, _P90) is not None else _percentile_list(result, 90)
     p99 = _first(result, _P99) if _first(result, _P99) is not None else _percentile_list(result, 99)
     mean = _first(result, _MEAN)
+    listed = _latency_list_ms(result) if None in (mean, p50, p90, p99) else None
+    if listed is not None:
+        computed = [name for name, value in (("mean", mean), ("p50", p50), ("p90", p90), ("p99", p99)) if value is None]
+        mean = float(np.mean(listed)) if mean is None else mean
+        p50, p90, p99 = (float(np.percentile(listed, rank)) if value is None else value
+                         for rank, value in ((50, p50), (90, p90), (99, p99)))
+        notes.append(f"{where}: latency {', '.join(computed)} computed from the file's {len(listed)} per-request latencies "
+                     "(its latencies list)")
     if mean is None:
         ttft, tpot = _number(result.get("mean_ttft_ms")), _number(result.get("mean_tpot_ms"))
         completed, output = _number(result.get("completed")), _number(result.get("total_output_tokens"))

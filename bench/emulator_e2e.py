@@ -57,7 +57,7 @@ from scepsy.models.catalog import catalog
 from scepsy.models.performance.engine import Engine
 from scepsy.models.instance.profile import STABLE_THROUGHPUT_RATIO, read_profile_frame, write_profile
 import paths  # noqa: F401, E402 - examples/ and tests/support/ on the import path
-from support.llamacpp import free_port
+from support.ports import free_port
 from examples.workflows import BeamSearch, Rag, run_closed_loop, run_open_loop
 
 GPU = "A6000"

@@ -235,7 +235,7 @@ def run(streams_list: list[int], delays_ms: list[float], tokens: int, phase_s: f
     proxy_cpus, other_cpus = _cpu_sets(pin)
     _pin(other_cpus)
     _fast_loop()
-    from support.llamacpp import free_port
+    from support.ports import free_port
 
     upstream_port, proxy_port = free_port(), free_port()
     upstream_url, proxy_url = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{proxy_port}"

@@ -125,7 +125,7 @@ def pytest_runtest_makereport(item, call):
 # hands out files in collection order with --no-loadscope-reorder; by default it would start with the
 # files that hold the most tests, and a long file of few tests would run alone at the end)
 LONGEST_FILES = (
-    "test_claims.py", "test_gateway_routing.py", "test_e2e_llamacpp.py", "test_control_live.py", "test_plan_readers.py",
+    "test_claims.py", "test_gateway_routing.py", "test_e2e_vllm.py", "test_control_live.py", "test_plan_readers.py",
     "test_typing.py", "test_otel_spans.py", "test_k8s_validate.py", "test_emulator.py", "test_fuzz.py",
 )
 

@@ -87,7 +87,7 @@ def _start_proxy_process(upstream_url: str, store):
 
     import httpx
 
-    from support.llamacpp import free_port
+    from support.ports import free_port
 
     port = free_port()
     process = subprocess.Popen(

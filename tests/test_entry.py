@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from k8s_support import CASES, objects_of, regenerate
-from support.llamacpp import free_port
+from support.ports import free_port
 from support.scripted import ScriptedEngine
 
 from scepsy.k8s.entry import NAME, entry_limits

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from support.llamacpp import free_port
+from support.ports import free_port
 from support.scripted import ScriptedEngine
 
 from scepsy.tracing.capture.proxy import ServerThread

@@ -42,7 +42,7 @@ import pytest
 
 from k8s_support import CASES, engine_deployments, objects_of, of_kind, regenerate
 from support.kube_pods import PodApi
-from support.llamacpp import free_port
+from support.ports import free_port
 
 from scepsy.k8s.gateway import GATEWAY_COMMAND, GATEWAY_VERSION, SETTLE_S
 from scepsy.models.catalog import catalog

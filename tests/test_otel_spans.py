@@ -32,7 +32,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from support.llamacpp import free_port
+from support.ports import free_port
 
 from scepsy import api
 from scepsy.cli import app

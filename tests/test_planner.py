@@ -217,7 +217,7 @@ def _measured(rows):
 
 
 def test_two_halves_of_one_gpu(write_instance):
-    """Regression (the llama.cpp end-to-end instance): F = 2, one GPU, each LLM profiled at 0.5 only,
+    """Regression (the shape of the end-to-end instances on a CPU engine): F = 2, one GPU, each LLM profiled at 0.5 only,
     with the noisy, non-monotone latencies of a real replay, so that each LLM keeps exactly one
     option and both share one replica shape: the placement counts must allow both replicas."""
     profiles = {"gen.csv": _measured([(0.900518, 0.378498), (1.80104, 0.350447), (2.70155, 0.356231)]),

@@ -184,7 +184,6 @@ EXTRAS = {
     "aiohttp": "tracing", "pyarrow": "tracing", "pynvml": "tracing",
     "kubernetes": "k8s", "kubernetes_validate": "k8s",
     "langgraph": "examples", "openai": "examples",
-    "llama_cpp": "engine",
     "dask": "dask", "distributed": "dask",
     "filterpy": "control", "scipy": "control",
 }

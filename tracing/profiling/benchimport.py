@@ -106,8 +106,8 @@ def _latency_list_ms(result: dict) -> list[float] | None:
     latencies, completed = result.get("latencies"), _number(result.get("completed"))
     if not isinstance(latencies, list) or not latencies or not completed:
         return None
-    values = [_number(value) for value in latencies]
-    if any(value is None for value in values):
+    values = [number for number in (_number(value) for value in latencies) if number is not None]
+    if len(values) != len(latencies):
         return None
     succeeded = [value * 1000.0 for value in values if value > 0]  # s -> ms
     return succeeded if len(succeeded) == completed else None

@@ -46,6 +46,3 @@ def test_prediction_against_a_real_vllm_behind_the_deployed_gateways_and_entry(t
         assert all(flags == list(e2e.ENGINE_FLAGS) for flags in run["engine_flags"].values()), run["engine_flags"]
         # every call went through the entry and the gateways: the entry counted each workflow request
         assert run["entry_workflow_requests"] >= settings.run_requests
-    # a higher load predicts, and here measures, a longer wait
-    low, high = report["runs"]
-    assert high["predicted_latency_s"]["mean"] >= low["predicted_latency_s"]["mean"]

@@ -25,7 +25,7 @@ Arrivals are uniform (requests 1 / rate apart) in the profiles and in the runs, 
 The trace and the runs use the same (question, seed) pairs, so they are the same workload; the runs
 are the prediction's test, not its input.
 
-    python bench/e2e_vllm.py [--out-dir out/e2e-vllm] [--trace-requests 8] [--run-requests 40] [--loads 0.4,0.8]
+    python bench/e2e_vllm.py [--out-dir out/e2e-vllm] [--trace-requests 8] [--run-requests 40] [--loads 0.4,0.8] [--no-hold]
 """
 
 from __future__ import annotations
@@ -82,6 +82,8 @@ class E2ESettings:
     # each server bound to a core of its own, the CPU analogue of an isolated GPU fraction; off where
     # other servers share the cores (the test suite), whose bound threads would wait on each other
     bind_cores: bool = True
+    # the entry's --max-in-flight hold as the manifests render it; off to measure what it costs
+    hold: bool = True
 
 
 def _workflow(url: str, s: E2ESettings) -> BeamSearch:
@@ -189,11 +191,14 @@ def gateway_argv(args: list[str], workers: list[str], port: int) -> list[str]:
     return argv
 
 
-def entry_argv(args: list[str], gateways: dict[str, str], port: int) -> list[str]:
-    """The entry's command as rendered, with loopback addresses for its port and the gateways."""
+def entry_argv(args: list[str], gateways: dict[str, str], port: int, hold: bool = True) -> list[str]:
+    """The entry's command as rendered, with loopback addresses for its port and the gateways;
+    without its --max-in-flight hold where `hold` is off."""
     argv, i = [sys.executable, "-m", "scepsy"], 0
     while i < len(args):
-        if args[i] == "--upstream":
+        if args[i] == "--max-in-flight" and not hold:
+            i += 2
+        elif args[i] == "--upstream":
             llm = args[i + 1].split("=", 1)[0]
             argv += ["--upstream", f"{llm}={gateways[llm]}"]
             i += 2
@@ -207,6 +212,23 @@ def entry_argv(args: list[str], gateways: dict[str, str], port: int) -> list[str
             argv.append(args[i])
             i += 1
     return argv
+
+
+def _engine_latency(server: VllmServer) -> tuple[float, float]:
+    """The engine's own end-to-end call latency so far: (sum s, count) of vllm:e2e_request_latency_seconds."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from scepsy.k8s.engines import METRICS
+
+    name = METRICS["vllm"].request_latency
+    text = httpx.get(f"{server.url}/metrics", timeout=10.0).text
+    total = {"_sum": 0.0, "_count": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for suffix in total:
+                if sample.name == name + suffix:
+                    total[suffix] += sample.value
+    return total["_sum"], total["_count"]
 
 
 def _entry_requests(entry: str) -> float:
@@ -252,13 +274,21 @@ def _run_load(s: E2ESettings, load: float, max_rate: float, stats: dict, profile
                                         f"{gateways[llm]}/health"))
         entry_port = free_port()
         entry = f"http://127.0.0.1:{entry_port}"
-        stack.enter_context(service(entry_argv(args["scepsy-entry"], gateways, entry_port), folder / "entry.log", f"{entry}/metrics"))
+        stack.enter_context(service(entry_argv(args["scepsy-entry"], gateways, entry_port, s.hold), folder / "entry.log",
+                                    f"{entry}/metrics"))
         _workflow(entry, s).run("warm-up: what is 1 + 1?", seed=999, workflow_id="warm-up")  # the gateways' first routes
+        engine_before = {llm: _engine_latency(server) for llm, server in servers.items()}
         t = time.perf_counter()
         results = run_open_loop(_workflow(entry, s), rate, s.run_requests, seed=s.seed,
                                 questions_per_seed=s.trace_requests, arrivals=s.arrivals)
         run_s = time.perf_counter() - t
         counted = _entry_requests(entry) - 1  # less the warm-up
+        engine_after = {llm: _engine_latency(server) for llm, server in servers.items()}
+    # the engines' own mean call latency over the run, against the profile's at the run's call rate
+    engine_latency = {llm: (engine_after[llm][0] - engine_before[llm][0]) / max(engine_after[llm][1] - engine_before[llm][1], 1.0)
+                      for llm in servers}
+    plan = json.loads((folder / "plan-mean.json").read_text())
+    profile_latency = {llm["name"]: llm["latency_s"] for llm in plan["llms"]}
     latencies = [r.latency_s for r in results if not r.error]
     errors = [r.error for r in results if r.error]
     measured = {"mean": statistics.mean(latencies) if latencies else math.nan, "p90": _percentile(latencies, 90)}
@@ -266,10 +296,13 @@ def _run_load(s: E2ESettings, load: float, max_rate: float, stats: dict, profile
         "load": load, "workflow_rate_rps": rate, "predicted_latency_s": predicted, "measured_latency_s": measured,
         "relative_error": {m: (predicted[m] - measured[m]) / measured[m] for m in predicted},
         "measured_requests": len(latencies), "failed_requests": len(errors), "first_error": errors[0] if errors else None,
+        "engine_call_latency_s": engine_latency, "profile_call_latency_s": profile_latency,
         "engine_flags": flags, "entry_workflow_requests": counted, "run_s": run_s,
     }
     log(f"load {load:g} ({rate:.3f} req/s): predicted mean {predicted['mean']:.3f} s p90 {predicted['p90']:.3f} s, "
-        f"measured mean {measured['mean']:.3f} s p90 {measured['p90']:.3f} s over {len(latencies)} requests")
+        f"measured mean {measured['mean']:.3f} s p90 {measured['p90']:.3f} s over {len(latencies)} requests; call latency "
+        f"at the engines {', '.join(f'{k} {v:.3f} s' for k, v in engine_latency.items())}, "
+        f"profiled {', '.join(f'{k} {v:.3f} s' for k, v in profile_latency.items())}")
     return report
 
 
@@ -362,9 +395,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-requests", type=int, default=E2ESettings.run_requests)
     parser.add_argument("--loads", default=",".join(f"{x:g}" for x in E2ESettings.loads))
     parser.add_argument("--arrivals", choices=("uniform", "poisson"), default=E2ESettings.arrivals)
+    parser.add_argument("--no-hold", action="store_true", help="run the entry without its --max-in-flight hold")
     args = parser.parse_args(argv)
     settings = E2ESettings(out_dir=args.out_dir, trace_requests=args.trace_requests, run_requests=args.run_requests,
-                           loads=tuple(float(x) for x in args.loads.split(",")), arrivals=args.arrivals)
+                           loads=tuple(float(x) for x in args.loads.split(",")), arrivals=args.arrivals, hold=not args.no_hold)
     report = run_e2e(settings)
     for run in report["runs"]:
         p, m, e = run["predicted_latency_s"], run["measured_latency_s"], run["relative_error"]

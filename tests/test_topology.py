@@ -192,3 +192,20 @@ def test_cli_json_and_warnings(tmp_path):
     out = json.loads(result.stdout)
     assert out["nodes"][0]["nvlink_domains"] == [[0, 1]] and out["warnings"]
     assert "warning: NVML reports NVLink P2P between GPUs 2 and 3" in result.stderr
+
+
+@pytest.mark.parametrize("field, mutate, says", [
+    ("format", lambda a: a.update(format="nvidia-smi/2"), "format: 'nvidia-smi/2' is not 'scepsy-nvml-answers/1'"),
+    ("memory", lambda a: a["gpus"][1].update(memory_total_bytes=-5), "gpus[1].memory_total_bytes: -5 is not a positive number of bytes"),
+    ("memory zero", lambda a: a["gpus"][0].update(memory_total_bytes=0), "gpus[0].memory_total_bytes: 0 is not"),
+])
+def test_cli_refuses_answers_of_another_format_or_without_memory_with_one_line(tmp_path, field, mutate, says):
+    recorded = answers("l4-pcie")
+    mutate(recorded)
+    path = tmp_path / "answers.json"
+    path.write_text(json.dumps(recorded))
+    result = scepsy("topology", "--replay", path, "--json")
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and str(path) in lines[0] and says in lines[0] and "scepsy topology --record" in lines[0], lines
+    assert result.stdout == ""

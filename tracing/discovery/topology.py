@@ -44,6 +44,7 @@ from scepsy.models.errors import InputError, ScepsyError
 from scepsy.models.inputs import load_json
 
 MAX_LINKS_FALLBACK = 18  # NVLink 4 (H100) has 18 links per GPU; used if the constant is missing
+ANSWERS_FORMAT = "scepsy-nvml-answers/1"  # the `format` of the answers files `record` writes and `RecordedNvml` replays
 MAX_LINKS_REPLAYED = 64  # NVLink links per GPU a replayed file may name (NVLink 5, B200: 18)
 MAX_GPUS_REPLAYED = 1024  # GPUs of one node a replayed file may list
 
@@ -372,7 +373,7 @@ def record(nvml) -> dict:
                     "p2p_nvlink": p2p,
                 }
             )
-        return {"format": "scepsy-nvml-answers/1", "driver_version": driver, "max_links": max_links, "gpus": gpus}
+        return {"format": ANSWERS_FORMAT, "driver_version": driver, "max_links": max_links, "gpus": gpus}
     finally:
         try:
             nvml.nvmlShutdown()
@@ -412,6 +413,9 @@ class RecordedNvml:
         answers = load_json(path, "pass a file written by `scepsy topology --record`")
         if not isinstance(answers, dict) or not isinstance(answers.get("gpus", []), list):
             raise InputError(str(path), "gpus", "not an NVML answers file", "pass a file written by `scepsy topology --record`")
+        if answers.get("format", ANSWERS_FORMAT) != ANSWERS_FORMAT:
+            raise InputError(str(path), "format", f"{answers['format']!r} is not {ANSWERS_FORMAT!r}, the answers this scepsy replays",
+                             "pass a file written by `scepsy topology --record`")
         links = answers.get("max_links", MAX_LINKS_FALLBACK)
         if not isinstance(links, int) or isinstance(links, bool) or not 0 <= links <= MAX_LINKS_REPLAYED:
             raise InputError(str(path), "max_links", f"{links!r} is not a link count in 0..{MAX_LINKS_REPLAYED}",
@@ -473,7 +477,11 @@ class RecordedNvml:
         return self._gpu(handle)["uuid"]
 
     def nvmlDeviceGetMemoryInfo(self, handle):
-        return SimpleNamespace(total=self._gpu(handle)["memory_total_bytes"])
+        total = self._gpu(handle)["memory_total_bytes"]
+        if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
+            raise InputError(self.source, f"gpus[{handle.index}].memory_total_bytes", f"{total!r} is not a positive number of bytes",
+                             "pass a file written by `scepsy topology --record`")
+        return SimpleNamespace(total=total)
 
     def nvmlDeviceGetPciInfo(self, handle):
         pci = self._gpu(handle)["pci"]

@@ -3,7 +3,7 @@ the real kubernetes client talking to a loopback API double (tests/support/kube_
 the Deployment controller and the kubelet, and a loopback double of the Prometheus HTTP API for the
 rates. Time is an injected clock: every test orders events (applied, ready, deleted, drained),
 none bounds a wall-clock time. Two tests read the engines through a real Prometheus instead,
-scraping real vLLM servers (tests/support/vllm_server.py: one per LLM, a core each, started once
+scraping real vLLM servers (tests/support/vllm_server.py: one per LLM, one unbound thread each, started once
 for the module) and the workflow entry in front of them.
 
 Faults, each with a test: Prometheus unreachable, slow, no series, NaN, stale (the loop holds and
@@ -493,7 +493,7 @@ def test_api_control_refuses_slos_it_cannot_derive(api, tmp_path, instance, prom
 
 
 # Real vLLM servers (tests/support/vllm_server.py) behind a real Prometheus: one server per LLM of
-# the plan, a core each, started once for the module and shared by the two tests below. The KV
+# the plan, one unbound thread each, started once for the module and shared by the two tests below. The KV
 # cache of 4,096 tokens is 32 blocks of which vLLM keeps one back, so a request may be 2,048 tokens
 # long (the cache's 4,096 would not fit in the 31 blocks left).
 BATCH = 2  # each server's batch slots (`--max-num-seqs`): a few long calls fill it and queue behind it

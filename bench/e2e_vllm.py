@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -214,32 +214,33 @@ def entry_argv(args: list[str], gateways: dict[str, str], port: int, hold: bool 
     return argv
 
 
-def _engine_latency(server: VllmServer) -> tuple[float, float]:
-    """The engine's own end-to-end call latency so far: (sum s, count) of vllm:e2e_request_latency_seconds."""
+def _totals(url: str, names: Sequence[str]) -> dict[str, float]:
+    """Each named sample of the server's /metrics, summed over its label sets."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    text = httpx.get(f"{url}/metrics", timeout=10.0).text
+    totals = dict.fromkeys(names, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in totals:
+                totals[sample.name] += sample.value
+    return totals
+
+
+def _engine_latency(server: VllmServer) -> tuple[float, float]:
+    """The engine's own end-to-end call latency so far: (sum s, count) of vllm:e2e_request_latency_seconds."""
     from scepsy.k8s.engines import METRICS
 
     name = METRICS["vllm"].request_latency
-    text = httpx.get(f"{server.url}/metrics", timeout=10.0).text
-    total = {"_sum": 0.0, "_count": 0.0}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            for suffix in total:
-                if sample.name == name + suffix:
-                    total[suffix] += sample.value
-    return total["_sum"], total["_count"]
+    totals = _totals(server.url, (name + "_sum", name + "_count"))
+    return totals[name + "_sum"], totals[name + "_count"]
 
 
 def _entry_requests(entry: str) -> float:
     """Workflow requests the entry has seen (its scepsy_entry_requests_total, over workflows)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     from scepsy.tracing.capture.entry_metrics import REQUESTS_METRIC
 
-    text = httpx.get(f"{entry}/metrics", timeout=10.0).text
-    return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name == REQUESTS_METRIC)
+    return _totals(entry, (REQUESTS_METRIC,))[REQUESTS_METRIC]
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -252,14 +253,14 @@ def _run_load(s: E2ESettings, load: float, max_rate: float, stats: dict, profile
     rate = load * max_rate
     folder = s.out_dir / f"load-{load:g}"
     folder.mkdir(parents=True, exist_ok=True)
-    predicted = {}
+    predicted, plans = {}, {}
     for metric in ("mean", "p90"):
         instance_path = folder / f"instance-{metric}.yaml"
         instance_path.write_text(yaml.safe_dump(_instance(stats, rate, metric, profiles, model_dir), sort_keys=False))
         plan_path = folder / f"plan-{metric}.json"
         scepsy("plan", str(instance_path), "--out", str(plan_path), "--json", out_dir=folder)
-        plan = json.loads(plan_path.read_text())
-        (workflow,) = plan["workflows"]
+        plans[metric] = json.loads(plan_path.read_text())
+        (workflow,) = plans[metric]["workflows"]
         predicted[metric] = workflow["latency_s"]
     args = _deployment(folder / "plan-mean.json", folder)
     flags = {llm: engine_flags(args[f"{llm}-r0"]) for llm in servers}
@@ -287,8 +288,7 @@ def _run_load(s: E2ESettings, load: float, max_rate: float, stats: dict, profile
     # the engines' own mean call latency over the run, against the profile's at the run's call rate
     engine_latency = {llm: (engine_after[llm][0] - engine_before[llm][0]) / max(engine_after[llm][1] - engine_before[llm][1], 1.0)
                       for llm in servers}
-    plan = json.loads((folder / "plan-mean.json").read_text())
-    profile_latency = {llm["name"]: llm["latency_s"] for llm in plan["llms"]}
+    profile_latency = {llm["name"]: llm["latency_s"] for llm in plans["mean"]["llms"]}
     latencies = [r.latency_s for r in results if not r.error]
     errors = [r.error for r in results if r.error]
     measured = {"mean": statistics.mean(latencies) if latencies else math.nan, "p90": _percentile(latencies, 90)}
@@ -310,7 +310,7 @@ def run_e2e(s: E2ESettings, log=print) -> dict:
     reason = missing()
     if reason:
         raise RuntimeError(reason)
-    s = E2ESettings(**{**asdict(s), "out_dir": s.out_dir.resolve()})
+    s = replace(s, out_dir=s.out_dir.resolve())
     s.out_dir.mkdir(parents=True, exist_ok=True)
     for name in ("traces.db", "traces.db-wal", "traces.db-shm", "profile-gen.csv", "profile-ver.csv"):
         (s.out_dir / name).unlink(missing_ok=True)  # an earlier run's calls and rows would mix with this run's

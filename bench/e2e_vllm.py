@@ -50,7 +50,8 @@ import yaml
 
 import paths  # noqa: F401 - examples/ and tests/support/ on the import path
 from examples.workflows import BeamSearch, run_closed_loop, run_open_loop
-from support.vllm_server import VllmServer, free_port, make_tiny_llama, missing
+from support.ports import free_port
+from support.vllm_server import VllmServer, make_tiny_llama, missing, stop_group
 
 GPU_TYPE = "cpu"
 FRACTIONS_PER_GPU = 2
@@ -118,14 +119,7 @@ def service(argv: Sequence[str], log_path: Path, ready_url: str, env: dict[str, 
             time.sleep(0.3)
         yield
     finally:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGINT)  # scepsy proxy closes its trace store on Ctrl-C
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stop_group(process, signal.SIGINT, grace_s=30.0)  # scepsy proxy closes its trace store on Ctrl-C
 
 
 def _instance(stats: dict, rate: float, metric: str, profiles: dict[str, Path], model_dir: Path) -> dict:

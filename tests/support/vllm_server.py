@@ -227,16 +227,23 @@ class VllmServer:
     def stop(self) -> None:
         """End the server's whole process group (the API server and its engine core process)."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
+        if process is not None:
+            stop_group(process, signal.SIGTERM)
+
+
+def stop_group(process: subprocess.Popen, first: signal.Signals, grace_s: float = 20.0) -> None:
+    """End a process started with start_new_session and everything it started: `first` to its
+    group, SIGKILL after `grace_s` where that did not end it."""
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, first)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 @contextlib.contextmanager

@@ -271,8 +271,8 @@ def test_bodies_over_the_bound_are_left_out_with_their_sizes(engine):
 def test_workflow_priority_tags_each_call_with_its_workflow_requests_start(engine):
     """With workflow_priority the upstream sees every chat/completions call of a workflow request
     carry that request's first call's start as `priority` (s since the epoch, lower first), newer
-    workflow requests larger values; a client's own priority, untagged calls and embeddings pass
-    unchanged."""
+    workflow requests larger values; a call without a workflow request id counts as a workflow
+    request starting when it arrives, and a client's own priority is replaced."""
     recorder = Recorder()
     config = ProxyConfig({"gen": engine.url}, store=recorder, workflow_priority=True)
     with ServerThread(create_app(config)) as proxy:
@@ -294,23 +294,57 @@ def test_workflow_priority_tags_each_call_with_its_workflow_requests_start(engin
         untagged = chat(None)
     assert isinstance(first["priority"], int) and abs(first["priority"] - time.time()) < 3600 and first["priority"] < 2**31
     assert again["priority"] == tagged_completion["priority"] == first["priority"] <= other["priority"]
-    assert own["priority"] == -5 and "priority" not in untagged
+    assert other["priority"] <= own["priority"] <= untagged["priority"]  # nobody jumps, nobody is left untagged
     assert {k: v for k, v in again.items() if k != "priority"} == {**CHAT, "max_tokens": 2}
     # the record holds the body the upstream got
     wait_for(lambda: len(recorder.records) == 6)
     assert json.loads(recorder.records[0].request_body) == first
 
 
-def test_workflow_starts_are_forgotten_when_idle_and_bounded():
+class SteppedClock:
+    """The proxy's clock, moved by the test."""
+
+    def __init__(self, now_s: float):
+        self.now_s = now_s
+
+    def now(self) -> float:
+        return self.now_s
+
+
+def test_the_operator_may_trust_the_clients_priority_and_a_long_workflow_keeps_its_start(engine):
+    """With trust_client_priority a client's own priority reaches the upstream; a workflow request
+    whose next call comes two hours after its last still carries its first call's start, ahead of a
+    workflow request that started in between."""
+    clock = SteppedClock(1_764_790_000.0)
+    config = ProxyConfig({"gen": engine.url}, store=Recorder(), workflow_priority=True, trust_client_priority=True, clock=clock)
+    with ServerThread(create_app(config)) as proxy:
+        def chat(workflow_id: str, **extra) -> dict:
+            body = {**CHAT, "max_tokens": 2, **extra}
+            answer = httpx.post(f"{proxy.url}/gen/v1/chat/completions", json=body, headers={"X-Workflow-Id": workflow_id}, timeout=60)
+            assert answer.status_code == 200
+            return json.loads(engine.received[-1]["body"])
+
+        own = chat("wf-0", priority=-5)
+        first = chat("wf-1")
+        clock.now_s += 7200.0
+        newer = chat("wf-2")
+        later = chat("wf-1")
+    assert own["priority"] == -5
+    assert later["priority"] == first["priority"] == 1_764_790_000 < newer["priority"] == 1_764_797_200
+
+
+def test_workflow_starts_are_kept_while_the_workflow_runs_and_bounded():
     from scepsy.tracing.capture.proxy import WorkflowStarts
 
-    starts = WorkflowStarts(idle_s=10.0, limit=3)
+    starts = WorkflowStarts(limit=3)
     assert starts.start_of("a", 100.0) == 100.0
     assert starts.start_of("a", 105.0) == 100.0  # the same request keeps its start
-    for k, name in enumerate("bcd"):
+    for k, name in enumerate("bc"):
         starts.start_of(name, 106.0 + k)
-    assert len(starts) == 3 and starts.start_of("a", 109.0) == 109.0  # "a" was the oldest entry: dropped
-    assert starts.start_of("d", 200.0) == 108.0 and len(starts) == 1  # the idle ones went
+    assert starts.start_of("a", 100_000.0) == 100.0  # however long it paused
+    starts.start_of("d", 100_001.0)
+    assert len(starts) == 3 and "b" not in starts  # "b" was the least recently seen: forgotten
+    assert starts.start_of("b", 100_002.0) == 100_002.0
 
 
 def test_max_in_flight_holds_an_llms_calls_and_lets_the_oldest_workflow_go_first(engine):

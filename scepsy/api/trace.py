@@ -110,6 +110,7 @@ def proxy(
     timeout_s: float = 600.0,
     max_body_mib: float = 16.0,
     workflow_priority: bool = False,
+    trust_client_priority: bool = False,
     max_in_flight: Sequence[str] = (),
     workflow_done_s: float = 30.0,
     on_start: Callable[[str], None] | None = None,
@@ -118,7 +119,7 @@ def proxy(
     """Run the tracing proxy in front of OpenAI-compatible engines until interrupted, recording
     every call to the SQLite `store` (None: recording nothing, as the workflow entry runs). `upstreams`: LLM name -> engine base URL (or NAME=URL items);
     `workflow_priority` tags every chat/completions call with its workflow request's start, for
-    engines that schedule by priority; `max_in_flight` (LLM=N items) holds an LLM's calls beyond N
+    engines that schedule by priority, replacing a client's own unless `trust_client_priority`; `max_in_flight` (LLM=N items) holds an LLM's calls beyond N
     at the proxy, oldest workflow request first (tracing/capture/proxy.py); `workflow_done_s`: a
 workflow request none of whose calls is in flight for this long counts as finished in `/metrics`
 (tracing/capture/entry_metrics.py); `on_start(text)` says
@@ -147,7 +148,7 @@ workflow request none of whose calls is in flight for this long counts as finish
     try:
         config = ProxyConfig(routes_of, store=trace_store, record_bodies=record_bodies, timeout_s=timeout_s,
                              max_body_bytes=int(max_body_mib * 2**20), workflow_priority=workflow_priority,
-                             max_in_flight=limits, workflow_done_s=workflow_done_s)
+                             trust_client_priority=trust_client_priority, max_in_flight=limits, workflow_done_s=workflow_done_s)
         serve(config, host=host, port=port)
     finally:
         recorded = Recorded(None, 0, 0)

@@ -46,7 +46,8 @@ def proxy(
     timeout_s: Annotated[float, typer.Option("--timeout-s", min=0.1, help="Answer 504 when an upstream sends nothing for this long.")] = 600.0,
     max_body_mib: Annotated[float, typer.Option("--max-body-mib", min=0.0, help="Store request/response bodies up to this size, MiB (larger ones: only their sizes).")] = 16.0,
     max_in_flight: Annotated[list[str], typer.Option("--max-in-flight", help="LLM=N: at most N of the LLM's calls outstanding upstream; the others wait here, oldest workflow request first (repeat per LLM; scepsy plan prints N as entry_limit).")] = [],
-    workflow_priority: Annotated[bool, typer.Option("--workflow-priority", help="Set each chat/completions call's `priority` to its workflow request's start (whole seconds since the epoch), for engines deployed by `scepsy manifests` (they serve older workflows first).")] = False,
+    workflow_priority: Annotated[bool, typer.Option("--workflow-priority", help="Set each chat/completions call's `priority` to its workflow request's start (whole seconds since the epoch), for engines deployed by `scepsy manifests` (they serve older workflows first); a call without a workflow id counts as a workflow of its own, and a client's own priority is replaced.")] = False,
+    trust_client_priority: Annotated[bool, typer.Option("--trust-client-priority", help="With --workflow-priority: keep a `priority` the client set (trusted clients only: a lower value jumps the queue).")] = False,
     workflow_done_s: Annotated[float, typer.Option("--workflow-done-s", min=0.001, help="GET /metrics counts a workflow request as finished once none of its calls has been in flight for this many seconds (scepsy_entry_request_duration_seconds).")] = 30.0,
 ) -> None:
     """Run the tracing proxy in front of OpenAI-compatible engines (until Ctrl-C)."""
@@ -54,7 +55,7 @@ def proxy(
 
     with errors():
         api.proxy(upstream, host=host, port=port, store=None if no_store else store, record_bodies=not no_bodies, timeout_s=timeout_s,
-                  max_body_mib=max_body_mib, workflow_priority=workflow_priority, max_in_flight=max_in_flight, workflow_done_s=workflow_done_s, on_start=_tell,
+                  max_body_mib=max_body_mib, workflow_priority=workflow_priority, trust_client_priority=trust_client_priority, max_in_flight=max_in_flight, workflow_done_s=workflow_done_s, on_start=_tell,
                   on_stop=lambda recorded: _tell(api.recorded_view(recorded)))
 
 

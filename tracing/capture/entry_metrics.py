@@ -14,7 +14,7 @@ a workflow request id count in neither metric (one call is not a workflow reques
   a workflow request, so one counts as finished once none of its calls has been in flight for
   `done_s` (default WORKFLOW_DONE_S: longer than the usual tool call between two LLM calls);
   it is observed then, `done_s` after its end. A later call with the same id (while the id is
-  remembered: proxy.WORKFLOW_IDLE_S) is neither a new arrival nor a second duration.
+  remembered: proxy.MAX_TRACKED_WORKFLOWS) is neither a new arrival nor a second duration.
 
 Label values are bounded: past MAX_WORKFLOW_LABELS distinct workflow names, further names count
 under OTHER_WORKFLOW, so that a client cannot grow the entry's memory or Prometheus' series

@@ -29,17 +29,21 @@ Bodies are stored up to `max_body_bytes` each (default 16 MiB); a larger one is 
 record, whose `request_bytes` and `response_bytes` still give the sizes.
 
 Workflow priority (`workflow_priority`, the entry of a deployment whose engines schedule by
-priority). The proxy then sets the JSON body's `priority` of every chat or completions call that
-carries a workflow request id and no `priority` of its own to that workflow request's start: the
-wall-clock time of its first call through this proxy, in whole seconds since the Unix epoch (an
-integer that fits the 32-bit fields of gateways that parse request bodies; calls of equal
-priority are served in their arrival order). Engines
+priority). The proxy then sets the JSON body's `priority` of every chat or completions call to its
+workflow request's start: the wall-clock time of its first call through this proxy, in whole
+seconds since the Unix epoch (an integer that fits the 32-bit fields of gateways that parse
+request bodies; calls of equal priority are served in their arrival order). A call without a
+workflow request id counts as a workflow request of its own, starting when it arrives: it is
+neither left behind every workflow (SGLang serves untagged calls last and lets tagged ones preempt
+them) nor put ahead of older ones. A `priority` the client set is replaced, so that no client jumps
+the queue, unless the operator trusts the clients' (`trust_client_priority`). Engines
 that serve lower values first (vLLM `--scheduling-policy priority`; SGLang
 `--enable-priority-scheduling --schedule-low-priority-values-first`) then serve older workflow
 requests first, so that a burst cannot leave every workflow's next call queued behind newer ones
-(models/simulation/simulator.py, docs/deploy.md). The starts are held for WORKFLOW_IDLE_S after a
-workflow request's last call, at most MAX_TRACKED_WORKFLOWS of them (the oldest go first). The
-body is then re-encoded (same JSON, compact separators); the recorded request body is the one sent.
+(models/simulation/simulator.py, docs/deploy.md). A workflow request keeps its start however long
+it runs and however long it pauses between calls: the proxy remembers the starts of the
+MAX_TRACKED_WORKFLOWS workflow requests seen most recently (about 150 bytes each). The body is
+then re-encoded (same JSON, compact separators); the recorded request body is the one sent.
 
 Calls in flight (`max_in_flight`, LLM name -> N: the entry's hold, `scepsy plan` prints N per LLM).
 At most N of an LLM's traced calls are outstanding upstream; the others wait in the proxy and go
@@ -94,8 +98,7 @@ MAX_WORKFLOW_HEADER_CHARS = 256
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}$")
 PRIORITY_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")  # the OpenAI requests that carry `priority` in vLLM and SGLang
-WORKFLOW_IDLE_S = 600.0
-MAX_TRACKED_WORKFLOWS = 100_000
+MAX_TRACKED_WORKFLOWS = 1_000_000  # workflow request starts remembered, least recently seen forgotten first
 METRICS_PATH = "/metrics"  # the entry's Prometheus metrics (entry_metrics.py)
 _ENDPOINT = re.compile(r"^/(?:(?P<llm>[^/]+)/)?v1/(?P<endpoint>chat/completions|completions|embeddings|rerank|score|models)/?$")
 
@@ -156,34 +159,34 @@ class InFlightLimit:
 
 
 class WorkflowStarts:
-    """The start of each workflow request seen (wall-clock seconds of its first call), forgotten
-    `idle_s` after its last call and beyond `limit` entries (least recently seen first)."""
+    """The start of each workflow request seen (wall-clock seconds of its first call), kept however
+    long the request runs; beyond `limit` entries the least recently seen request is forgotten."""
 
-    def __init__(self, idle_s: float = WORKFLOW_IDLE_S, limit: int = MAX_TRACKED_WORKFLOWS):
-        self.idle_s = idle_s
+    def __init__(self, limit: int = MAX_TRACKED_WORKFLOWS):
         self.limit = limit
-        self._seen: OrderedDict[str, tuple[float, float]] = OrderedDict()  # id -> (start, last call)
+        self._starts: OrderedDict[str, float] = OrderedDict()  # id -> start, least recently seen first
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return len(self._starts)
 
     def __contains__(self, workflow_id: str) -> bool:
-        return workflow_id in self._seen
+        return workflow_id in self._starts
 
     def start_of(self, workflow_id: str, now_s: float) -> float:
-        start_s = self._seen.pop(workflow_id, (now_s, now_s))[0]
-        self._seen[workflow_id] = (start_s, now_s)
-        while self._seen and (len(self._seen) > self.limit or next(iter(self._seen.values()))[1] < now_s - self.idle_s):
-            self._seen.popitem(last=False)
+        start_s = self._starts.setdefault(workflow_id, now_s)
+        self._starts.move_to_end(workflow_id)
+        if len(self._starts) > self.limit:
+            self._starts.popitem(last=False)
         return start_s
 
 
-def with_priority(body: bytes, payload: dict, start_s: float) -> bytes:
+def with_priority(body: bytes, payload: dict, start_s: float, keep_client: bool = False) -> bytes:
     """The body with `priority` set to the workflow request's start in whole PRIORITY_UNIT_S since
-    the epoch (lower values are served first), unless the client set one."""
-    if "priority" in payload:
+    the epoch (lower values are served first), replacing the client's unless `keep_client`."""
+    priority = math.floor(start_s / PRIORITY_UNIT_S)
+    if keep_client and "priority" in payload:
         return body
-    return json.dumps({**payload, "priority": math.floor(start_s / PRIORITY_UNIT_S)}, separators=(",", ":")).encode()
+    return json.dumps({**payload, "priority": priority}, separators=(",", ":")).encode()
 
 
 class HeaderError(ValueError):
@@ -257,6 +260,7 @@ class ProxyConfig:
     connect_timeout_s: float = 10.0
     clock: Clock = field(default_factory=Clock)
     workflow_priority: bool = False  # tag calls with their workflow request's start (module doc)
+    trust_client_priority: bool = False  # with workflow_priority: keep a `priority` the client set
     max_in_flight: dict[str, int] = field(default_factory=dict)  # llm -> its calls outstanding upstream at most
     workflow_done_s: float = WORKFLOW_DONE_S  # a workflow request idle this long counts as finished (entry_metrics.py)
 
@@ -443,8 +447,8 @@ class ProxyEndpoint:
             return
         new = call.workflow_id is not None and call.workflow_id not in self.starts
         workflow_start_s = self.starts.start_of(call.workflow_id, start_s) if call.workflow_id is not None else start_s
-        if self.config.workflow_priority and call.workflow_id and payload is not None and upstream_path in PRIORITY_ENDPOINTS:
-            body = call.request_body = with_priority(body, payload, workflow_start_s)
+        if self.config.workflow_priority and payload is not None and upstream_path in PRIORITY_ENDPOINTS:
+            body = call.request_body = with_priority(body, payload, workflow_start_s, self.config.trust_client_priority)
         upstream = (scope["method"], url, self._upstream_headers(headers), body)
         self.metrics.call_started(call.workflow_id, call.workflow, workflow_start_s, new)  # at arrival: demand, before any hold
         try:

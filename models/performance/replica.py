@@ -192,6 +192,7 @@ class ReplicaSim:
         on_finish: Callable | None = None,
         fast_forward: bool = True,
         policy: str = "fcfs",
+        start: bool = True,
     ):
         self.env = env
         self.fast_forward = fast_forward  # run pure-decode stretches as one event (same timing)
@@ -216,8 +217,10 @@ class ReplicaSim:
         self.accepting = True
         self.started_s = env.now
         self.retired_s: float | None = None
+        self.log: list[tuple[str, Request, int]] | None = None  # ("admit", request, hit) / ("preempt", request, 0)
         self._wake = env.event()
-        env.process(self._loop())
+        if start:
+            env.process(self._loop())
 
     # -- interface ----------------------------------------------------------------------------
 
@@ -238,6 +241,17 @@ class ReplicaSim:
         if not self._wake.triggered:
             self._wake.succeed()
         return request.done
+
+    def step(self) -> list[tuple[Request, int]]:
+        """One scheduler iteration at the current simulated time, without advancing it: schedule,
+        then land the results (a replica made with `start=False` is driven this way, step by step,
+        as the differential test against vLLM's scheduler does). Returns the iteration's plan:
+        (request, prompt tokens computed; 0 for a decode)."""
+        work, plan = self._schedule_encoder() if self.encoder else self._schedule_decoder()
+        self.iterations += 1
+        self.tokens += work.tokens
+        self._apply(plan)
+        return plan
 
     def utilization(self, since_s: float = 0.0) -> float:
         elapsed = self.env.now - max(since_s, self.started_s)
@@ -280,6 +294,8 @@ class ReplicaSim:
             victim._computed = 0
             victim.preemptions += 1
             self.preemptions += 1
+            if self.log is not None:
+                self.log.append(("preempt", victim, 0))
             self.waiting.push_preempted(victim)
 
     def _schedule_decoder(self) -> tuple[IterationWork, list[tuple[Request, int]]]:
@@ -331,6 +347,8 @@ class ReplicaSim:
                     chunk = max(self.capacity - self.used - hit, 1)
             self.waiting.pop()
             request.hit_tokens = hit
+            if self.log is not None:
+                self.log.append(("admit", request, hit))
             request._computed = hit
             if request.start_s is None:
                 request.start_s = self.env.now

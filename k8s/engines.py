@@ -34,10 +34,18 @@ from dataclasses import dataclass
 # `--enable-priority-scheduling` orders by priority, higher values first unless
 # `--schedule-low-priority-values-first` (python/sglang/srt/server_args.py). `fcfs` is each engine's
 # default. Only LLMs that generate get it: the entry tags chat and completions calls.
+# SGLang also lets a waiting request preempt a running one whose priority is worse by more than
+# `--priority-scheduling-preemption-threshold` (default 10; python/sglang/srt/managers/
+# schedule_policy.py `PrefillAdder.preempt_to_schedule`). The entry's tags are seconds, so the
+# default would let every workflow 10 s older preempt, and recompute, the calls in the batch after
+# a burst, where vLLM never preempts for a waiting request: the threshold is set to 2^31 - 1, more
+# than any two whole-second epoch tags differ, so that tagged calls never preempt each other.
+SGLANG_PREEMPTION_THRESHOLD = 2**31 - 1
 SCHEDULING_POLICIES = ("priority", "fcfs")
 SCHEDULING_ARGS = {
     "vllm": {"priority": ("--scheduling-policy", "priority"), "fcfs": ()},
-    "sglang": {"priority": ("--enable-priority-scheduling", "--schedule-low-priority-values-first"), "fcfs": ()},
+    "sglang": {"priority": ("--enable-priority-scheduling", "--schedule-low-priority-values-first",
+                            "--priority-scheduling-preemption-threshold", str(SGLANG_PREEMPTION_THRESHOLD)), "fcfs": ()},
 }
 
 ENGINES = ("vllm", "sglang")

@@ -1,5 +1,6 @@
-"""The workflow entry (`scepsy manifests --entry-image IMAGE`): `scepsy proxy` in front of the
-LLMs' Services, the one address a workflow application calls.
+"""The workflow entry (emitted by `scepsy manifests` unless `--no-entry`): `scepsy proxy` in front
+of the LLMs' Services, the one address a workflow application calls. Its image is scepsy's own,
+built from the repository's Dockerfile (DEFAULT_ENTRY_IMAGE, or `--entry-image`; docs/deploy.md).
 
 - Deployment `scepsy-entry`: one replica of `scepsy proxy --workflow-priority --no-store
   --max-in-flight LLM=N ...` with one `--upstream LLM=http://LLM.NAMESPACE.svc:PORT` per LLM (the
@@ -23,19 +24,18 @@ from __future__ import annotations
 from scepsy.k8s import names
 from scepsy.k8s.gateway import GATEWAY_PORT
 from scepsy.k8s.plan_input import PlacedPlan
-from scepsy.models.instance.allocation import Allocation, LlmAllocation
-from scepsy.models.performance.alp import predict
 
 NAME = "scepsy-entry"
+# the image `docker build -t ghcr.io/scepsy/scepsy:0.1.0 .` makes from the repository's Dockerfile
+# (its tag is the package's version; a test checks both)
+DEFAULT_ENTRY_IMAGE = "ghcr.io/scepsy/scepsy:0.1.0"
 PORT = 9000
 SELECTOR = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/component": "entry"}  # its pods (Service, PodMonitor)
 
 
 def entry_limits(plan: PlacedPlan) -> dict[str, int]:
     """The plan's entry limit per LLM (its prediction at the plan's rates)."""
-    allocation = Allocation(plan.fractions_per_gpu, tuple(
-        LlmAllocation(m.name, m.gpu_type, m.tp, m.share, m.replicas) for m in plan.llms))
-    return {p.llm: p.entry_limit for p in predict(plan.instance, allocation).llms if p.entry_limit is not None}
+    return {p.llm: p.entry_limit for p in plan.prediction.llms if p.entry_limit is not None}
 
 
 def entry_args(plan: PlacedPlan, namespace: str) -> list[str]:

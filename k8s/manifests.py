@@ -44,7 +44,7 @@ from scepsy.models.instance.allocation import ReplicaPlacement
 from scepsy.k8s import gateway, inference_gateway, names, operations
 from scepsy.k8s.controller import ControllerSettings, controller_objects
 from scepsy.k8s.engines import DEFAULT_IMAGES, ENGINE_PORTS, ENGINES, SCHEDULING_ARGS, SCHEDULING_POLICIES
-from scepsy.k8s.entry import entry_objects
+from scepsy.k8s.entry import DEFAULT_ENTRY_IMAGE, entry_objects
 from scepsy.k8s.plan_input import PlacedPlan
 from scepsy.k8s.sharing import GpuAccess, realise, unpinned
 from scepsy.k8s.sizing import engine_resources, shm_gib
@@ -78,7 +78,8 @@ class ManifestSettings:
     endpoint_picker: str = inference_gateway.DEFAULT_PICKER  # llm-d-router | inference-extension-v1.5.0
     picker_replicas: int = inference_gateway.DEFAULT_PICKER_REPLICAS  # leader-elected pickers per pool
     scheduling: str = "priority"  # the generating engines' waiting queue (engines.SCHEDULING_ARGS)
-    entry_image: str | None = None  # an image with scepsy: emit the workflow entry (entry.py); None: none
+    entry: bool = True  # emit the workflow entry (entry.py): the burst cure; without it the engines serve first come first served
+    entry_image: str = DEFAULT_ENTRY_IMAGE  # the entry's image, scepsy's own (the repository's Dockerfile)
 
 
 def parse_kubernetes_version(text: str) -> tuple[int, int]:
@@ -138,10 +139,6 @@ def check_settings(settings: ManifestSettings) -> None:
     check_image("image", settings.image)
     check_image("gateway_image", settings.gateway_image)
     check_image("entry_image", settings.entry_image)
-    if settings.entry_image is not None and settings.router != "sglang":
-        raise InputError(None, "entry_image", "the workflow entry is emitted in front of the SGLang gateways only",
-                         "leave out `entry_image` with the inference gateway as `router` and run the proxy with its workflow priority "
-                         "in front of your Gateway (docs/deploy.md)")
     for field, value in (("hf_token_secret", settings.hf_token_secret), ("hf_cache_pvc", settings.hf_cache_pvc),
                          ("device_plugin_namespace", settings.device_plugin_namespace)):
         if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
@@ -353,6 +350,27 @@ def pinning_warnings(plan: PlacedPlan, settings: ManifestSettings) -> list[str]:
     ]
 
 
+def emits_entry(settings: ManifestSettings) -> bool:
+    """Whether the deployment has the workflow entry: asked for, and in front of SGLang gateways
+    (with the inference gateway the operator runs `scepsy proxy` in front of the Gateway)."""
+    return settings.entry and settings.router == "sglang"
+
+
+def cure_warnings(plan: PlacedPlan, settings: ManifestSettings) -> list[str]:
+    """One stderr line where the deployment has no workflow entry: nothing then tags calls with
+    their workflow's start or holds them, and each workflow recovers from a burst only below its
+    recovery_limit_fcfs_rps (models/performance/recovery.py), not its recovery_limit_rps."""
+    if emits_entry(settings):
+        return []
+    limits = ", ".join(f"{w.name} {w.recovery_limit_fcfs_rps:.3f} (with the entry {w.recovery_limit_rps:.3f})"
+                       for w in plan.prediction.workflows)
+    why = "turned off" if not settings.entry else "the inference gateway's routes have none in front of them"
+    fix = "deploy the workflow entry" if not settings.entry else "run `scepsy proxy --workflow-priority` in front of the Gateway"
+    return [f"warning: no workflow entry ({why}): nothing tags the calls with their workflow's start or holds them, so the "
+            f"engines serve first come first served and, after a burst, each workflow recovers only below its "
+            f"recovery_limit_fcfs_rps in req/s: {limits}; {fix} (docs/deploy.md)"]
+
+
 def build_objects(plan: PlacedPlan, settings: ManifestSettings) -> list[dict]:
     """Every object, in a fixed order (namespace, plan, sharing, services and gateways, engines,
     disruption budgets, monitors)."""
@@ -377,7 +395,7 @@ def build_objects(plan: PlacedPlan, settings: ManifestSettings) -> list[dict]:
         else:
             gateways = {m.name for m in plan.llms if gateway.has_gateway(settings.engine, m.model)}
             objects += operations.pod_monitors(plan, settings.namespace, settings.engine, gateways)
-    if settings.entry_image is not None:
+    if emits_entry(settings):
         objects += entry_objects(plan, settings.namespace, settings.entry_image)
         if settings.prometheus:
             objects.append(operations.entry_monitor(settings.namespace))

@@ -19,8 +19,9 @@ from pathlib import Path
 from scepsy.models.catalog.catalog import reported_memory_mib
 from scepsy.models.errors import InputError
 from scepsy.models.inputs import kind_of
-from scepsy.models.instance.allocation import Allocation, Placement, ReplicaPlacement
+from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement
 from scepsy.models.instance.instance import Instance, load_instance
+from scepsy.models.performance.alp import Prediction, predict
 from scepsy.models.plan.document import PlanDocument, deployable_plan, read_document
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ class PlacedPlan:
 
     def llm(self, name: str) -> PlannedLlm:
         return self._llms_by_name[name]
+
+    @cached_property
+    def prediction(self) -> Prediction:
+        """The pipeline's prediction of this plan at its instance's rates (entry limits, recovery limits)."""
+        return predict(self.instance, Allocation(self.fractions_per_gpu, tuple(
+            LlmAllocation(m.name, m.gpu_type, m.tp, m.share, m.replicas) for m in self.llms)))
 
     def gpu_uuids(self, node: str) -> tuple[str, ...] | None:
         return self._uuids_by_node[node]

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from k8s_support import CASES, GOLDEN, ROOT, regenerate
@@ -105,13 +106,14 @@ def test_without_gpu_uuids_hami_warns_naming_the_unpinnable_replicas(tmp_path):
     assert "scepsy.io/gpu-pinning: 'none: node h100 lists no gpu_uuids" in pod
 
 
-def test_prometheus_adds_pod_monitors_for_engines_and_gateways(tmp_path):
+def test_prometheus_adds_pod_monitors_for_engines_gateways_and_the_entry(tmp_path):
     result = run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path, "--prometheus")
     assert result.exit_code == 0, result.output
     monitors = sorted(p.name for p in tmp_path.glob("*podmonitor*"))
     llms = ("embed", "gen", "rag-gen", "rerank", "ver")
     gateways = ("embed", "gen", "rag-gen", "ver")  # vLLM's reranker has none
-    assert monitors == sorted([f"80-podmonitor-{m}-engines.yaml" for m in llms] + [f"80-podmonitor-{m}-gateway.yaml" for m in gateways])
+    assert monitors == sorted([f"80-podmonitor-{m}-engines.yaml" for m in llms] + [f"80-podmonitor-{m}-gateway.yaml" for m in gateways]
+                              + ["80-podmonitor-scepsy-entry.yaml"])
     without = run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path / "plain")
     assert without.exit_code == 0 and not list((tmp_path / "plain").glob("*podmonitor*"))
 
@@ -129,3 +131,28 @@ def test_replanning_the_same_input_gives_byte_identical_manifests(tmp_path):
     assert json.loads((tmp_path / "plan0.json").read_text())["solver"]["wall_time_s"] is not None  # the plans do differ
     assert trees[0] == trees[1]
     assert b"wall_time_s" not in trees[0]["40-configmap-scepsy-plan.yaml"]
+
+
+def test_the_default_deployment_has_the_workflow_entry_and_turning_it_off_warns_once(tmp_path):
+    """By default the manifests hold the workflow entry (scepsy's own image), which tags every call
+    and holds each LLM at its entry limit: the burst cure. Without it, one warning says the engines
+    serve first come first served and gives each workflow's recovery_limit_fcfs_rps: none claimed
+    for beam search, whose calls continue earlier prompts; RAG's unchanged. The plan reports both."""
+    from scepsy.k8s.entry import DEFAULT_ENTRY_IMAGE
+
+    plan = json.loads(regenerate.plan_path(COMBINED).read_text())
+    limits = {w["name"]: (w["recovery_limit_fcfs_rps"], w["recovery_limit_rps"]) for w in plan["workflows"]}
+    assert limits["beam"][0] == 0.0 < limits["beam"][1] and 0.0 < limits["rag"][0] == limits["rag"][1]
+    cured = run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path / "cured")
+    assert cured.exit_code == 0 and "no workflow entry" not in cured.stderr
+    entry = yaml.safe_load((tmp_path / "cured" / "70-deployment-scepsy-entry.yaml").read_text())
+    assert entry["spec"]["template"]["spec"]["containers"][0]["image"] == DEFAULT_ENTRY_IMAGE
+    for args, why in ((["--no-entry"], "turned off"), (["--router", "inference-gateway"], "inference gateway")):
+        bare = run("manifests", regenerate.plan_path(COMBINED), "--out", tmp_path / why.replace(" ", "-"), *args)
+        warned = [line for line in bare.stderr.splitlines() if line.startswith("warning:")]
+        warned = [line for line in warned if "no workflow entry" in line]
+        assert bare.exit_code == 0 and len(warned) == 1, bare.stderr
+        assert why in warned[0] and "first come first served" in warned[0]
+        assert f"beam 0.000 (with the entry {limits['beam'][1]:.3f})" in warned[0]
+        assert f"rag {limits['rag'][0]:.3f}" in warned[0]
+        assert not list((tmp_path / why.replace(" ", "-")).glob("*scepsy-entry*"))

@@ -59,7 +59,8 @@ def test_prometheus_output_validates_and_pod_monitors_follow_the_crd(engine):
         assert validate_objects(objects, version) == [], version
     monitors = of_kind(objects, "PodMonitor")
     pods = [d["spec"]["template"] for d in of_kind(objects, "Deployment")]
-    assert len(monitors) == len(plan.llms) + len([d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-gateway")])
+    gateways = [d for d in of_kind(objects, "Deployment") if d["metadata"]["name"].endswith("-gateway")]
+    assert len(monitors) == len(plan.llms) + len(gateways) + 1  # and the workflow entry's
     for monitor in monitors:
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1" and set(monitor["spec"]) == {"selector", "podMetricsEndpoints"}
         selected = [p for p in pods if monitor["spec"]["selector"]["matchLabels"].items() <= p["metadata"]["labels"].items()]

@@ -174,3 +174,42 @@ def test_one_class_per_error():
                 ):
                     defined.setdefault(node.name, []).append(str(path.relative_to(REPO)))
     assert "InputError" in defined and {name: where for name, where in defined.items() if len(where) > 1} == {}
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    """(instruction, arguments) of the repository's Dockerfile, comments and blank lines left out."""
+    lines = (REPO / "Dockerfile").read_text().splitlines()
+    return [tuple(line.split(None, 1)) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_dockerfile_builds_the_entry_image_the_manifests_name(installed):
+    """The image the manifests' workflow entry runs by default: its tag is the package's version
+    and the Dockerfile's build command; it installs the extras the entry (tracing) and the
+    controller (k8s, control) import, runs `scepsy` as the user the pods ask for and exposes the
+    entry's port; and `scepsy proxy --workflow-priority`, the entry's command, starts from a wheel
+    install (its --help, with the extras' modules importable)."""
+    import tomllib
+
+    from scepsy.k8s import entry
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert entry.DEFAULT_ENTRY_IMAGE.rsplit(":", 1)[1] == project["version"]
+    assert f"docker build -t {entry.DEFAULT_ENTRY_IMAGE} ." in (REPO / "Dockerfile").read_text()
+    steps = _dockerfile_instructions()
+    (install,) = [args for op, args in steps if op == "RUN" and "pip install" in args]
+    extras = install.split("[", 1)[1].split("]", 1)[0].split(",")
+    assert set(extras) == {"tracing", "k8s", "control"} <= set(project["optional-dependencies"])
+    objects = entry.entry_objects(_any_placed_plan(), "scepsy", entry.DEFAULT_ENTRY_IMAGE)
+    pod = objects[0]["spec"]["template"]["spec"]
+    user = f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}"
+    assert ("USER", user) in steps and ("EXPOSE", str(entry.PORT)) in steps
+    assert ("ENTRYPOINT", json.dumps(pod["containers"][0]["command"])) in steps
+    helped = _run([str(installed["scepsy"]), "proxy", "--help"], installed["empty"])
+    assert "--workflow-priority" in helped.stdout and "--max-in-flight" in helped.stdout
+    _run([str(installed["python"]), "-c", "import aiohttp, kubernetes, filterpy, scepsy.tracing.capture.proxy"], installed["empty"])
+
+
+def _any_placed_plan():
+    from scepsy.k8s.plan_input import load_placed_plan
+
+    return load_placed_plan(REPO / "tests" / "golden" / "plans" / "beam-4xa6000-optimal.json", None)

@@ -100,5 +100,12 @@ def program_llms(program: Program) -> dict[str, str]:
     return {f"calls[{i}].llm": c.llm for i, c in enumerate(program.calls)}
 
 
+def continues_prompts(program: Program | None) -> bool:
+    """Whether the workflow's calls may continue an earlier call's prompt and output, so that an
+    engine serves them fast only while that prefix stays in its cache: beam search's chains, and a
+    workflow with no program (its traced calls say nothing of their prompts)."""
+    return program is None or isinstance(program, BeamSearchProgram)
+
+
 def default_program() -> StagesProgram:
     return StagesProgram(kind="stages")

@@ -36,7 +36,8 @@ from scepsy.models.instance.allocation import Allocation, LlmAllocation
 from scepsy.models.instance.profile import ProfileCurve
 from scepsy.models.performance.cards import find_gpu_card, find_model_card
 from scepsy.models.performance.fraction_shape import profile_share_model
-from scepsy.models.performance.recovery import entry_limit, recovery_limit_rps
+from scepsy.models.instance.workflow import continues_prompts
+from scepsy.models.performance.recovery import entry_limit, recovery_limit_fcfs_rps, recovery_limit_rps
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ class WorkflowPrediction:
     bottleneck: str
     stages: tuple[StagePrediction, ...]
     latency_slo_s: float | None
-    recovery_limit_rps: float = math.nan  # the highest load it recovers from after the standard burst (recovery.py)
+    recovery_limit_rps: float = math.nan  # the highest load it recovers from after the standard burst, with the workflow entry (recovery.py)
+    recovery_limit_fcfs_rps: float = math.nan  # the same without it, engines first come first served (0: none claimed)
 
     @property
     def meets_slo(self) -> bool | None:
@@ -196,6 +198,7 @@ def predict(instance: Instance, allocation: Allocation) -> Prediction:
         )
         limits = {s.llm: _stage_throughput_limit_rps(by_name[s.llm], workflow, s) for s in workflow.stages}
         bottleneck = min(limits, key=lambda name: (limits[name], name))
+        recovery_rps = recovery_limit_rps(limits[bottleneck], list(limits.values()))
         workflows.append(
             WorkflowPrediction(
                 name=workflow.name,
@@ -205,7 +208,8 @@ def predict(instance: Instance, allocation: Allocation) -> Prediction:
                 bottleneck=bottleneck,
                 stages=stages,
                 latency_slo_s=workflow.latency_slo_s,
-                recovery_limit_rps=recovery_limit_rps(limits[bottleneck], list(limits.values())),
+                recovery_limit_rps=recovery_rps,
+                recovery_limit_fcfs_rps=recovery_limit_fcfs_rps(recovery_rps, continues_prompts(workflow.program)),
             )
         )
     return Prediction(llms, tuple(workflows))

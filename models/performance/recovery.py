@@ -19,6 +19,14 @@ bottleneck limits w. The simulator checks it: on every shipped instance, with pr
 workflow at R_w is back at its steady latency within `settle_s` (bench/burst_recovery.py,
 docs/evidence.md); at 95% of a claim beam search took 6 minutes, at 100% longer than the run.
 
+Engines left first come first served (no workflow entry in front of them: `scepsy manifests
+--no-entry`) keep that capacity only for workflows whose calls do not continue earlier calls'
+prompts (RAG, ensembles): R_w holds for them as it is. A workflow whose calls do (beam search's
+chains, or one with no program, whose prompts scepsy does not know) loses its cached prefixes
+once a backlog stands and may lock below its claim: measured, beam search on 4 A6000 stays at
+half its load after the standard burst from 70% and from 80% of its claim (docs/evidence.md).
+scepsy claims no recovery there: `recovery_limit_fcfs_rps` below is 0.
+
 Routers that drop `priority` from a request body (the SGLang model gateway's chat route) leave
 the engines first come first served; the workflow entry then holds each LLM's calls beyond its
 entry limit and lets them on oldest workflow request first (`entry_limit` below).
@@ -62,6 +70,13 @@ def recovery_limit_rps(claim_rps: float, stage_limits_rps: list[float], burst: B
         backlog = burst.length_s * max(burst.height * claim_rps - stage_rps, 0.0)
         limit = min(limit, stage_rps - backlog / burst.settle_s)
     return max(limit, 0.0)
+
+
+def recovery_limit_fcfs_rps(recovery_rps: float, continues_prompts: bool) -> float:
+    """The recovery limit of a workflow on engines left first come first served, from its recovery
+    limit with the workflow entry (module doc): the same where its calls do not continue earlier
+    prompts, none (0) where they do."""
+    return 0.0 if continues_prompts else recovery_rps
 
 
 # The entry's hold (`scepsy proxy --max-in-flight`, models/simulation/entry.py): an LLM's calls in

@@ -103,7 +103,8 @@ class WorkflowRecord(_Record):
     arrival_rate: float | None
     latency_s: float | None
     max_throughput_rps: float | None
-    recovery_limit_rps: float | None = None
+    recovery_limit_rps: float | None = None  # with the workflow entry (scepsy manifests' default)
+    recovery_limit_fcfs_rps: float | None = None  # without it: engines first come first served (0: none claimed)
     bottleneck: str
     latency_slo_s: float | None
     meets_slo: bool | None
@@ -424,7 +425,7 @@ def _prediction_records(prediction: Prediction) -> tuple[list[WorkflowRecord], l
         WorkflowRecord(
             name=w.name, arrival_rate=json_number(w.arrival_rate_rps), latency_s=json_number(w.latency_s),
             max_throughput_rps=json_number(w.max_throughput_rps), recovery_limit_rps=json_number(w.recovery_limit_rps),
-            bottleneck=w.bottleneck,
+            recovery_limit_fcfs_rps=json_number(w.recovery_limit_fcfs_rps), bottleneck=w.bottleneck,
             latency_slo_s=json_number(w.latency_slo_s), meets_slo=w.meets_slo,
             stages=[StageRecord(llm=s.llm, invocations=json_number(s.invocations), parallelism=json_number(s.parallelism),
                                 latency_contribution_s=json_number(s.latency_contribution_s)) for s in w.stages],

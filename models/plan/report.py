@@ -36,8 +36,8 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 def workflow_table(prediction: Prediction) -> Table:
     table = Table(title="Workflows")
-    for column in ("workflow", "arrival_rps", "latency_s", "max_throughput_rps", "recovery_limit_rps", "bottleneck",
-                   "slo_s", "meets_slo"):
+    for column in ("workflow", "arrival_rps", "latency_s", "max_throughput_rps", "recovery_limit_rps", "recovery_limit_fcfs_rps",
+                   "bottleneck", "slo_s", "meets_slo"):
         table.add_column(column, justify="left" if column in ("workflow", "bottleneck") else "right")
     for w in prediction.workflows:
         meets = "-" if w.meets_slo is None else ("yes" if w.meets_slo else "NO")
@@ -47,6 +47,7 @@ def workflow_table(prediction: Prediction) -> Table:
             _fmt(w.latency_s),
             _fmt(w.max_throughput_rps),
             _fmt(w.recovery_limit_rps),
+            _fmt(w.recovery_limit_fcfs_rps),
             w.bottleneck,
             _fmt(w.latency_slo_s),
             meets,
@@ -99,8 +100,10 @@ def llm_table(prediction: Prediction) -> Table:
                         f"keeps at least {100 * margin:.0f}% free on every LLM, and max_throughput_rps is "
                         "the load at which the bottleneck reaches it; recovery_limit_rps is the highest load "
                         "a workflow returns to its steady latency from within 5 minutes of 2 minutes at 150% of "
-                        "max_throughput_rps (engines that serve older workflows first, as scepsy manifests "
-                        "deploys them); entry_limit: the calls in flight the workflow entry lets through to the "
+                        "max_throughput_rps behind the workflow entry, as scepsy manifests deploys it (engines "
+                        "that serve older workflows first); recovery_limit_fcfs_rps the same without the entry "
+                        "(engines first come first served; 0: none claimed, where calls continue "
+                        "earlier prompts); entry_limit: the calls in flight the workflow entry lets through to the "
                         "LLM (the workflow entry's max_in_flight), which keeps that recovery behind routers "
                         "that drop a call's priority")
     derived = [p for p in prediction.llms if p.profile_derived_from]

@@ -27,7 +27,7 @@ class Manifests:
     replicas: int  # engine replicas
     engine: str
     gpu_sharing: str
-    warnings: tuple[str, ...]  # engines pinned to GPUs the plan does not name (k8s/manifests.py)
+    warnings: tuple[str, ...]  # no workflow entry; engines pinned to GPUs the plan does not name (k8s/manifests.py)
 
 
 def manifests_document(written: Manifests) -> dict:
@@ -65,6 +65,7 @@ def manifests(
     endpoint_picker: str = "llm-d-router",
     picker_replicas: int = 2,
     scheduling: str = "priority",
+    entry: bool = True,
     entry_image: str | None = None,
     controller: bool = False,
     controller_image: str | None = None,
@@ -82,12 +83,14 @@ def manifests(
     `picker_replicas` leader-elected pickers per pool.
     `scheduling` "priority" runs the generating engines with priority scheduling, for calls tagged
     with their workflow request's start (`proxy(workflow_priority=True)`); "fcfs" leaves the
-    engines' default. With `entry_image`, also the workflow entry in front of the LLMs' Services
-    (k8s/entry.py: `scepsy proxy --workflow-priority` holding each LLM's calls beyond the plan's
-    entry limit). With `controller`, also `scepsy control` in the cluster (k8s/controller.py): its Deployment (image
+    engines' default. With `entry` (the default; `--router sglang`), also the workflow entry in
+    front of the LLMs' Services (k8s/entry.py: `scepsy proxy --workflow-priority` tagging every call
+    and holding each LLM's calls beyond the plan's entry limit), from `entry_image` (default: scepsy's
+    own image, k8s/entry.py DEFAULT_ENTRY_IMAGE); without it the result's warnings say which burst
+    recovery the deployment then keeps. With `controller`, also `scepsy control` in the cluster (k8s/controller.py): its Deployment (image
     `controller_image`, reading `prometheus_url`, `prometheus_selector` and the policy's
     `settings_file`), ServiceAccount, least-privilege RBAC and Lease."""
-    from scepsy.k8s.manifests import ManifestSettings, emit, pinning_warnings, write
+    from scepsy.k8s.manifests import ManifestSettings, cure_warnings, emit, pinning_warnings, write
     from scepsy.k8s.plan_input import load_placed_plan
 
     settings = ManifestSettings(
@@ -98,7 +101,7 @@ def manifests(
         device_plugin_namespace=device_plugin_namespace, router=router, gateway_name=gateway_name,
         gateway_namespace=gateway_namespace, gateway_provider=gateway_provider, endpoint_picker=endpoint_picker,
         picker_replicas=picker_replicas, scheduling=scheduling,
-        entry_image=entry_image,
+        entry=entry, **({"entry_image": entry_image} if entry_image else {}),
     )
     folder = check_output_dir(out, [plan, instance])
     control = None
@@ -108,7 +111,7 @@ def manifests(
     objects = emit(placed, settings, control)
     with writing(folder / "kustomization.yaml"):
         paths = write(objects, folder)
-    return Manifests(folder, tuple(paths), len(placed.replicas), engine, gpu_sharing, tuple(pinning_warnings(placed, settings)))
+    return Manifests(folder, tuple(paths), len(placed.replicas), engine, gpu_sharing, tuple(cure_warnings(placed, settings) + pinning_warnings(placed, settings)))
 
 
 

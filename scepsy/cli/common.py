@@ -131,6 +131,7 @@ FLAGS: dict[str, str] = {
     "upstreams": "--upstream",
     "max_in_flight": "--max-in-flight",
     "entry_image": "--entry-image",
+    "entry": "--entry",
     "warmup_s": "--warmup-s",
     "weights": "--weights",
     "welfare": "--welfare",

@@ -46,7 +46,8 @@ def manifests(
     endpoint_picker: Annotated[str, typer.Option("--endpoint-picker", help="Endpoint picker release: llm-d-router (v0.10.0) or inference-extension-v1.5.0.")] = "llm-d-router",
     picker_replicas: Annotated[int, typer.Option("--picker-replicas", help="Endpoint pickers per pool, leader-elected (one active, the others standing by).")] = 2,
     scheduling: SchedulingOpt = "priority",
-    entry_image: Annotated[Optional[str], typer.Option("--entry-image", help="Also emit the workflow entry, scepsy proxy --workflow-priority holding each LLM's calls beyond the plan's entry_limit, in front of the LLMs' Services (an image with scepsy; --router sglang).")] = None,
+    entry: Annotated[bool, typer.Option("--entry/--no-entry", help="Emit the workflow entry in front of the LLMs' Services (--router sglang): scepsy proxy --workflow-priority, tagging every call with its workflow's start and holding each LLM's calls beyond the plan's entry_limit, so that the deployment recovers from bursts. --no-entry leaves the engines first come first served (a warning gives the plan's recovery_limit_fcfs_rps).")] = True,
+    entry_image: Annotated[Optional[str], typer.Option("--entry-image", help="The entry's image: scepsy's own, built from the repository's Dockerfile (default: ghcr.io/scepsy/scepsy:VERSION; docs/deploy.md).")] = None,
     controller: Annotated[bool, typer.Option("--controller", help="Also run `scepsy control` in the cluster: its Deployment, ServiceAccount, least-privilege RBAC and Lease (docs/deploy.md).")] = False,
     controller_image: Annotated[Optional[str], typer.Option("--controller-image", help="With --controller: an image with scepsy and its k8s and control extras.")] = None,
     prometheus_url: Annotated[Optional[str], typer.Option("--prometheus-url", help="With --controller: the Prometheus that scrapes the engines, e.g. http://prometheus.monitoring:9090.")] = None,
@@ -65,7 +66,7 @@ def manifests(
             hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, device_plugin_namespace=device_plugin_namespace,
             router=router, gateway_name=gateway_name, gateway_namespace=gateway_namespace,
             gateway_provider=gateway_provider, endpoint_picker=endpoint_picker, picker_replicas=picker_replicas, scheduling=scheduling,
-            entry_image=entry_image, controller=controller, controller_image=controller_image, prometheus_url=prometheus_url, prometheus_selector=prometheus_selector,
+            entry=entry, entry_image=entry_image, controller=controller, controller_image=controller_image, prometheus_url=prometheus_url, prometheus_selector=prometheus_selector,
             settings_file=settings_file,
         )
         for line in written.warnings:

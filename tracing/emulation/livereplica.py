@@ -99,7 +99,7 @@ class _Replica(ReplicaSim):
         for request in self._aborted:
             if request in self.running:
                 self.running.remove(request)
-                self.used -= request.context_tokens
+                self._release(request)
             elif request in self.waiting:  # preempted since the abort
                 self.waiting.remove(request)
         self._aborted.clear()

@@ -489,7 +489,7 @@ class _Recorder:
     timeline: list[Sample] = field(default_factory=list)
     period_latencies: dict[str, list[float]] = field(default_factory=dict)  # finished since the last take
 
-    def on_finish(self, workflow: str, arrival_s: float, finish_s: float) -> None:
+    def on_finish(self, workflow: str, arrival_s: float, finish_s: float, tagged: bool = True) -> None:
         self.finished.setdefault(workflow, []).append((arrival_s, finish_s - arrival_s))
         self.period_latencies.setdefault(workflow, []).append(finish_s - arrival_s)
 

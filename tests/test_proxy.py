@@ -333,6 +333,54 @@ def test_the_operator_may_trust_the_clients_priority_and_a_long_workflow_keeps_i
     assert later["priority"] == first["priority"] == 1_764_790_000 < newer["priority"] == 1_764_797_200
 
 
+def test_an_untagged_chat_call_takes_the_start_of_the_conversation_it_continues(engine):
+    """Without a workflow id, a chat call whose messages continue an earlier call's (or repeat
+    them) carries that call's start; another conversation starts when it arrives, and so does a
+    conversation idle for longer than workflow_done_s."""
+    clock = SteppedClock(1_764_790_000.0)
+    config = ProxyConfig({"gen": engine.url}, store=Recorder(), workflow_priority=True, clock=clock, workflow_done_s=30.0)
+    question = [{"role": "system", "content": "solve"}, {"role": "user", "content": "2+2?"}]
+    with ServerThread(create_app(config)) as proxy:
+        def chat(messages: list, after_s: float) -> int:
+            clock.now_s += after_s
+            answer = httpx.post(f"{proxy.url}/gen/v1/chat/completions", json={"model": "gen", "messages": messages, "max_tokens": 2}, timeout=60)
+            assert answer.status_code == 200
+            return json.loads(engine.received[-1]["body"])["priority"]
+
+        first = chat(question, 0.0)
+        step = [*question, {"role": "assistant", "content": "Let me add."}, {"role": "user", "content": "go on"}]
+        continued = chat(step, 20.0)
+        forked = chat(step, 5.0)  # a sibling beam: the same messages
+        deeper = chat([*step, {"role": "assistant", "content": "4"}, {"role": "user", "content": "check"}], 25.0)
+        other = chat([question[0], {"role": "user", "content": "3+3?"}], 1.0)
+        paused = chat([*step, {"role": "assistant", "content": "4"}], 31.0)  # more than workflow_done_s after its last call
+    assert continued == forked == deeper == first == 1_764_790_000
+    assert other == 1_764_790_051 and paused == 1_764_790_082
+
+
+def test_conversation_starts_are_bounded():
+    from scepsy.tracing.capture.proxy import ConversationStarts
+
+    starts = ConversationStarts(idle_s=1e9, limit=2)
+    conversations = [[{"role": "user", "content": str(k)}] for k in range(3)]
+    for k, messages in enumerate(conversations):
+        assert starts.start_of(messages, float(k))[0] == float(k)
+    assert len(starts) == 2 and starts.start_of(conversations[0], 9.0)[0] == 9.0  # the first was forgotten
+    assert starts.start_of(conversations[2] + [{"role": "assistant", "content": "x"}], 10.0)[0] == 2.0
+
+
+def test_a_conversation_is_idle_from_its_last_calls_end():
+    """A call that waited in a backlog for longer than idle_s: its conversation's next call,
+    arriving soon after it ended, keeps the start."""
+    from scepsy.tracing.capture.proxy import ConversationStarts
+
+    starts = ConversationStarts(idle_s=30.0)
+    opening = [{"role": "user", "content": "q"}]
+    start_s, key = starts.start_of(opening, 100.0)
+    starts.ended(key, start_s, 190.0)  # answered 90 s after it arrived
+    assert starts.start_of([*opening, {"role": "assistant", "content": "a"}], 200.0)[0] == 100.0
+
+
 def test_workflow_starts_are_kept_while_the_workflow_runs_and_bounded():
     from scepsy.tracing.capture.proxy import WorkflowStarts
 

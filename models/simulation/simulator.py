@@ -10,6 +10,9 @@ down beyond their fraction (the MPS isolation the planner assumes). The engines 
 calls as `scepsy manifests` deploys them by default (`scheduling="priority"`: every generating call
 carries its workflow request's arrival as its priority, and older workflow requests go first,
 models/performance/replica.py); `scheduling="fcfs"` models engines left at their default.
+`untagged_share` of the workflow requests carry no workflow id: the entry gives a call of theirs
+that continues an earlier call's prompt that request's start (the entry finds a chat call's
+conversation by its messages, tracing/capture/proxy.py), and any other its own arrival.
 
 Measurement: requests arriving in [warmup_s, duration_s] are measured. Arrivals stop at
 duration_s; the simulation then runs until the measured requests finish or `drain_s` passes
@@ -89,6 +92,7 @@ class _WorkflowRequest:
     workflow: str
     index: int
     arrival_s: float
+    tagged: bool = True  # its calls carry its workflow id (else the entry stamps each call's own arrival)
     finish_s: float | None = None
     calls: list[Request] = field(default_factory=list)
     links: list[tuple[int | None, int]] = field(default_factory=list)  # (prefix call index, prefix tokens)
@@ -159,9 +163,10 @@ class RequestContext:
             prefix_key=None if prefix_key is None else (uid, prefix_key),
             prefix_tokens=prefix_tokens,
             store_key=None if store_key is None else (uid, store_key),
-            # the entry tags every chat/completions call with its workflow request's start, in whole
-            # seconds (tracing/capture/proxy.py PRIORITY_UNIT_S); ties go by the call's arrival
-            priority=0.0 if engine.model.encoder else math.floor(self.record.arrival_s / PRIORITY_UNIT_S),
+            # the entry tags every chat/completions call with its workflow request's start (a call
+            # without a workflow id: its conversation's, else its own arrival), in whole seconds
+            # (tracing/capture/proxy.py PRIORITY_UNIT_S); ties go by the call's arrival
+            priority=0.0 if engine.model.encoder else math.floor(self._entry_start_s(prefix_key) / PRIORITY_UNIT_S),
             tag=llm,
         )
         self.record.links.append((self.record.stored.get(prefix_key) if prefix_key is not None else None, prefix_tokens))
@@ -170,6 +175,12 @@ class RequestContext:
         self.record.calls.append(request)
         gate = self.cluster.gates.get(llm)
         return gate.submit(request) if gate is not None else self.cluster.routers[llm].route(request)
+
+    def _entry_start_s(self, prefix_key) -> float:
+        """The start the entry stamps on this request's next call: the request's, unless it is
+        untagged and the call continues none of its earlier calls."""
+        continues = prefix_key is not None and prefix_key in self.record.stored
+        return self.record.arrival_s if self.record.tagged or continues else self.env.now
 
     def all_of(self, events: Sequence[simpy.Event]) -> simpy.Event:
         return self.env.all_of(list(events))
@@ -189,6 +200,7 @@ class SimulationSettings:
     routing: str = "cache_aware"  # or "least_outstanding" (models/performance/replica.py Router)
     scheduling: str = DEFAULT_SCHEDULING  # the engines' waiting queue: "priority" (older workflows first) or "fcfs"
     entry_limits: Mapping[str, int] | None = None  # per LLM: its calls in flight past the entry (entry.py); None: no hold
+    untagged_share: float = 0.0  # of the workflow requests, those whose calls carry no workflow id (module doc)
     engine_model: str = "builtin"  # or "aiconfigurator" (models/performance/aiconfigurator.py)
     backend: str = "vllm"  # AIConfigurator's framework database: vllm, sglang or trtllm
     database_version: str = "current"
@@ -523,7 +535,10 @@ def expected_calls(instance: Instance, settings: SimulationSettings,
 def check_size(instance: Instance, settings: SimulationSettings, arrivals: Mapping[str, Sequence[float]] | None = None,
                record_calls: bool = False) -> None:
     """Refuse a run whose expected LLM calls exceed MAX_SIMULATED_CALLS (its wall time), or, when it
-    records every call, MAX_RECORDED_CALLS (its memory) (InputError)."""
+    records every call, MAX_RECORDED_CALLS (its memory), and an untagged share outside [0, 1] (InputError)."""
+    if not 0.0 <= settings.untagged_share <= 1.0:
+        raise InputError(None, "untagged_share", f"{settings.untagged_share!r} is not a share of the workflow requests",
+                         "give a number from 0 to 1, e.g. 0.2")
     expected = expected_calls(instance, settings, arrivals)
     if not expected <= MAX_SIMULATED_CALLS:
         raise InputError(
@@ -560,13 +575,13 @@ def simulate(
     controller: Controller | None = None,
     progress: Callable[[float], None] | None = None,
     record_calls: bool = False,
-    on_finish: Callable[[str, float, float], None] | None = None,
+    on_finish: Callable[[str, float, float, bool], None] | None = None,
 ) -> SimulationResult:
     """Simulate the instance's workflows (at their arrival rates, or at the given arrival
     timestamps per workflow) on `allocation`; `controller` may change replicas while it runs.
     `record_calls` keeps every call for SimulationResult.calls (bounded to MAX_RECORDED_CALLS);
     without it, memory does not grow with the duration (the module docstring). `on_finish(workflow,
-    arrival_s, finish_s)` is called as each workflow request finishes (the closed-loop simulation's
+    arrival_s, finish_s, tagged)` is called as each workflow request finishes (the closed-loop simulation's
     latency over time)."""
     check_size(instance, settings, arrivals, record_calls)
     env = simpy.Environment()
@@ -594,13 +609,15 @@ def simulate(
         record.finish_s = env.now
         ledger.finish(record, cluster)
         if on_finish is not None:
-            on_finish(record.workflow, record.arrival_s, env.now)
+            on_finish(record.workflow, record.arrival_s, env.now, record.tagged)
 
     def source(workflow: Workflow, times: Iterator[float]):
+        untagged = random.Random(f"{settings.seed}/untagged/{workflow.name}")
         for index, at in enumerate(times):
             if at > env.now:
                 yield env.timeout(at - env.now)
-            record = _WorkflowRequest(workflow.name, index, env.now)
+            tagged = settings.untagged_share <= 0 or untagged.random() >= settings.untagged_share
+            record = _WorkflowRequest(workflow.name, index, env.now, tagged)
             ledger.arrive(record)
             env.process(run_request(workflow, record))
 

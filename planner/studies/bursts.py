@@ -81,6 +81,10 @@ class WorkflowRecovery:
     latency_mean_s: float
     reference_latency_mean_s: float
     recovery_s: float | None
+    # with an untagged share: the mean latency, in the measured window, of the requests whose calls
+    # carried their workflow id and of those the entry stamped call by call (None: no such request)
+    tagged_latency_mean_s: float | None = None
+    untagged_latency_mean_s: float | None = None
 
     @property
     def served_share(self) -> float:
@@ -97,20 +101,35 @@ class WorkflowRecovery:
 
 @dataclass
 class _Finishes:
-    """Each workflow's completed requests as (arrival_s, finish_s)."""
+    """Each workflow's completed requests as (arrival_s, finish_s), and the untagged ones apart."""
 
     done: dict[str, list[tuple[float, float]]]
+    untagged: dict[str, list[tuple[float, float]]]
 
-    def add(self, workflow: str, arrival_s: float, finish_s: float) -> None:
+    def add(self, workflow: str, arrival_s: float, finish_s: float, tagged: bool) -> None:
         self.done.setdefault(workflow, []).append((arrival_s, finish_s))
+        if not tagged:
+            self.untagged.setdefault(workflow, []).append((arrival_s, finish_s))
+
+    def window_latencies_s(self, workflow: str, burst: Burst) -> tuple[float | None, float | None]:
+        """(tagged, untagged) mean latency of the requests arriving in the measured window."""
+        start_s, end_s = burst.end_s + burst.settle_s, burst.duration_s
+
+        def mean(pairs: list[tuple[float, float]]) -> float | None:
+            inside = [finish - arrival for arrival, finish in pairs if start_s <= arrival < end_s]
+            return sum(inside) / len(inside) if inside else None
+
+        untagged = set(self.untagged.get(workflow, []))
+        return mean([p for p in self.done.get(workflow, []) if p not in untagged]), mean(list(untagged))
 
 
 def _run(instance: Instance, allocation: Allocation, rates_rps: Mapping[str, float], burst: Burst, seed: int,
-         scheduling: str, with_burst: bool, entry_limits: Mapping[str, int] | None) -> tuple[dict, _Finishes]:
+         scheduling: str, with_burst: bool, entry_limits: Mapping[str, int] | None,
+         untagged_share: float) -> tuple[dict, _Finishes]:
     arrivals = {w: burst_arrivals(rate, burst, seed, w, with_burst) for w, rate in rates_rps.items()}
     settings = SimulationSettings(duration_s=burst.duration_s, warmup_s=burst.end_s + burst.settle_s,
-                                  seed=seed, scheduling=scheduling, entry_limits=entry_limits)
-    finishes = _Finishes({})
+                                  seed=seed, scheduling=scheduling, entry_limits=entry_limits, untagged_share=untagged_share)
+    finishes = _Finishes({}, {})
     result = simulate(instance, allocation, settings, arrivals=arrivals, on_finish=finishes.add)
     return {w.name: w for w in result.workflows}, finishes
 
@@ -136,12 +155,13 @@ def _minute_latencies(finishes: list[tuple[float, float]], arrivals: list[float]
 
 def recovery(instance: Instance, allocation: Allocation, rates_rps: Mapping[str, float], burst: Burst = STANDARD_BURST,
              seed: int = 0, scheduling: str | None = None,
-             entry_limits: Mapping[str, int] | None = None) -> list[WorkflowRecovery]:
+             entry_limits: Mapping[str, int] | None = None, untagged_share: float = 0.0) -> list[WorkflowRecovery]:
     """Run the burst and its reference on `allocation` (`rates_rps`: the rate per workflow the
-    burst's shares are of; `scheduling`: the engines' policy, the simulator's default if None)."""
+    burst's shares are of; `scheduling`: the engines' policy, the simulator's default if None;
+    `untagged_share`: of the workflow requests, those whose calls carry no workflow id)."""
     policy = SimulationSettings().scheduling if scheduling is None else scheduling
-    burst_stats, burst_done = _run(instance, allocation, rates_rps, burst, seed, policy, True, entry_limits)
-    calm_stats, _ = _run(instance, allocation, rates_rps, burst, seed, policy, False, entry_limits)
+    burst_stats, burst_done = _run(instance, allocation, rates_rps, burst, seed, policy, True, entry_limits, untagged_share)
+    calm_stats, _ = _run(instance, allocation, rates_rps, burst, seed, policy, False, entry_limits, untagged_share)
     rows = []
     for workflow, rate in rates_rps.items():
         arrivals = burst_arrivals(rate, burst, seed, workflow)
@@ -154,6 +174,6 @@ def recovery(instance: Instance, allocation: Allocation, rates_rps: Mapping[str,
         recovery_s = first_good * MINUTE_S if first_good < len(minutes) else None
         rows.append(WorkflowRecovery(workflow, rate, burst_stats[workflow].throughput_rps,
                                      calm_stats[workflow].throughput_rps, burst_stats[workflow].latency_mean_s,
-                                     reference, recovery_s))
+                                     reference, recovery_s, *burst_done.window_latencies_s(workflow, burst)))
     return rows
 

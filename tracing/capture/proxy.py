@@ -33,9 +33,13 @@ priority). The proxy then sets the JSON body's `priority` of every chat or compl
 workflow request's start: the wall-clock time of its first call through this proxy, in whole
 seconds since the Unix epoch (an integer that fits the 32-bit fields of gateways that parse
 request bodies; calls of equal priority are served in their arrival order). A call without a
-workflow request id counts as a workflow request of its own, starting when it arrives: it is
-neither left behind every workflow (SGLang serves untagged calls last and lets tagged ones preempt
-them) nor put ahead of older ones. A `priority` the client set is replaced, so that no client jumps
+workflow request id is neither left behind every workflow (SGLang serves untagged calls last and
+lets tagged ones preempt them) nor put ahead of older ones: a chat call that continues an earlier
+one's conversation (its `messages` begin with all of that call's messages, or equal them) takes
+that call's start, as a workflow request's later calls do, while the conversation has had a call
+that ended within `workflow_done_s`; any other call starts a workflow request of its own when it arrives
+(ConversationStarts). Stamping each call anew would put a conversation's later calls behind every
+workflow that started meanwhile, and after a burst that loses their cached prefixes. A `priority` the client set is replaced, so that no client jumps
 the queue, unless the operator trusts the clients' (`trust_client_priority`). Engines
 that serve lower values first (vLLM `--scheduling-policy priority`; SGLang
 `--enable-priority-scheduling --schedule-low-priority-values-first`) then serve older workflow
@@ -59,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import heapq
 import itertools
 import json
@@ -178,6 +183,57 @@ class WorkflowStarts:
         if len(self._starts) > self.limit:
             self._starts.popitem(last=False)
         return start_s
+
+
+class ConversationStarts:
+    """The start of each untagged chat conversation, found by its message lists: a call whose
+    messages begin with (or equal) those of a call that ended (or arrived) within `idle_s` takes
+    that call's start; others start when they arrive. Each call's whole message list is remembered (a SHA-256 chain
+    over its messages, so that every prefix is one digest), at most `limit` of them."""
+
+    def __init__(self, idle_s: float, limit: int = MAX_TRACKED_WORKFLOWS):
+        self.idle_s = idle_s
+        self.limit = limit
+        self._seen: OrderedDict[bytes, tuple[float, float]] = OrderedDict()  # digest -> (start, last call), oldest last call first
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    @staticmethod
+    def digests(messages: list) -> list[bytes]:
+        """The digest of each prefix of `messages` (one per length, 1 to all)."""
+        chain, out = b"", []
+        for message in messages:
+            chain = hashlib.sha256(chain + json.dumps(message, sort_keys=True, separators=(",", ":")).encode()).digest()
+            out.append(chain)
+        return out
+
+    def start_of(self, messages: list, now_s: float) -> tuple[float, bytes | None]:
+        """The conversation's start, and the key to `ended()` once the call has ended."""
+        while self._seen and next(iter(self._seen.values()))[1] < now_s - self.idle_s:
+            self._seen.popitem(last=False)
+        digests = self.digests(messages)
+        start_s = next((self._seen[d][0] for d in reversed(digests) if d in self._seen), now_s)
+        if not digests:
+            return start_s, None
+        self.ended(digests[-1], start_s, now_s)
+        if len(self._seen) > self.limit:
+            self._seen.popitem(last=False)
+        return start_s, digests[-1]
+
+    def ended(self, key: bytes, start_s: float, now_s: float) -> None:
+        """The conversation of `key` had a call in flight until `now_s` (idle counts from then)."""
+        self._seen.pop(key, None)
+        self._seen[key] = (start_s, now_s)
+
+
+def untagged_start(conversations: ConversationStarts, payload: dict | None, now_s: float) -> tuple[float, bytes | None]:
+    """The start of a call without a workflow request id: its conversation's, for a chat call (and
+    the conversation's key, None for other calls)."""
+    messages = payload.get("messages") if payload is not None else None
+    if isinstance(messages, list) and messages:
+        return conversations.start_of(messages, now_s)
+    return now_s, None
 
 
 def with_priority(body: bytes, payload: dict, start_s: float, keep_client: bool = False) -> bytes:
@@ -369,6 +425,7 @@ class ProxyEndpoint:
         self.config = config
         self.session: aiohttp.ClientSession | None = None
         self.starts = WorkflowStarts()
+        self.conversations = ConversationStarts(config.workflow_done_s)
         self.limits = {llm: InFlightLimit(limit) for llm, limit in config.max_in_flight.items()}
         self.metrics = EntryMetrics(self.starts.limit, config.workflow_done_s)
 
@@ -446,7 +503,13 @@ class ProxyEndpoint:
             await _send_whole(send, *_json_error(400, f"{exc}; send a short UTF-8 workflow name and id", "invalid_workflow_header"))
             return
         new = call.workflow_id is not None and call.workflow_id not in self.starts
-        workflow_start_s = self.starts.start_of(call.workflow_id, start_s) if call.workflow_id is not None else start_s
+        conversation = None
+        if call.workflow_id is not None:
+            workflow_start_s = self.starts.start_of(call.workflow_id, start_s)
+        elif self.config.workflow_priority or llm in self.limits:  # the start orders the call: find its conversation's
+            workflow_start_s, conversation = untagged_start(self.conversations, payload, start_s)
+        else:
+            workflow_start_s = start_s
         if self.config.workflow_priority and payload is not None and upstream_path in PRIORITY_ENDPOINTS:
             body = call.request_body = with_priority(body, payload, workflow_start_s, self.config.trust_client_priority)
         upstream = (scope["method"], url, self._upstream_headers(headers), body)
@@ -455,6 +518,8 @@ class ProxyEndpoint:
             await self._held_and_forwarded(call, llm, upstream, workflow_start_s, receive, send)
         finally:
             self.metrics.call_ended(call.workflow_id, self.config.clock.now())
+            if conversation is not None:
+                self.conversations.ended(conversation, workflow_start_s, self.config.clock.now())
 
     async def _held_and_forwarded(self, call: _Call, llm: str, upstream: tuple, workflow_start_s: float, receive, send) -> None:
         """Forward the call once the LLM's entry limit lets it go (429 when too many wait), and record it."""

@@ -133,6 +133,7 @@ def test_every_shipped_plan_recovers_from_its_recovery_limit_after_the_standard_
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive  # the standard burst run twice more (about a minute): with the matrix
 def test_untagged_workflow_requests_are_neither_starved_nor_ahead_after_the_standard_burst():
     """One in five workflow requests sends no workflow id: the entry gives their calls that continue
     an earlier call's prompt that call's start (their conversation's) and any other call its own

@@ -69,21 +69,25 @@ class Call:
     extends: bool
     pick: float
     share: float
+    all_prefix: bool = False  # with a base, the prompt is its prefix alone (no fresh tokens)
+    key: str = ""  # the model's store key: the rid, or a twin's (the same tokens)
     prompt: list[int] | None = None
     parent: str | None = None
     prefix_tokens: int = 0
 
     def resolve(self, finished: list[Call]) -> None:
         """Fix the prompt at arrival, from the calls finished by then (in the order they did)."""
+        self.key = self.key or self.rid
         self.prompt = list(self.fresh)
         if self.extends and finished:
             recent = finished[-8:]
             base = recent[int(self.pick * len(recent))]
             content = base.prompt + base.outputs
-            room = MAX_TOKENS - len(self.fresh) - len(self.outputs)
+            fresh = [] if self.all_prefix else self.fresh
+            room = MAX_TOKENS - len(fresh) - len(self.outputs)
             self.prefix_tokens = min(max(1, int(self.share * len(content))), room)
             if self.prefix_tokens > 0:
-                self.parent, self.prompt = base.rid, content[:self.prefix_tokens] + self.fresh
+                self.parent, self.prompt = base.key, content[:self.prefix_tokens] + fresh
 
 
 MAX_TOKENS = 90  # prompt + outputs of a call
@@ -98,6 +102,38 @@ def make_trace(rng: random.Random, count: int) -> list[Call]:
                  outputs=[1000 * (i + 1) + 500 + j for j in range(rng.randint(1, 20))],
                  extends=rng.random() < 0.6, pick=rng.random(), share=rng.random())
             for i, arrival in enumerate(arrivals)]
+
+
+def make_fork_trace(rng: random.Random, count: int) -> list[Call]:
+    """About `count` requests in groups of siblings, as beam search forks: the members of a group
+    arrive together and extend the same finished request by the same share (its whole content
+    mostly), so that they compute its evicted part at once; some prompts are that prefix alone (the
+    last prompt token is computed again while the base's KV holds it), and some members are twins
+    of an earlier member (the same prompt and outputs, as a duplicated beam step)."""
+    calls: list[Call] = []
+    while len(calls) < count:
+        arrival = rng.randrange(30)
+        pick, share = rng.random(), min(1.0, rng.uniform(0.3, 1.6))
+        extends = rng.random() < 0.85
+        group: list[Call] = []
+        for _ in range(rng.randint(1, 4)):
+            i = len(calls)
+            if group and rng.random() < 0.3:
+                twin = rng.choice(group)
+                call = Call(f"r{i:03d}", arrival, twin.priority, list(twin.fresh), list(twin.outputs), extends,
+                            pick, share, all_prefix=twin.all_prefix, key=twin.key)
+            else:
+                call = Call(f"r{i:03d}", arrival, rng.randrange(3),
+                            fresh=[1000 * (i + 1) + j for j in range(rng.randint(1, 30))],
+                            outputs=[1000 * (i + 1) + 500 + j for j in range(rng.randint(1, 20))],
+                            extends=extends, pick=pick, share=share, all_prefix=rng.random() < 0.4, key=f"r{i:03d}")
+            group.append(call)
+            calls.append(call)
+    calls.sort(key=lambda c: c.arrival)  # stable: a group keeps its order
+    return calls
+
+
+TRACES = {"random": make_trace, "forks": make_fork_trace}
 
 
 @dataclass
@@ -197,7 +233,7 @@ def run_model(calls: list[Call], policy: str, capacity: int) -> Run:
             env.run(until=step)  # arrival time = step, as vLLM's arrival_time
         while pending and pending[0].arrival <= step:
             c = pending.pop(0)
-            request = Request(len(c.prompt), len(c.outputs), priority=c.priority, store_key=c.rid, tag=c.rid,
+            request = Request(len(c.prompt), len(c.outputs), priority=c.priority, store_key=c.key, tag=c.rid,
                               prefix_key=c.parent, prefix_tokens=c.prefix_tokens)
             requests[c.rid] = request
             replica.submit(request)
@@ -228,12 +264,13 @@ def first_difference(a: list, b: list) -> str:
     return f"lengths: vLLM {len(a)}, model {len(b)}"
 
 
+@pytest.mark.parametrize("traces", sorted(TRACES))
 @pytest.mark.parametrize("policy", POLICIES)
-def test_replica_model_schedules_as_vllm(policy: str, model_dir: Path) -> None:
+def test_replica_model_schedules_as_vllm(policy: str, traces: str, model_dir: Path) -> None:
     totals = {"traces": 0, "requests": 0, "admissions": 0, "preemptions": 0, "hit_tokens": 0, "steps": 0}
     for seed in SEEDS:
-        rng = random.Random(f"{policy}-{seed}")
-        calls = make_trace(rng, rng.randint(20, 40))
+        rng = random.Random(f"{policy}-{seed}" if traces == "random" else f"{traces}-{policy}-{seed}")
+        calls = TRACES[traces](rng, rng.randint(20, 40))
         capacity = MAX_TOKENS + rng.randint(1, 60)
         expected = run_vllm(calls, policy, capacity, model_dir)
         got = run_model(calls, policy, capacity)
@@ -247,6 +284,6 @@ def test_replica_model_schedules_as_vllm(policy: str, model_dir: Path) -> None:
         totals["preemptions"] += len(expected.preempted)
         totals["hit_tokens"] += sum(hit for _, _, hit in expected.admitted)
         totals["steps"] += max(expected.finished.values()) + 1
-    print(f"\n{policy}: {totals}")
+    print(f"\n{policy} {traces}: {totals}")
     assert totals["preemptions"] > 0  # the traces exercise preemption
     assert totals["hit_tokens"] > 0  # and the prefix cache

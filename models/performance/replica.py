@@ -41,13 +41,15 @@ an earlier request's prompt+output (`prefix_key`, that request's `store_key`) fo
 KV is cached as it is allocated and stays cached after its request finishes or is preempted: freed
 KV joins a free queue (a request's last tokens first) and is evicted only when an allocation takes
 it, after the never-used KV. A waiting request (a preempted one too) hits the longest cached prefix
-of its tokens, short of its last; a hit skips their prefill and shares their KV. One departure: a
-token that a request computes while another request's KV already holds it (the last prompt token
-of a prompt that is all prefix; two requests computing the same tokens at once) gets a copy that
-the model names after the request, so no other request hits it, while vLLM hashes that copy too.
-`cached_tokens` forces a hit of that many tokens (trace replay, where the cache state is not
-simulated). tests/test_replica_vs_vllm_scheduler.py drives vLLM's own scheduler and this model
-with the same random traces and compares admissions, hits and preemptions step by step.
+of its tokens, short of its last; a hit skips their prefill and shares their KV. A token that a
+request computes while another copy of it is cached (the last prompt token of a prompt that is all
+prefix; requests computing the same tokens at once, as beam search's siblings do once their
+parent's KV is evicted) is cached too, as vLLM hashes every block it allocates: every copy can be
+hit, and a hit takes, token by token, the copy allocated first (vLLM's hash map returns a hash's
+first block). `cached_tokens` forces a hit of that many tokens (trace replay, where the cache state
+is not simulated). tests/test_replica_vs_vllm_scheduler.py drives vLLM's own scheduler and this model
+with the same random traces (siblings that extend one request at once, prompts that are all prefix,
+twins included) and compares admissions, hits and preemptions step by step.
 
 `Router` spreads requests over an LLM's replicas: least outstanding requests, with SGLang-style
 prefix-cache affinity by default; it supports adding replicas and draining them (autoscaling).
@@ -94,10 +96,9 @@ class Request:
     _generated: int = 0
     _recomputed: int = 0  # generated tokens folded into _prompt by preemptions
     _chain: list = field(default_factory=list, repr=False)  # (content, lo, hi) from position 0
-    _holds: list = field(default_factory=list, repr=False)  # contents whose KV it holds, in order
+    _segs: list = field(default_factory=list, repr=False)  # the KV segments it holds, in position order
     _held: int = 0  # positions whose KV it holds (allocated)
     _order: int = -1  # submission order, the last tie-break of the priority queue
-    _own: Hashable = None  # the name of its own tokens' KV
 
     @property
     def latency_s(self) -> float | None:
@@ -193,20 +194,22 @@ class PriorityQueue:
         return max(candidates, key=lambda r: (r.priority, r.arrival_s))  # ties: the first admitted
 
 
-class _Content:
-    """KV of one content on a replica: positions [lo, cached) exist; `users` map running requests
-    to the end of what they hold (from lo); `free` lists its runs in the free queue."""
+class _Segment:
+    """KV of positions [lo, hi) of one content, allocated together (by one allocation of one request,
+    or a part of such): its positions share one state. `holders` are the running requests that hold
+    all of them; without holders they wait in the free queue under `key`. `seq` orders allocations:
+    where several copies of a position are cached, a hit takes the one allocated first (vLLM's hash
+    map keeps a block hash's blocks in insertion order and returns the first)."""
 
-    __slots__ = ("lo", "cached", "users", "free")
+    __slots__ = ("cid", "lo", "hi", "seq", "holders", "key")
 
-    def __init__(self, lo: int) -> None:
+    def __init__(self, cid: Hashable, lo: int, hi: int, seq: int) -> None:
+        self.cid = cid
         self.lo = lo
-        self.cached = lo
-        self.users: dict[Request, int] = {}
-        self.free: list[list] = []
-
-    def in_use(self) -> int:
-        return max(self.users.values(), default=self.lo)
+        self.hi = hi
+        self.seq = seq
+        self.holders: list[Request] = []
+        self.key: tuple | None = None  # its free-queue entry while free
 
 
 def waiting_queue(policy: str) -> FcfsQueue | PriorityQueue:
@@ -238,10 +241,14 @@ class ReplicaSim:
         self.policy = policy
         self.waiting = waiting_queue(policy)
         self.running: list[Request] = []
-        self._contents: dict[Hashable, _Content] = {}  # KV by content (see the KV cache section)
+        self._segs: dict[Hashable, list[_Segment]] = {}  # cached KV by content (see the KV cache section)
         self._defs: dict[Hashable, list[tuple[Hashable, int, int]]] = {}  # store key -> its chain
-        self._free: deque[list] = deque()  # free runs [content, lo, hi], the next to take first
+        self._free: list[tuple] = []  # free segments: a heap of (release, -lo, n, segment), stale entries skipped
         self._free_total = 0
+        self._seq = itertools.count()  # allocation order
+        self._entry = itertools.count()  # free-queue entries
+        self._releases = 0
+        self._queued = 0  # live entries of the free queue
         self._fresh = self.capacity  # never used
         self._unnamed = 0
         self.busy_s = 0.0
@@ -298,21 +305,23 @@ class ReplicaSim:
 
     # -- KV cache and prefix cache ---------------------------------------------------------------
     #
-    # A token's KV is named by the content it belongs to and its position: a request's tokens are
-    # the first `prefix_tokens` of the content it extends (`prefix_key`) followed by its own
-    # (prompt, then outputs), named by its `store_key` (or by the request itself). `_chain` lists
-    # those pieces from position 0. A content's KV at positions [lo, cached) exists (vLLM hashes a
-    # block when it is allocated); [lo, in use) is held by running requests (the largest end among
-    # its users: a request holds a contiguous run from lo), the rest is free but kept until the
-    # allocator takes it. Free runs queue in the order vLLM's free-block queue has them: a freed
-    # request's positions from the last to the first, appended at the tail; new KV comes from the
-    # never-used pool first, then from the head of the queue (evicting what it held).
+    # A token's KV is named by the content it belongs to and its position (vLLM's block hash, which
+    # chains the tokens before it): a request's tokens are the first `prefix_tokens` of the content
+    # it extends (`prefix_key`) followed by its own (prompt, then outputs), named by its `store_key`
+    # (or by the request itself). `_chain` lists those pieces from position 0. KV is kept in
+    # segments (`_Segment`): positions of one content allocated together, cached as they are
+    # allocated (vLLM hashes a block when it allocates it). A position may be cached several times
+    # (requests that compute the same tokens at once, the last prompt token of a prompt that is all
+    # prefix): every copy can be hit, the one allocated first is taken. A segment is split where
+    # its positions' states part (a hit on some of them). Free segments queue in the order vLLM's
+    # free-block queue has them: a released request's positions from the last to the first,
+    # appended at the tail; new KV comes from the never-used pool first, then from the head of the
+    # queue (evicting what it held).
 
     def _chain_of(self, request: Request) -> list[tuple[Hashable, int, int]]:
         # a request without a store key names its own tokens by a number: their KV outlives it
         self._unnamed += 1
         own = request.store_key if request.store_key is not None else ("own", self._unnamed)
-        request._own = own
         end = request.prompt_tokens + request.completion_tokens
         p = min(request.prefix_tokens, request.prompt_tokens) if request.prefix_key is not None else 0
         chain: list[tuple[Hashable, int, int]] = []
@@ -330,16 +339,10 @@ class ReplicaSim:
             self._defs[request.store_key] = chain
         return chain
 
-    def _content(self, cid: Hashable, lo: int) -> _Content:
-        content = self._contents.get(cid)
-        if content is None:
-            content = self._contents[cid] = _Content(lo)
-        return content
-
     @property
     def cache(self) -> dict:
         """Contents with KV on the replica (in use or free), by name (store key)."""
-        return self._contents
+        return self._segs
 
     @property
     def used(self) -> int:
@@ -351,75 +354,101 @@ class ReplicaSim:
         """KV tokens an allocation can take (never used, or free and evictable)."""
         return self._fresh + self._free_total
 
-    def _hit(self, request: Request) -> tuple[int, int]:
-        """(prefix-cache hit tokens, of which free now) of a waiting request: the longest cached
-        prefix of its tokens, short of the last (computed again to produce the next token)."""
+    def _hit(self, request: Request) -> tuple[int, int, list[tuple[Hashable, int, int, int]]]:
+        """(prefix-cache hit tokens, of which free now, the hit's pieces) of a waiting request: the
+        longest cached prefix of its tokens, short of the last (computed again to produce the next
+        token). Each position is taken from its copy allocated first; a piece is (content, seq, lo,
+        hi): positions [lo, hi) of the segment(s) of that allocation."""
         if request.cached_tokens:  # forced (trace replay): its KV is allocated as it is admitted
             hit = min(request.cached_tokens, request._prompt - 1)
-            return hit, hit
+            return hit, hit, []
         limit = request._prompt - 1
-        hit = touched = 0
-        for cid, lo, hi in request._chain:
-            if hit >= limit:
+        pos = touched = 0
+        pieces: list[tuple[Hashable, int, int, int]] = []
+        for cid, _, hi in request._chain:
+            end = min(hi, limit)
+            segs = self._segs.get(cid)
+            while pos < end and segs:
+                best = None
+                for seg in segs:
+                    if seg.lo <= pos < seg.hi and (best is None or seg.seq < best.seq):
+                        best = seg
+                if best is None:
+                    break
+                stop = min(best.hi, end)
+                for seg in segs:  # an earlier copy that starts within takes over there
+                    if seg.seq < best.seq and pos < seg.lo < stop:
+                        stop = seg.lo
+                pieces.append((cid, best.seq, pos, stop))
+                if not best.holders:
+                    touched += stop - pos
+                pos = stop
+            if pos < end or pos >= limit:
                 break
-            content = self._contents.get(cid)
-            if content is None or content.lo > lo:
-                break
-            end = min(content.cached, hi, limit)
-            if end <= lo:
-                break
-            touched += max(end - content.in_use(), 0)
-            hit = end
-            if end < hi:
-                break
-        return hit, touched
+        return pos, touched, pieces
+
+    def _segment_at(self, cid: Hashable, seq: int, pos: int) -> _Segment:
+        return next(s for s in self._segs[cid] if s.seq == seq and s.lo <= pos < s.hi)
+
+    def _split(self, seg: _Segment, at: int) -> _Segment:
+        """Split `seg` at position `at`; returns the upper part (same allocation, same holders; a
+        free segment's upper part is taken before its lower part, as the queue has them)."""
+        upper = _Segment(seg.cid, at, seg.hi, seg.seq)
+        seg.hi = at
+        self._segs[seg.cid].append(upper)
+        upper.holders = list(seg.holders)
+        for holder in upper.holders:
+            holder._segs.insert(holder._segs.index(seg) + 1, upper)
+        if seg.key is not None:
+            upper.key = (seg.key[0], -at, next(self._entry), upper)
+            heapq.heappush(self._free, upper.key)
+            self._queued += 1
+        return upper
+
+    def _hold(self, request: Request, pieces: list[tuple[Hashable, int, int, int]]) -> None:
+        """The admitted request holds its hit: positions that were free leave the free queue."""
+        for cid, seq, lo, hi in pieces:
+            seg = self._segment_at(cid, seq, lo)
+            if seg.lo < lo:
+                seg = self._split(seg, lo)
+            if hi < seg.hi:
+                self._split(seg, hi)
+            if not seg.holders:
+                seg.key = None
+                self._queued -= 1
+                self._free_total -= seg.hi - seg.lo
+            seg.holders.append(request)
+            request._segs.append(seg)
 
     def _take(self, tokens: int) -> None:
         """Take `tokens` of KV from the pool: the never-used first, then the head of the free queue
-        (the KV there is evicted)."""
+        (the KV there is evicted, the segment's last positions first)."""
         fresh = min(tokens, self._fresh)
         self._fresh -= fresh
         tokens -= fresh
         while tokens > 0:
-            run = self._free[0]
-            cid, lo, hi = run
-            k = min(tokens, hi - lo)
-            if k > 0:
-                content = self._contents[cid]
-                content.cached = min(content.cached, hi - k)
-                run[2] = hi - k
-                self._free_total -= k
-                tokens -= k
-            if run[1] >= run[2]:
-                self._free.popleft()
-                content = self._contents.get(cid)
-                if content is not None and any(r is run for r in content.free):
-                    content.free = [r for r in content.free if r is not run]
-                    self._drop_if_empty(cid, content)
-
-    def _drop_if_empty(self, cid: Hashable, content: _Content) -> None:
-        if not content.users and not content.free and content.cached <= content.lo:
-            del self._contents[cid]
-
-    def _hold(self, request: Request, cid: Hashable, lo: int, end: int) -> None:
-        content = self._content(cid, lo)
-        in_use = content.in_use()
-        if end > in_use:  # positions that were free leave the free queue (a hit on them)
-            for run in content.free:
-                if run[1] < end:
-                    gone = min(run[2], end) - run[1]
-                    self._free_total -= max(gone, 0)
-                    run[1] = min(max(run[1], end), run[2])
-            content.free = [run for run in content.free if run[1] < run[2]]
-        content.users[request] = end
-        if not request._holds or request._holds[-1] != cid:
-            request._holds.append(cid)
+            entry = self._free[0]
+            seg = entry[3]
+            if seg.key is not entry:  # stale: held again, or split off
+                heapq.heappop(self._free)
+                continue
+            k = min(tokens, seg.hi - seg.lo)
+            seg.hi -= k
+            self._free_total -= k
+            tokens -= k
+            if seg.hi <= seg.lo:
+                heapq.heappop(self._free)
+                seg.key = None
+                self._queued -= 1
+                segs = self._segs[seg.cid]
+                segs.remove(seg)
+                if not segs:
+                    del self._segs[seg.cid]
 
     def _extend(self, request: Request, tokens: int) -> None:
-        """Allocate KV for the request's next `tokens` positions (the pool must hold them). Where
-        another request's KV already covers them, the request computes its own copy (vLLM
-        allocates new blocks for tokens it computes again); the model names that copy after the
-        request, so that no other request hits it."""
+        """Allocate KV for the request's next `tokens` positions (the pool must hold them) and cache
+        it. Where another copy of these positions is cached, this one is cached too (vLLM hashes
+        the blocks it allocates for tokens computed again)."""
         self._take(tokens)
         start, end = request._held, request._held + tokens
         for cid, lo, hi in request._chain:
@@ -428,39 +457,39 @@ class ReplicaSim:
             a, b = max(start, lo), min(end, hi)
             if a >= b:
                 break
-            content = self._contents.get(cid)
-            copy = ("copy", request._own, cid)
-            if copy in self._contents or (content is not None and a < content.cached):
-                cid, content = copy, self._content(copy, a)
-            elif content is None:
-                content = self._content(cid, lo)
-            content.cached = max(content.cached, b)
-            content.users[request] = b
-            if not request._holds or request._holds[-1] != cid:
-                request._holds.append(cid)
+            last = request._segs[-1] if request._segs else None
+            segs = self._segs.setdefault(cid, [])
+            if (last is not None and last.cid == cid and last.hi == a and len(last.holders) == 1
+                    and all(s.seq < last.seq or s.hi <= a or s.lo >= b for s in segs if s is not last)):
+                last.hi = b  # the request's own allocation goes on (no later copy of these positions)
+            else:
+                seg = _Segment(cid, a, b, next(self._seq))
+                seg.holders.append(request)
+                segs.append(seg)
+                request._segs.append(seg)
         request._held = end
 
     def _release(self, request: Request) -> None:
-        """Free the request's KV (finished or preempted): positions no other running request holds
-        join the free queue, the last first; their KV stays cached until taken."""
-        for cid in reversed(request._holds):
-            content = self._contents[cid]
-            before = content.in_use()
-            del content.users[request]
-            after = content.in_use()
-            if after < before:
-                run = [cid, after, before]
-                self._free.append(run)
-                content.free.append(run)
-                self._free_total += before - after
-            self._drop_if_empty(cid, content)
-        request._holds = []
+        """Free the request's KV (finished or preempted): segments no other running request holds
+        join the free queue, the last positions first; their KV stays cached until taken."""
+        self._releases += 1
+        for seg in reversed(request._segs):
+            seg.holders.remove(request)
+            if not seg.holders:
+                seg.key = (self._releases, -seg.lo, next(self._entry), seg)
+                heapq.heappush(self._free, seg.key)
+                self._queued += 1
+                self._free_total += seg.hi - seg.lo
+        request._segs = []
         request._held = 0
+        if len(self._free) > 2 * self._queued + 1024:
+            self._free = [entry for entry in self._free if entry[3].key is entry]  # drop stale entries
+            heapq.heapify(self._free)
 
     def _prune_defs(self) -> None:
         """Forget the chains of stored contents none of whose KV is left."""
         self._defs = {key: chain for key, chain in self._defs.items()
-                      if any(cid in self._contents for cid, _, _ in chain)}
+                      if any(cid in self._segs for cid, _, _ in chain)}
 
     # -- scheduling -----------------------------------------------------------------------------
 
@@ -507,7 +536,7 @@ class ReplicaSim:
         admitted: list[Request] = []
         while not preempted and self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
             request = self.waiting.peek()
-            hit, touched = self._hit(request)
+            hit, touched, pieces = self._hit(request)
             if request._prompt - hit + touched > self.free:  # the whole prompt must fit
                 break
             tokens = min(request._prompt - hit, budget)
@@ -517,10 +546,7 @@ class ReplicaSim:
             if request.cached_tokens:
                 self._extend(request, hit)
             else:
-                for cid, lo, hi in request._chain:
-                    if lo >= hit:
-                        break
-                    self._hold(request, cid, lo, min(hi, hit))
+                self._hold(request, pieces)
                 request._held = hit
             self._extend(request, tokens)
             if request.start_s is None:

@@ -21,8 +21,9 @@ plan, with the settings the plan was deployed with). Against the cluster, in thi
    for the GPUs of a replica deleted before it), and goes where none will (its successor needs
    its GPUs: the LLM serves nothing until the successor is Ready, which the policy allows only
    where the running plan is overloaded). So an LLM with two or more replicas swaps them rolling;
-4. last, the plan ConfigMap `scepsy-plan` with the target plan: the record of the plan that runs
-   completely.
+4. last, the workflow entry's Deployment where the target changes it (its hold, `--max-in-flight`,
+   follows the LLMs' replicas: raised only once the replicas that carry it are Ready), then the
+   plan ConfigMap `scepsy-plan` with the target plan: the record of the plan that runs completely.
 
 `Actuation.step` does what can be done now and says what it waits for; the loop calls it again
 each period until it is `done`. A replica that is not Ready within `ready_timeout_s` stops the
@@ -47,6 +48,7 @@ import yaml
 
 from scepsy.k8s import names
 from scepsy.k8s.apply import APPLY_ORDER, ApplyResult, classify, comparable, summarize
+from scepsy.k8s.entry import NAME as ENTRY_NAME
 from scepsy.k8s.manifests import PLAN_CONFIGMAP
 from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, LlmAllocation, Placement, ReplicaPlacement, Shard
@@ -198,6 +200,10 @@ def _replica_of(deployment: dict, ready: bool, unschedulable: bool = False) -> R
                               bool(meta.get("deletionTimestamp") or meta.get("deletion_timestamp")), unschedulable and not ready)
     except (KeyError, ValueError):
         return None
+
+
+def _is_entry(obj: dict) -> bool:
+    return obj["kind"] == "Deployment" and obj["metadata"]["name"] == ENTRY_NAME
 
 
 def is_engine(deployment: dict) -> bool:
@@ -383,8 +389,9 @@ class Actuation:
         refuse_autoscalers(self.cluster, target_engines | live_names)
         pending = changes(self.cluster, self.target, live_engines, self.baseline)
         removals = [c for c in pending if c.action == "delete"]
+        entry_changes = [c for c in pending if c.after is not None and _is_entry(c.after)]
         for change in pending:
-            if change.action != "delete" and change.after is not None:
+            if change.action != "delete" and change.after is not None and change not in entry_changes:
                 self._apply(change.after)
                 if change.action == "create" and _engine_name(change.after) is not None:
                     self.created_engines.add(change.name)
@@ -420,6 +427,8 @@ class Actuation:
         for change in removals:
             if change not in blocking:
                 self._delete(change)
+        for change in entry_changes:
+            self._apply(change.after)
         self._apply(self._plan_configmap())
         self.phase = "done"
         return self.phase

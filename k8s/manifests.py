@@ -81,6 +81,9 @@ class ManifestSettings:
     entry: bool = True  # emit the workflow entry (entry.py): the burst cure; without it the engines serve first come first served
     entry_image: str = DEFAULT_ENTRY_IMAGE  # the entry's image, scepsy's own (the repository's Dockerfile)
 
+    def __post_init__(self) -> None:
+        check_settings(self)
+
 
 def parse_kubernetes_version(text: str) -> tuple[int, int]:
     parts = text.lstrip("v").split(".")
@@ -374,7 +377,6 @@ def cure_warnings(plan: PlacedPlan, settings: ManifestSettings) -> list[str]:
 def build_objects(plan: PlacedPlan, settings: ManifestSettings) -> list[dict]:
     """Every object, in a fixed order (namespace, plan, sharing, services and gateways, engines,
     disruption budgets, monitors)."""
-    check_settings(settings)
     sharing = realise(
         plan, settings.gpu_sharing, settings.namespace, settings.device_plugin_namespace, parse_kubernetes_version(settings.kubernetes_version)
     )

@@ -62,7 +62,7 @@ HELPERS = {
     "study_view", "sweep_view", "replay_view", "recorded_view", "manifests_view", "deployed_view", "status_view",
     "control_simulation_view",
     "placement_settings", "simulation_settings", "replay_settings", "emulator_config", "control_settings",
-    "SimulationSettings", "SynthesisSettings",
+    "SimulationSettings", "SynthesisSettings", "ManifestSettings", "manifest_settings", "controller_settings",
 }
 ADD_A_COMMAND = ("add it to COMMANDS in tests/test_cli_api.py: the one scepsy.api function it calls and arguments "
                  "that reach that call")

@@ -126,7 +126,7 @@ def test_read_cluster_gives_the_placement_that_runs(api, tmp_path, instance):
     assert state.plan is not None and state.plan["placement"] == plan_document(None, *running)["placement"]
 
 
-def test_scale_up_applies_only_the_new_replica_and_records_the_plan_last(api, tmp_path, instance):
+def test_scale_up_applies_only_the_new_replica_and_raises_the_entrys_hold_and_records_the_plan_last(api, tmp_path, instance):
     before = _plan([(0, 0)], [(0, 2)])
     after = _plan([(0, 0), (1, 1)], [(0, 2)])
     baseline = _deploy(api, instance, before)
@@ -140,8 +140,9 @@ def test_scale_up_applies_only_the_new_replica_and_records_the_plan_last(api, tm
     assert _writes(api) == added  # nothing re-sent while it starts
     api.ready("gen-r1")
     assert actuation.step(120.0) == "done"
-    assert api.events == [*added, ("ready", "gen-r1"), ("apply", "ConfigMap", "scepsy-plan")]
-    assert set(api.objects("Deployment")) == {"gen-gateway", "ver-gateway", "gen-r0", "gen-r1", "ver-r0"}
+    # the entry lets more of gen's calls through once the replica that takes them is Ready
+    assert api.events == [*added, ("ready", "gen-r1"), ("apply", "Deployment", "scepsy-entry"), ("apply", "ConfigMap", "scepsy-plan")]
+    assert set(api.objects("Deployment")) == {"gen-gateway", "ver-gateway", "gen-r0", "gen-r1", "ver-r0", "scepsy-entry"}
 
 
 def test_a_replaced_replica_is_deleted_only_after_its_replacement_is_ready_and_then_drains(api, tmp_path, instance):
@@ -202,11 +203,13 @@ def test_dry_run_prints_the_diff_and_changes_nothing(api, tmp_path, instance):
     after = _plan([(0, 0)], [(0, 2), (1, 3)])
     baseline = _deploy(api, instance, before)
     found = dry_run(_cluster(api, tmp_path), _objects(instance, after), baseline)
-    assert [f"{c.action} {c.ref}" for c in found] == ["create deployment/ver-r1", "create poddisruptionbudget/ver",
-                                                      "delete deployment/gen-r1", "update configmap/scepsy-plan"]
+    assert [f"{c.action} {c.ref}" for c in found] == ["create deployment/ver-r1", "update deployment/scepsy-entry",
+                                                      "create poddisruptionbudget/ver", "delete deployment/gen-r1",
+                                                      "update configmap/scepsy-plan"]
     created = found[0].diff()
     assert "+++ target/deployment/ver-r1" in created and "+  name: ver-r1" in created
-    assert "-  name: gen-r1" in found[2].diff()
+    assert "--max-in-flight" in found[1].diff()  # the entry's hold follows the replicas
+    assert "-  name: gen-r1" in found[3].diff()
     assert api.events == []
 
 
@@ -992,7 +995,7 @@ def test_the_controllers_deployment_runs_from_its_configmap(api, tmp_path, insta
 
     plan = Path(__file__).parent / "golden" / "plans" / "beam-4xa6000-optimal.json"  # a plan `scepsy plan` wrote
     out = tmp_path / "deploy"
-    scepsy_api.manifests(plan, out, controller=True, controller_image="registry.example.com/scepsy:0.1.0", prometheus_url=prometheus.url)
+    scepsy_api.manifests(plan, out, controller=scepsy_api.controller_settings("registry.example.com/scepsy:0.1.0", prometheus.url))
     objects = load_manifests(out)
     for node in instance.cluster.nodes:
         api.put(node_object(node.name, capacity=node.gpus, allocatable=node.gpus))

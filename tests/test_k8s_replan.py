@@ -3,8 +3,9 @@
 endpoint picker, HTTPRoute) renders byte for byte the same, so applying the new plan restarts no
 gateway. Two plans of one instance that differ only in the replica count of some LLMs are rendered
 with every engine and router (and their PodMonitors); the only files that may differ are the engine Deployments of the
-replicas that come or go, the plan ConfigMap (it holds the plan) and kustomization.yaml (it lists
-the files)."""
+replicas that come or go, the plan ConfigMap (it holds the plan), kustomization.yaml (it lists
+the files) and, with the SGLang gateways, the workflow entry's Deployment (its hold, `--max-in-flight`,
+follows the LLMs' replicas)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def test_a_replan_with_other_replica_counts_changes_only_engines(tmp_path, plan_
     assert set(before) - set(after) == removed
     assert set(after) <= set(before)
     changed = {name for name in after if after[name] != before[name]}
-    assert changed == {"40-configmap-scepsy-plan.yaml", "kustomization.yaml"}
+    entry = {"70-deployment-scepsy-entry.yaml"} if router == "sglang" else set()
+    assert changed == {"40-configmap-scepsy-plan.yaml", "kustomization.yaml"} | entry
 
     # the routing objects are there, and the same: no gateway or endpoint picker is rewritten or restarted
     routing = _routing_files(before)

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
         control_simulation_document, control_simulation_view, simulate_control,
     )
     from scepsy.api.deploy import (
-        Deployed, Manifests, Status, deploy, deployed_document, deployed_view, manifests, manifests_document, manifests_view,
-        status, status_document, status_view,
+        Deployed, Manifests, Status, controller_settings, deploy, deployed_document, deployed_view, manifest_settings, manifests,
+        manifests_document, manifests_view, status, status_document, status_view,
     )
     from scepsy.api.plan import (
         AllocationLike, InstanceLike, PathLike, PlacementLike, allocation_of, load, place, placement_document,
@@ -56,12 +56,13 @@ if TYPE_CHECKING:
     from scepsy.models.plan.report import placement_view, plan_view, prediction_view, simulation_view
     from scepsy.models.profiles.synthesize import SynthesisSettings
     from scepsy.models.simulation.simulator import SimulationSettings
+    from scepsy.k8s.manifests import ManifestSettings
 
 # Each name's module: imported on first use (`scepsy emulate` and `scepsy proxy` start without the
 # planner's, the simulator's and the cluster client's imports); type checkers read the imports below
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "scepsy.api.control": ("ControlRun", "ControlSimulation", "control", "control_knobs", "control_run_document", "control_settings", "control_simulation_document", "control_simulation_view", "simulate_control",),
-    "scepsy.api.deploy": ("Deployed", "Manifests", "Status", "deploy", "deployed_document", "deployed_view", "manifests", "manifests_document", "manifests_view", "status", "status_document", "status_view",),
+    "scepsy.api.deploy": ("Deployed", "Manifests", "Status", "controller_settings", "manifest_settings", "deploy", "deployed_document", "deployed_view", "manifests", "manifests_document", "manifests_view", "status", "status_document", "status_view",),
     "scepsy.api.plan": ("AllocationLike", "InstanceLike", "PathLike", "PlacementLike", "allocation_of", "load", "place", "placement_document", "placement_settings", "plan", "plan_document", "predict", "prediction_document",),
     "scepsy.api.profile": ("ImportedProfile", "ReplayProfile", "SynthesizedProfile", "import_profile", "replay_document", "replay_profile", "replay_settings", "replay_view", "synthesis_document", "synthesize_profile", "write_profile_rows",),
     "scepsy.api.simulate": ("ROUTINGS", "SimulatedRun", "simulate", "simulate_rates", "simulation_document", "simulation_settings",),
@@ -70,6 +71,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "scepsy.models.plan.report": ("placement_view", "plan_view", "prediction_view", "simulation_view",),
     "scepsy.models.profiles.synthesize": ("SynthesisSettings",),
     "scepsy.models.simulation.simulator": ("SimulationSettings",),
+    "scepsy.k8s.manifests": ("ManifestSettings",),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -88,7 +90,8 @@ __all__ = [
     "manifests", "deploy", "status", "control", "simulate_control",
     # their inputs
     "load", "allocation_of", "placement_settings", "simulation_settings", "replay_settings", "emulator_config",
-    "control_settings", "control_knobs", "SimulationSettings", "SynthesisSettings",
+    "control_settings", "control_knobs", "SimulationSettings", "SynthesisSettings", "ManifestSettings", "manifest_settings",
+    "controller_settings",
     # what the commands print: a document (--json) and a view of each result
     "plan_document", "placement_document", "prediction_document", "simulation_document", "stats_document",
     "study_document", "sweep_document", "synthesis_document", "replay_document", "topology_document",

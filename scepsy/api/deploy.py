@@ -3,6 +3,7 @@ watched."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +17,8 @@ if TYPE_CHECKING:  # the k8s extra (kubernetes) is imported where it is used
     from rich.console import RenderableType
 
     from scepsy.k8s.apply import ApplyResult, ReplicaStatus
+    from scepsy.k8s.controller import ControllerSettings
+    from scepsy.k8s.manifests import ManifestSettings
 
 
 @dataclass(frozen=True)
@@ -41,83 +44,23 @@ def manifests_view(written: Manifests) -> str:
             f"{written.gpu_sharing}); apply with: scepsy deploy {written.out}")
 
 
-def manifests(
-    plan: PathLike,
-    out: PathLike,
-    *,
-    instance: PathLike | None = None,
-    engine: str = "vllm",
-    gpu_sharing: str = "hami",
-    namespace: str = "scepsy",
-    image: str | None = None,
-    gateway_image: str | None = None,
-    prometheus: bool = False,
-    shm_gib: int = 16,
-    gpu_memory_utilization: float = 0.9,
-    kubernetes_version: str = "1.34",
-    hf_token_secret: str = "hf-token",
-    hf_cache_pvc: str | None = None,
-    device_plugin_namespace: str = "nvidia-device-plugin",
-    router: str = "sglang",
-    gateway_name: str = "inference-gateway",
-    gateway_namespace: str | None = None,
-    gateway_provider: str = "istio",
-    endpoint_picker: str = "llm-d-router",
-    picker_replicas: int = 2,
-    scheduling: str = "priority",
-    entry: bool = True,
-    entry_image: str | None = None,
-    controller: bool = False,
-    controller_image: str | None = None,
-    prometheus_url: str | None = None,
-    prometheus_selector: str = "",
-    settings_file: PathLike | None = None,
-) -> Manifests:
-    """Write the Kubernetes manifests that realise a placed plan (a plan JSON of `plan`) into the
-    folder `out`: engines, GPU shares, gateways (docs/deploy.md); `instance` overrides the
-    instance file the plan names. `router` "sglang" gives every LLM an SGLang model gateway;
-    "inference-gateway" gives it an InferencePool, its endpoint picker and an HTTPRoute attached to
-    the platform's Gateway `gateway_name` (in `gateway_namespace`, default `namespace`), with what
-    the upstream chart adds for `gateway_provider` (istio, gke or none), the endpoint picker of
-    `endpoint_picker` (llm-d-router v0.10.0, or the extension's inference-extension-v1.5.0) and
-    `picker_replicas` leader-elected pickers per pool.
-    `scheduling` "priority" runs the generating engines with priority scheduling, for calls tagged
-    with their workflow request's start (`proxy(workflow_priority=True)`); "fcfs" leaves the
-    engines' default. With `entry` (the default; `--router sglang`), also the workflow entry in
-    front of the LLMs' Services (k8s/entry.py: `scepsy proxy --workflow-priority` tagging every call
-    and holding each LLM's calls beyond the plan's entry limit), from `entry_image` (default: scepsy's
-    own image, k8s/entry.py DEFAULT_ENTRY_IMAGE); without it the result's warnings say which burst
-    recovery the deployment then keeps. With `controller`, also `scepsy control` in the cluster (k8s/controller.py): its Deployment (image
-    `controller_image`, reading `prometheus_url`, `prometheus_selector` and the policy's
-    `settings_file`), ServiceAccount, least-privilege RBAC and Lease."""
-    from scepsy.k8s.manifests import ManifestSettings, cure_warnings, emit, pinning_warnings, write
-    from scepsy.k8s.plan_input import load_placed_plan
+def manifest_settings(settings: ManifestSettings | None = None, **overrides) -> ManifestSettings:
+    """`settings` (default: every default of k8s/manifests.py ManifestSettings) with `overrides` of
+    its fields, checked (InputError naming the field)."""
+    from scepsy.k8s.manifests import ManifestSettings
 
-    settings = ManifestSettings(
-        engine=engine, gpu_sharing=gpu_sharing, namespace=namespace, image=image,
-        **({"gateway_image": gateway_image} if gateway_image else {}),
-        gpu_memory_utilization=gpu_memory_utilization, shm_gib=shm_gib, prometheus=prometheus,
-        hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, kubernetes_version=kubernetes_version,
-        device_plugin_namespace=device_plugin_namespace, router=router, gateway_name=gateway_name,
-        gateway_namespace=gateway_namespace, gateway_provider=gateway_provider, endpoint_picker=endpoint_picker,
-        picker_replicas=picker_replicas, scheduling=scheduling,
-        entry=entry, **({"entry_image": entry_image} if entry_image else {}),
-    )
-    folder = check_output_dir(out, [plan, instance])
-    control = None
-    if controller:
-        control = _controller_settings(controller_image, prometheus_url, prometheus_selector, settings_file)
-    placed = load_placed_plan(plan, None if instance is None else Path(instance))
-    objects = emit(placed, settings, control)
-    with writing(folder / "kustomization.yaml"):
-        paths = write(objects, folder)
-    return Manifests(folder, tuple(paths), len(placed.replicas), engine, gpu_sharing, tuple(cure_warnings(placed, settings) + pinning_warnings(placed, settings)))
+    base = ManifestSettings() if settings is None else settings
+    fields = {f.name for f in dataclasses.fields(ManifestSettings)}
+    for name in sorted(set(overrides) - fields):
+        raise InputError(None, name, "is not a manifest setting", f"use one of: {', '.join(sorted(fields))}", argument=True)
+    return dataclasses.replace(base, **overrides) if overrides else base
 
 
-
-
-def _controller_settings(image: str | None, prometheus_url: str | None, selector: str, settings_file: PathLike | None):
-    """The controller's Deployment settings, checked (the settings file: by the policy's own check)."""
+def controller_settings(image: str | None, prometheus_url: str | None, prometheus_selector: str = "",
+                        settings_file: PathLike | None = None) -> ControllerSettings:
+    """The in-cluster controller's Deployment settings (k8s/controller.py ControllerSettings),
+    checked: an image, the Prometheus it reads, and the policy's settings file (by the policy's own
+    check)."""
     from scepsy.control.knobs import control_settings
     from scepsy.k8s.controller import ControllerSettings
     from scepsy.k8s.manifests import check_image
@@ -131,9 +74,31 @@ def _controller_settings(image: str | None, prometheus_url: str | None, selector
                          "give e.g. http://prometheus.monitoring:9090")
     if settings_file is not None:
         control_settings({}, settings_file)  # refuse a bad knob now, not in the pod
-    return ControllerSettings(image, prometheus_url, selector, None if settings_file is None else str(settings_file))
+    return ControllerSettings(image, prometheus_url, prometheus_selector, None if settings_file is None else str(settings_file))
 
 
+def manifests(plan: PathLike, out: PathLike, settings: ManifestSettings | None = None, *, instance: PathLike | None = None,
+              controller: ControllerSettings | None = None, **overrides) -> Manifests:
+    """Write the Kubernetes manifests that realise a placed plan (a plan JSON of `plan`) into the
+    folder `out`: engines, GPU shares, gateways and, by default, the workflow entry (docs/deploy.md),
+    as `settings` says (k8s/manifests.py ManifestSettings, every setting with its default; keyword
+    `overrides` of its fields for a quick call, e.g. `manifests(plan, out, engine="sglang")`);
+    `instance` overrides the instance file the plan names. With `controller`
+    (`controller_settings(...)`), also `scepsy control` in the cluster (k8s/controller.py): its
+    Deployment, ServiceAccount, least-privilege RBAC and Lease. The result's warnings say when the
+    deployment has no workflow entry (which burst recovery it then keeps) and which engines cannot
+    be pinned to their planned GPUs."""
+    from scepsy.k8s.manifests import cure_warnings, emit, pinning_warnings, write
+    from scepsy.k8s.plan_input import load_placed_plan
+
+    settings = manifest_settings(settings, **overrides)
+    folder = check_output_dir(out, [plan, instance])
+    placed = load_placed_plan(plan, None if instance is None else Path(instance))
+    objects = emit(placed, settings, controller)
+    with writing(folder / "kustomization.yaml"):
+        paths = write(objects, folder)
+    warnings = tuple(cure_warnings(placed, settings) + pinning_warnings(placed, settings))
+    return Manifests(folder, tuple(paths), len(placed.replicas), settings.engine, settings.gpu_sharing, warnings)
 
 
 @dataclass(frozen=True)

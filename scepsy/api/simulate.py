@@ -43,7 +43,8 @@ ROUTINGS = ("cache_aware", "least_outstanding")
 
 def simulation_settings(duration_s: float = 300.0, warmup_s: float | None = None, seed: int = 0,
                         routing: str = "cache_aware", engine_model: str = "builtin", backend: str = "vllm",
-                        database_version: str = "current", scheduling: str = DEFAULT_SCHEDULING) -> SimulationSettings:
+                        database_version: str = "current", scheduling: str = DEFAULT_SCHEDULING,
+                        untagged_share: float = 0.0) -> SimulationSettings:
     """Settings of a simulation, checked (`duration_s`, `warmup_s`, `routing`, `scheduling`, ...)."""
     check_finite(duration_s, "duration_s")
     check_finite(warmup_s, "warmup_s")
@@ -51,7 +52,7 @@ def simulation_settings(duration_s: float = 300.0, warmup_s: float | None = None
     check_choice(scheduling, SCHEDULING_POLICIES, "scheduling", "scheduling policy")
     return SimulationSettings(duration_s=duration_s, warmup_s=warmup_s, seed=seed, routing=routing,
                               engine_model=engine_model, backend=backend, database_version=database_version,
-                              scheduling=scheduling)
+                              scheduling=scheduling, untagged_share=untagged_share)
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,7 @@ FLAGS: dict[str, str] = {
     "max_in_flight": "--max-in-flight",
     "entry_image": "--entry-image",
     "entry": "--entry",
+    "untagged_share": "--untagged-share",
     "warmup_s": "--warmup-s",
     "weights": "--weights",
     "welfare": "--welfare",

@@ -30,7 +30,7 @@ def manifests(
     gpu_sharing: Annotated[str, typer.Option("--gpu-sharing", help="GPU sharing: hami, dra-mps, device-plugin-mps or none.")] = "hami",
     namespace: NamespaceOpt = "scepsy",
     image: Annotated[Optional[str], typer.Option("--image", help="Engine image (default: the pinned vllm/vllm-openai or lmsysorg/sglang release).")] = None,
-    gateway_image: Annotated[Optional[str], typer.Option("--gateway-image", help="SGLang model gateway image (default: the pinned lmsysorg/sgl-model-gateway release).")] = None,
+    gateway_image: Annotated[str, typer.Option("--gateway-image", help="SGLang model gateway image (the pinned release).")] = "lmsysorg/sgl-model-gateway:v0.3.2",
     prometheus: Annotated[bool, typer.Option("--prometheus", help="Add prometheus-operator PodMonitors for engines and gateways.")] = False,
     shm_gib: Annotated[int, typer.Option("--shm-gib", help="/dev/shm of engines with TP > 1, GiB (TP 1: 2 GiB).")] = 16,
     gpu_memory_utilization: Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of its GPU memory slice an engine may fill (weights + KV cache).")] = 0.9,
@@ -47,7 +47,7 @@ def manifests(
     picker_replicas: Annotated[int, typer.Option("--picker-replicas", help="Endpoint pickers per pool, leader-elected (one active, the others standing by).")] = 2,
     scheduling: SchedulingOpt = "priority",
     entry: Annotated[bool, typer.Option("--entry/--no-entry", help="Emit the workflow entry in front of the LLMs' Services (--router sglang): scepsy proxy --workflow-priority, tagging every call with its workflow's start and holding each LLM's calls beyond the plan's entry_limit, so that the deployment recovers from bursts. --no-entry leaves the engines first come first served (a warning gives the plan's recovery_limit_fcfs_rps).")] = True,
-    entry_image: Annotated[Optional[str], typer.Option("--entry-image", help="The entry's image: scepsy's own, built from the repository's Dockerfile (default: ghcr.io/scepsy/scepsy:VERSION; docs/deploy.md).")] = None,
+    entry_image: Annotated[str, typer.Option("--entry-image", help="The entry's image: scepsy's own, built from the repository's Dockerfile (docs/deploy.md).")] = "ghcr.io/scepsy/scepsy:0.1.0",
     controller: Annotated[bool, typer.Option("--controller", help="Also run `scepsy control` in the cluster: its Deployment, ServiceAccount, least-privilege RBAC and Lease (docs/deploy.md).")] = False,
     controller_image: Annotated[Optional[str], typer.Option("--controller-image", help="With --controller: an image with scepsy and its k8s and control extras.")] = None,
     prometheus_url: Annotated[Optional[str], typer.Option("--prometheus-url", help="With --controller: the Prometheus that scrapes the engines, e.g. http://prometheus.monitoring:9090.")] = None,
@@ -59,16 +59,15 @@ def manifests(
     from scepsy import api
 
     with errors():
-        written = api.manifests(
-            plan_file, out, instance=instance, engine=engine, gpu_sharing=gpu_sharing, namespace=namespace, image=image,
-            gateway_image=gateway_image, prometheus=prometheus, shm_gib=shm_gib,
-            gpu_memory_utilization=gpu_memory_utilization, kubernetes_version=kubernetes_version,
-            hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, device_plugin_namespace=device_plugin_namespace,
-            router=router, gateway_name=gateway_name, gateway_namespace=gateway_namespace,
-            gateway_provider=gateway_provider, endpoint_picker=endpoint_picker, picker_replicas=picker_replicas, scheduling=scheduling,
-            entry=entry, entry_image=entry_image, controller=controller, controller_image=controller_image, prometheus_url=prometheus_url, prometheus_selector=prometheus_selector,
-            settings_file=settings_file,
-        )
+        settings = api.ManifestSettings(
+            engine=engine, gpu_sharing=gpu_sharing, namespace=namespace, image=image, gateway_image=gateway_image,
+            gpu_memory_utilization=gpu_memory_utilization, shm_gib=shm_gib, prometheus=prometheus,
+            hf_token_secret=hf_token_secret, hf_cache_pvc=hf_cache_pvc, kubernetes_version=kubernetes_version,
+            device_plugin_namespace=device_plugin_namespace, router=router, gateway_name=gateway_name,
+            gateway_namespace=gateway_namespace, gateway_provider=gateway_provider, endpoint_picker=endpoint_picker,
+            picker_replicas=picker_replicas, scheduling=scheduling, entry=entry, entry_image=entry_image)
+        deployment = api.controller_settings(controller_image, prometheus_url, prometheus_selector, settings_file) if controller else None
+        written = api.manifests(plan_file, out, settings, instance=instance, controller=deployment)
         for line in written.warnings:
             stderr.print(line, markup=False, highlight=False, soft_wrap=True)
         if json_output:

@@ -42,7 +42,8 @@ def simulate(
     calls_out: Annotated[Optional[Path], typer.Option("--calls-out", help="Write every LLM call as JSONL (input of profiles synthesize --requests).")] = None,
     routing: Annotated[str, typer.Option("--routing", help="cache_aware (SGLang-like: least outstanding with prefix affinity) or least_outstanding.")] = "cache_aware",
     scheduling: SchedulingOpt = "priority",
-    entry: Annotated[bool, typer.Option("--entry", help="Hold each LLM's calls at the plan's entry_limit, oldest workflow request first, as the workflow entry does (scepsy manifests --entry-image).")] = False,
+    entry: Annotated[bool, typer.Option("--entry", help="Hold each LLM's calls at the plan's entry_limit, oldest workflow request first, as the workflow entry scepsy manifests deploys does.")] = False,
+    untagged_share: Annotated[float, typer.Option("--untagged-share", min=0.0, max=1.0, help="Share of the workflow requests whose calls carry no workflow id (the entry stamps them by their conversation).")] = 0.0,
     engine_model: EngineModelOpt = "builtin",
     backend: EngineBackendOpt = "vllm",
     database_version: DatabaseVersionOpt = "current",
@@ -59,7 +60,7 @@ def simulate(
             raise InputError(None, "rates", "both `rate` and `rates` given", "use one of them")
         points = number_list(rates, "rates") if rates is not None else [rate]
         settings = api.simulation_settings(duration_s, warmup_s, seed, routing, engine_model, backend, database_version,
-                                           scheduling)
+                                           scheduling, untagged_share)
         with progress("simulating", len(points)) as advance:
             runs = api.simulate_rates(instance, plan, points, settings, arrivals, calls_out, advance, entry=entry)
         emit_json(api.simulation_document(str(instance), runs), out, json_output)

@@ -23,9 +23,12 @@ Engines left first come first served (no workflow entry in front of them: `sceps
 --no-entry`) keep that capacity only for workflows whose calls do not continue earlier calls'
 prompts (RAG, ensembles): R_w holds for them as it is. A workflow whose calls do (beam search's
 chains, or one with no program, whose prompts scepsy does not know) loses its cached prefixes
-once a backlog stands and may lock below its claim: measured, beam search on 4 A6000 stays at
-half its load after the standard burst from 70% and from 80% of its claim (docs/evidence.md).
-scepsy claims no recovery there: `recovery_limit_fcfs_rps` below is 0.
+once a backlog's prefixes outgrow its KV cache, and then may lock below its claim, which the
+plan's profiles cannot tell in advance: measured, beam search on one A6000 locks after two minutes
+at 200% of its claim (tests/test_bursts.py), and a real vLLM whose prefix cache holds a tenth of
+the burst's backlog serves 17% of its load after it (docs/evidence.md, "The burst on a real
+vLLM"), where priority engines recover. scepsy claims no recovery there: `recovery_limit_fcfs_rps`
+below is 0.
 
 Routers that drop `priority` from a request body (the SGLang model gateway's chat route) leave
 the engines first come first served; the workflow entry then holds each LLM's calls beyond its

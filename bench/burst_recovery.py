@@ -14,7 +14,9 @@ run's rate is served and the mean latency is within 25% of the reference's; `rec
 time from the burst's end to the first minute from which every minute's arrivals are served within
 25% of the reference latency. `--grid` varies the burst's height and length and the load after it.
 `--entry` holds each LLM's calls beyond the plan's `entry_limit` at the workflow entry
-(models/simulation/entry.py), as `scepsy proxy --max-in-flight` does.
+(models/simulation/entry.py), as `scepsy proxy --max-in-flight` does. `--preemption-threshold T`
+runs SGLang's priority preemption (a waiting call that does not fit preempts running calls whose
+tag is more than T seconds newer; models/performance/replica.py) in place of vLLM's scheduler.
 Deterministic (seeded simulations).
 """
 
@@ -37,7 +39,8 @@ GRID_LENGTHS_S = (60.0, 120.0, 300.0)
 GRID_BASES = (0.8, 0.9)
 
 
-def rows(path: Path, policies: list[str], bursts: list[Burst | None], seed: int, entry: bool = False) -> list[dict]:
+def rows(path: Path, policies: list[str], bursts: list[Burst | None], seed: int, entry: bool = False,
+         preemption_threshold: float | None = None) -> list[dict]:
     """One row per burst, policy and workflow; a burst None is the standard one from the plan's
     recovery limit (the smallest share of the claim over the workflows, all scaled together)."""
     instance = load_instance(path)
@@ -47,9 +50,11 @@ def rows(path: Path, policies: list[str], bursts: list[Burst | None], seed: int,
     out = []
     for burst in (plan_burst(plan.prediction) if b is None else b for b in bursts):
         for policy in policies:
-            for r in recovery(instance, plan.allocation, rates, burst, seed, policy, entry_limits):
+            for r in recovery(instance, plan.allocation, rates, burst, seed, policy, entry_limits,
+                              preemption_threshold=preemption_threshold):
+                label = policy + ("+entry" if entry else "") + ("" if preemption_threshold is None else f"+sglang{preemption_threshold:g}")
                 out.append({
-                    "instance": path.stem, "workflow": r.workflow, "policy": policy + ("+entry" if entry else ""),
+                    "instance": path.stem, "workflow": r.workflow, "policy": label,
                     "claim_rps": r.rate_rps,
                     "base": burst.base_load, "height": burst.height, "length_s": burst.length_s,
                     "served_rps": r.served_rps, "reference_rps": r.reference_served_rps,
@@ -84,6 +89,8 @@ def main() -> None:
     parser.add_argument("--length-s", type=float, default=STANDARD_BURST.length_s, help="length of the burst, s")
     parser.add_argument("--grid", action="store_true", help="every height, length and load after it of the grid")
     parser.add_argument("--entry", action="store_true", help="hold each LLM's calls at the entry beyond the plan's entry_limit")
+    parser.add_argument("--preemption-threshold", type=float, default=None,
+                        help="SGLang's --priority-scheduling-preemption-threshold, s (default: vLLM's scheduler, no such preemption)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     paths = sorted((ROOT / "instances").glob("*.yaml")) if args.all else args.instances
@@ -99,7 +106,7 @@ def main() -> None:
     started = time.perf_counter()
     found = []
     for path in paths:
-        found += rows(path, args.policies.split(","), bursts, args.seed, args.entry)
+        found += rows(path, args.policies.split(","), bursts, args.seed, args.entry, args.preemption_threshold)
         print(table(found[-1:]).splitlines()[-1], flush=True)
     print(table(found))
     print(f"\n{len(found)} rows, {sum(r['recovered'] for r in found)} recovered, {time.perf_counter() - started:.0f} s")

@@ -150,3 +150,27 @@ def test_untagged_workflow_requests_are_neither_starved_nor_ahead_after_the_stan
     assert found.recovered, found
     assert found.tagged_latency_mean_s is not None and found.untagged_latency_mean_s is not None
     assert abs(found.untagged_latency_mean_s / found.tagged_latency_mean_s - 1) <= LATENCY_SHARE, found
+
+
+@pytest.mark.parametrize(("threshold", "preempts"), [(10.0, True), (60.0, False), (None, False)])
+def test_sglangs_priority_preemption_takes_the_kv_of_running_calls_tagged_more_than_the_threshold_later(threshold, preempts):
+    """Three calls tagged 100 hold 90% of a replica's KV cache; a call tagged 50 that does not fit
+    arrives. SGLang's preemption with threshold 10 preempts one of them and serves it at once; with
+    threshold 60 (a difference of 50 is not more) or vLLM's scheduler (None) it waits for them."""
+    env = simpy.Environment()
+    replica = ReplicaSim(env, _engine(0.15), policy="priority", preemption_threshold=threshold)
+    capacity = replica.capacity
+    newer = [Request(capacity * 3 // 10, 500, priority=100.0) for _ in range(3)]
+    for request in newer:
+        replica.submit(request)
+    older = Request(capacity // 5, 10, priority=50.0)
+
+    def arrive_once_they_decode():
+        while len(replica.running) < 3 or not all(r._prompt_done for r in replica.running):
+            yield env.timeout(0.05)
+        replica.submit(older)
+
+    env.process(arrive_once_they_decode())
+    env.run()
+    assert (replica.preemptions == 1) is preempts and sum(r.preemptions for r in newer) == replica.preemptions
+    assert (older.finish_s < min(r.finish_s for r in newer)) is preempts

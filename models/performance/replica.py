@@ -27,8 +27,10 @@ Scheduling policies (`--scheduling-policy`):
   time), the first admitted among equals, taken over all running sequences: the one that needs
   the memory included, and one already scheduled in the iteration, whose schedule is undone (its
   budget returned). It re-enters the heap under its own key. A waiting request never preempts a
-  running one (vLLM v1 has no such path; SGLang does, above a priority difference, unless
-  `--disable-priority-preemption`).
+  running one (vLLM v1 has no such path). SGLang's does (`preemption_threshold`): a waiting
+  request that does not fit preempts, worst first, running ones whose priority is worse than its
+  own by more than the threshold, where freeing them lets it fit (its scheduler's
+  `preempt_to_schedule`; the token budget and batching otherwise as vLLM's here).
 The workflow simulator gives every call of a workflow request that request's arrival time as its
 priority (models/simulation/simulator.py), so that the engine serves older workflows first.
 
@@ -230,6 +232,7 @@ class ReplicaSim:
         fast_forward: bool = True,
         policy: str = "fcfs",
         start: bool = True,
+        preemption_threshold: float | None = None,
     ):
         self.env = env
         self.fast_forward = fast_forward  # run pure-decode stretches as one event (same timing)
@@ -239,6 +242,10 @@ class ReplicaSim:
         self.encoder = engine.model.encoder
         self.capacity = engine.kv_capacity_tokens
         self.policy = policy
+        # SGLang's priority preemption (None: vLLM, where a waiting request never preempts): a
+        # waiting request that does not fit preempts running ones whose priority is worse than its
+        # own by more than this (module doc)
+        self.preemption_threshold = preemption_threshold if policy == "priority" else None
         self.waiting = waiting_queue(policy)
         self.running: list[Request] = []
         self._segs: dict[Hashable, list[_Segment]] = {}  # cached KV by content (see the KV cache section)
@@ -506,6 +513,30 @@ class ReplicaSim:
             self.log.append(("preempt", victim, 0))
         self.waiting.push_preempted(victim)
 
+    def _preempt_to_admit(self, request: Request, hit: int, touched: int, scheduled: dict[Request, int]) -> bool:
+        """SGLang's priority preemption (`preemption_threshold`; its scheduler's
+        `preempt_to_schedule`): the running requests whose priority exceeds the waiting request's
+        by more than the threshold, worst first, are preempted if freeing them lets it fit (their
+        schedule in this iteration undone); none is preempted otherwise. Whether it preempted."""
+        if self.preemption_threshold is None:
+            return False
+        eligible = sorted((r for r in self.running if r.priority - request.priority > self.preemption_threshold),
+                          key=lambda r: (r.priority, r.arrival_s, r._order), reverse=True)
+        need = request._prompt - hit + touched - self.free
+        victims, freed = [], 0
+        for victim in eligible:
+            if freed >= need:
+                break
+            victims.append(victim)
+            freed += victim._held
+        if freed < need:
+            return False
+        for victim in victims:
+            self.running.remove(victim)
+            scheduled.pop(victim, None)
+            self._preempt(victim)
+        return True
+
     def _schedule_decoder(self) -> tuple[IterationWork, list[tuple[Request, int]]]:
         s = self.engine.settings
         budget = s.max_num_batched_tokens
@@ -537,8 +568,13 @@ class ReplicaSim:
         while not preempted and self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
             request = self.waiting.peek()
             hit, touched, pieces = self._hit(request)
-            if request._prompt - hit + touched > self.free:  # the whole prompt must fit
-                break
+            if request._prompt - hit + touched > self.free and not self._preempt_to_admit(request, hit, touched, scheduled):
+                break  # the whole prompt must fit
+            if request._prompt - hit + touched > self.free:  # the victims' KV held some of its hit
+                hit, touched, pieces = self._hit(request)
+                if request._prompt - hit + touched > self.free:
+                    break
+            budget = s.max_num_batched_tokens - sum(scheduled.values())
             tokens = min(request._prompt - hit, budget)
             self.waiting.pop()
             request.hit_tokens = hit

@@ -103,10 +103,11 @@ class SimCluster:
     """The running deployment: a router per LLM and the engines its replicas run."""
 
     def __init__(self, env: simpy.Environment, engines: Mapping[str, Engine], routing: str = "cache_aware",
-                 scheduling: str = DEFAULT_SCHEDULING):
+                 scheduling: str = DEFAULT_SCHEDULING, preemption_threshold: float | None = None):
         self.env = env
         self.engines = dict(engines)
         self.scheduling = scheduling
+        self.preemption_threshold = preemption_threshold
         self.routers = {llm: Router(llm, routing) for llm in self.engines}
         self.gates: dict[str, EntryGate] = {}  # the entry's hold on an LLM's calls (entry.py), where it has one
         self.counter = 0
@@ -117,7 +118,8 @@ class SimCluster:
     def add_replica(self, llm: str, engine: Engine | None = None) -> ReplicaSim:
         if engine is not None:
             self.engines[llm] = engine
-        replica = ReplicaSim(self.env, self.engines[llm], name=f"{llm}-{self.counter}", policy=self.scheduling)
+        replica = ReplicaSim(self.env, self.engines[llm], name=f"{llm}-{self.counter}", policy=self.scheduling,
+                             preemption_threshold=self.preemption_threshold)
         self.counter += 1
         self.routers[llm].add(replica)
         return replica
@@ -201,6 +203,9 @@ class SimulationSettings:
     scheduling: str = DEFAULT_SCHEDULING  # the engines' waiting queue: "priority" (older workflows first) or "fcfs"
     entry_limits: Mapping[str, int] | None = None  # per LLM: its calls in flight past the entry (entry.py); None: no hold
     untagged_share: float = 0.0  # of the workflow requests, those whose calls carry no workflow id (module doc)
+    # SGLang engines' --priority-scheduling-preemption-threshold, in the entry's tags (seconds); None:
+    # vLLM's scheduler, where a waiting call never preempts a running one (models/performance/replica.py)
+    preemption_threshold: float | None = None
     engine_model: str = "builtin"  # or "aiconfigurator" (models/performance/aiconfigurator.py)
     backend: str = "vllm"  # AIConfigurator's framework database: vllm, sglang or trtllm
     database_version: str = "current"
@@ -590,7 +595,7 @@ def simulate(
         fraction = choice.share / allocation.fractions_per_gpu
         engines[choice.llm] = replica_engine(instance, choice.llm, choice.gpu_type, choice.tp, fraction, settings.engine,
                                              settings.engine_model, settings.backend, settings.database_version)
-    cluster = SimCluster(env, engines, settings.routing, settings.scheduling)
+    cluster = SimCluster(env, engines, settings.routing, settings.scheduling, settings.preemption_threshold)
     cluster.call_budget = MAX_RECORDED_CALLS if record_calls else MAX_SIMULATED_CALLS
     for choice in allocation.llms:
         for _ in range(choice.replicas):

@@ -125,10 +125,11 @@ class _Finishes:
 
 def _run(instance: Instance, allocation: Allocation, rates_rps: Mapping[str, float], burst: Burst, seed: int,
          scheduling: str, with_burst: bool, entry_limits: Mapping[str, int] | None,
-         untagged_share: float) -> tuple[dict, _Finishes]:
+         untagged_share: float, preemption_threshold: float | None) -> tuple[dict, _Finishes]:
     arrivals = {w: burst_arrivals(rate, burst, seed, w, with_burst) for w, rate in rates_rps.items()}
     settings = SimulationSettings(duration_s=burst.duration_s, warmup_s=burst.end_s + burst.settle_s,
-                                  seed=seed, scheduling=scheduling, entry_limits=entry_limits, untagged_share=untagged_share)
+                                  seed=seed, scheduling=scheduling, entry_limits=entry_limits, untagged_share=untagged_share,
+                                  preemption_threshold=preemption_threshold)
     finishes = _Finishes({}, {})
     result = simulate(instance, allocation, settings, arrivals=arrivals, on_finish=finishes.add)
     return {w.name: w for w in result.workflows}, finishes
@@ -155,13 +156,16 @@ def _minute_latencies(finishes: list[tuple[float, float]], arrivals: list[float]
 
 def recovery(instance: Instance, allocation: Allocation, rates_rps: Mapping[str, float], burst: Burst = STANDARD_BURST,
              seed: int = 0, scheduling: str | None = None,
-             entry_limits: Mapping[str, int] | None = None, untagged_share: float = 0.0) -> list[WorkflowRecovery]:
+             entry_limits: Mapping[str, int] | None = None, untagged_share: float = 0.0,
+             preemption_threshold: float | None = None) -> list[WorkflowRecovery]:
     """Run the burst and its reference on `allocation` (`rates_rps`: the rate per workflow the
     burst's shares are of; `scheduling`: the engines' policy, the simulator's default if None;
-    `untagged_share`: of the workflow requests, those whose calls carry no workflow id)."""
+    `untagged_share`: of the workflow requests, those whose calls carry no workflow id;
+    `preemption_threshold`: SGLang engines' priority preemption, None for vLLM's scheduler)."""
     policy = SimulationSettings().scheduling if scheduling is None else scheduling
-    burst_stats, burst_done = _run(instance, allocation, rates_rps, burst, seed, policy, True, entry_limits, untagged_share)
-    calm_stats, _ = _run(instance, allocation, rates_rps, burst, seed, policy, False, entry_limits, untagged_share)
+    options = (entry_limits, untagged_share, preemption_threshold)
+    burst_stats, burst_done = _run(instance, allocation, rates_rps, burst, seed, policy, True, *options)
+    calm_stats, _ = _run(instance, allocation, rates_rps, burst, seed, policy, False, *options)
     rows = []
     for workflow, rate in rates_rps.items():
         arrivals = burst_arrivals(rate, burst, seed, workflow)

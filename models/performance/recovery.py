@@ -17,7 +17,7 @@ the plan lets each LLM take (max_utilization of its capacity: the steep end of a
 no rate to drain at), no more than the claim. The standard burst gives R_w = 0.8 T_w wherever the
 bottleneck limits w. The simulator checks it: on every shipped instance, with priority engines, a
 workflow at R_w is back at its steady latency within `settle_s` (bench/burst_recovery.py,
-docs/evidence.md); at 95% of a claim beam search took 6 minutes, at 100% longer than the run.
+docs/evidence.md); at 95% of a claim beam search takes 7 minutes, at 100% longer than the run.
 
 Engines left first come first served (no workflow entry in front of them: `scepsy manifests
 --no-entry`) keep that capacity only for workflows whose calls do not continue earlier calls'

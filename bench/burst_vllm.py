@@ -210,7 +210,7 @@ async def closed_loop(client: Client, in_flight: int, fill_s: float, measure_s: 
 
     return {"in_flight": in_flight, "workflows_rps": workflows_rps, "calls_rps": workflows_rps * client.s.calls,
             "call_latency_mean_s": statistics.mean(calls), "call_latency_p50_s": q(0.5), "call_latency_p90_s": q(0.9),
-            "call_latency_p99_s": q(0.99), "workflow_latency_mean_s": statistics.mean(o.finish_s - o.arrival_s for o in done)}
+            "call_latency_p99_s": q(0.99), "workflow_latency_mean_s": statistics.mean(o.finish_s - o.arrival_s for o in done if o.finish_s is not None)}
 
 
 async def open_loop(client: Client, arrivals: Sequence[float], end_s: float, grace_s: float, engine: str,
@@ -367,14 +367,14 @@ def run_bursts(s: BurstSettings, log=print) -> dict:
     t_all = time.perf_counter()
     model_dir = make_model(s.out_dir / f"llama-{HIDDEN}x{LAYERS}")
     words = one_token_words(model_dir)
-    server_args = dict(cache_tokens=s.cache_tokens, max_num_seqs=s.max_num_seqs)
     rows: list[dict] = []
     timings: dict[str, float] = {}
     priority_flags = tuple(SCHEDULING_ARGS["vllm"]["priority"])
 
     def start(name: str, flags: Sequence[str]) -> VllmServer:
         t = time.perf_counter()
-        server = VllmServer(LLM, model_dir, s.out_dir / f"vllm-{name}.log", extra_args=tuple(flags), **server_args)
+        server = VllmServer(LLM, model_dir, s.out_dir / f"vllm-{name}.log", extra_args=tuple(flags),
+                            cache_tokens=s.cache_tokens, max_num_seqs=s.max_num_seqs)
         server.launch()
         try:
             server.wait_ready()

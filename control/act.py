@@ -389,9 +389,9 @@ class Actuation:
         refuse_autoscalers(self.cluster, target_engines | live_names)
         pending = changes(self.cluster, self.target, live_engines, self.baseline)
         removals = [c for c in pending if c.action == "delete"]
-        entry_changes = [c for c in pending if c.after is not None and _is_entry(c.after)]
+        entry_changes = [c.after for c in pending if c.after is not None and _is_entry(c.after)]
         for change in pending:
-            if change.action != "delete" and change.after is not None and change not in entry_changes:
+            if change.action != "delete" and change.after is not None and change.after not in entry_changes:
                 self._apply(change.after)
                 if change.action == "create" and _engine_name(change.after) is not None:
                     self.created_engines.add(change.name)
@@ -427,8 +427,8 @@ class Actuation:
         for change in removals:
             if change not in blocking:
                 self._delete(change)
-        for change in entry_changes:
-            self._apply(change.after)
+        for obj in entry_changes:
+            self._apply(obj)
         self._apply(self._plan_configmap())
         self.phase = "done"
         return self.phase

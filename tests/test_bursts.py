@@ -173,4 +173,6 @@ def test_sglangs_priority_preemption_takes_the_kv_of_running_calls_tagged_more_t
     env.process(arrive_once_they_decode())
     env.run()
     assert (replica.preemptions == 1) is preempts and sum(r.preemptions for r in newer) == replica.preemptions
-    assert (older.finish_s < min(r.finish_s for r in newer)) is preempts
+    finishes = [r.finish_s for r in newer]
+    assert older.finish_s is not None and None not in finishes
+    assert (older.finish_s < min(f for f in finishes if f is not None)) is preempts

@@ -179,7 +179,8 @@ def test_one_class_per_error():
 def _dockerfile_instructions() -> list[tuple[str, str]]:
     """(instruction, arguments) of the repository's Dockerfile, comments and blank lines left out."""
     lines = (REPO / "Dockerfile").read_text().splitlines()
-    return [tuple(line.split(None, 1)) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    steps = [line.strip().partition(" ") for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return [(op, args.strip()) for op, _, args in steps]
 
 
 def test_the_dockerfile_builds_the_entry_image_the_manifests_name(installed):

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from scepsy.tracing.capture.proxy import ProxyConfig, ServerThread, create_app, workflow_request_id
+from scepsy.tracing.capture.proxy import Clock, ProxyConfig, ServerThread, create_app, workflow_request_id
 from scepsy.tracing.capture.store import TraceStore, read_store
 
 from tracing_fixtures import Recorder, engine, proxied, usage_of, wait_for  # noqa: F401 - fixtures
@@ -301,10 +301,11 @@ def test_workflow_priority_tags_each_call_with_its_workflow_requests_start(engin
     assert json.loads(recorder.records[0].request_body) == first
 
 
-class SteppedClock:
+class SteppedClock(Clock):
     """The proxy's clock, moved by the test."""
 
     def __init__(self, now_s: float):
+        super().__init__()
         self.now_s = now_s
 
     def now(self) -> float:
@@ -377,6 +378,7 @@ def test_a_conversation_is_idle_from_its_last_calls_end():
     starts = ConversationStarts(idle_s=30.0)
     opening = [{"role": "user", "content": "q"}]
     start_s, key = starts.start_of(opening, 100.0)
+    assert key is not None
     starts.ended(key, start_s, 190.0)  # answered 90 s after it arrived
     assert starts.start_of([*opening, {"role": "assistant", "content": "a"}], 200.0)[0] == 100.0
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import importlib.util
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, cast
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ class Call:
     share: float
     all_prefix: bool = False  # with a base, the prompt is its prefix alone (no fresh tokens)
     key: str = ""  # the model's store key: the rid, or a twin's (the same tokens)
-    prompt: list[int] | None = None
+    prompt: list[int] = field(default_factory=list)  # fixed at arrival (resolve)
     parent: str | None = None
     prefix_tokens: int = 0
 
@@ -156,7 +157,7 @@ def vllm_config(policy: str, model_dir: Path) -> VllmConfig:
         model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=MAX_MODEL_LEN,
                             dtype="float32", seed=0)
         scheduler = SchedulerConfig(max_num_seqs=MAX_NUM_SEQS, max_num_batched_tokens=BUDGET,
-                                    max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True, policy=policy,
+                                    max_model_len=MAX_MODEL_LEN, enable_chunked_prefill=True, policy=cast(Any, policy),
                                     is_encoder_decoder=False)
         cache = CacheConfig(block_size=1, enable_prefix_caching=True, cache_dtype="auto")
         _CONFIGS[policy] = VllmConfig(model_config=model, scheduler_config=scheduler, cache_config=cache,
@@ -242,12 +243,13 @@ def run_model(calls: list[Call], policy: str, capacity: int) -> Run:
         step_preempted = []
         for kind, request, hit in replica.log:
             if kind == "admit":
-                admitted.append((step, request.tag, hit))
+                admitted.append((step, str(request.tag), hit))
             else:
-                step_preempted.append((step, request.tag))
+                step_preempted.append((step, str(request.tag)))
         preempted += sorted(step_preempted)
         step += 1
-    return Run(admitted, preempted, {rid: int(r.finish_s) for rid, r in requests.items()})
+    # a request that never finished shows as -1, against vLLM's step
+    return Run(admitted, preempted, {rid: -1 if r.finish_s is None else int(r.finish_s) for rid, r in requests.items()})
 
 
 # -- the comparison --------------------------------------------------------------------------------

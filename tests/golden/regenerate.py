@@ -22,7 +22,7 @@ import argparse
 import json
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -134,8 +134,9 @@ def emit(case: Case) -> dict[str, str]:
     controller = ControllerSettings(CONTROLLER_IMAGE, *CONTROLLER_PROMETHEUS) if case.controller else None
     # every case has the default workflow entry (the controller cases with the controller's image);
     # the controller cases deploy PodMonitors for the entry and the engines, which the controller reads
-    image = {"entry_image": CONTROLLER_IMAGE} if case.controller else {}
-    settings = ManifestSettings(engine=case.engine, gpu_sharing=case.sharing, router=case.router, prometheus=case.controller, **image)
+    settings = ManifestSettings(engine=case.engine, gpu_sharing=case.sharing, router=case.router, prometheus=case.controller)
+    if case.controller:
+        settings = replace(settings, entry_image=CONTROLLER_IMAGE)
     return emit_files(load_placed_plan(plan_path(case)), settings, controller)
 
 

@@ -119,6 +119,7 @@ class Clock:
         return self._wall0 + (time.perf_counter() - self._perf0)
 
 
+KEEP_ALIVE_S = 75  # an idle client connection's life at the proxy (serve)
 MAX_HELD_CALLS = 10_000  # calls of one LLM waiting at the entry, past which it answers 429
 RETRY_AFTER_S = 1
 
@@ -744,5 +745,10 @@ def serve(config: ProxyConfig, host: str = "127.0.0.1", port: int = 9000) -> Non
     # collector's full passes, which otherwise pause every stream for ~20 ms now and then.
     gc.collect()
     gc.freeze()
-    # proxy_headers off: the proxy reads no X-Forwarded-* header, so uvicorn need not rewrite the scope
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, proxy_headers=False)
+    # proxy_headers off: the proxy reads no X-Forwarded-* header, so uvicorn need not rewrite the scope.
+    # Idle keep-alive connections are kept KEEP_ALIVE_S, longer than clients keep theirs (httpx, the
+    # openai SDK's: 5 s), so that the client closes first: a server that closes at the moment a
+    # client reuses the connection fails that call ("Connection error"), as uvicorn's 5 s default did
+    # under load.
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, proxy_headers=False,
+                timeout_keep_alive=KEEP_ALIVE_S)

@@ -206,6 +206,7 @@ def identified(truth, measured_shares):
     return truth
 
 
+@pytest.mark.exhaustive  # 200 engine-model profiles, minutes on two cores: with the matrix
 @settings(max_examples=200, deadline=None)
 @given(engine_model_curves(), st.sampled_from(GRID))
 # found by random runs when the test held every share to the truth's own batch cap: measured shares

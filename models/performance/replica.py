@@ -430,6 +430,9 @@ class ReplicaSim:
     def _take(self, tokens: int) -> None:
         """Take `tokens` of KV from the pool: the never-used first, then the head of the free queue
         (the KV there is evicted, the segment's last positions first)."""
+        if tokens <= self._fresh:  # the common case, the never-used pool alone
+            self._fresh -= tokens
+            return
         fresh = min(tokens, self._fresh)
         self._fresh -= fresh
         tokens -= fresh
@@ -456,8 +459,23 @@ class ReplicaSim:
         """Allocate KV for the request's next `tokens` positions (the pool must hold them) and cache
         it. Where another copy of these positions is cached, this one is cached too (vLLM hashes
         the blocks it allocates for tokens computed again)."""
-        self._take(tokens)
+        if tokens <= self._fresh:
+            self._fresh -= tokens
+        else:
+            self._take(tokens)
         start, end = request._held, request._held + tokens
+        if request._segs:  # the common case, a decode step: its own allocation goes on (as below)
+            last = request._segs[-1]
+            cid, lo, hi = request._chain[-1]
+            if last.cid == cid and last.hi == start and lo <= start and end <= hi and len(last.holders) == 1:
+                seq = last.seq
+                for s in self._segs[cid]:
+                    if s is not last and s.seq >= seq and s.hi > start and s.lo < end:
+                        break  # a later copy of these positions
+                else:
+                    last.hi = end
+                    request._held = end
+                    return
         for cid, lo, hi in request._chain:
             if hi <= start:
                 continue
@@ -545,8 +563,9 @@ class ReplicaSim:
         index = 0
         while index < len(self.running) and budget > 0:
             request = self.running[index]
-            tokens = min(request._prompt - request._computed if not request._prompt_done else 1, budget)
-            while tokens > self.free:
+            left = request._prompt - request._computed  # prompt tokens to compute; none: a decode
+            tokens = 1 if left <= 0 else min(left, budget)
+            while tokens > self._fresh + self._free_total:
                 victim = self.waiting.victim(self.running)
                 at = self.running.index(victim)
                 del self.running[at]
@@ -596,9 +615,9 @@ class ReplicaSim:
         decode_n = decode_ctx = pre_tokens = pre_past = finishing = 0
         pre_attn = 0.0
         for request, tokens in scheduled.items():
-            if request._prompt_done:
+            if request._computed >= request._prompt:
                 decode_n += 1
-                decode_ctx += request.context_tokens
+                decode_ctx += request._computed + max(request._generated - 1 - request._recomputed, 0)  # context_tokens
                 plan.append((request, 0))
             else:
                 pre_tokens += tokens
@@ -649,11 +668,11 @@ class ReplicaSim:
                 request._generated += 1
             else:
                 request._computed += chunk
-                if request._prompt_done:
+                if request._computed >= request._prompt:  # the prompt is done: its first token
                     request._generated += 1
                     if request.first_token_s is None:
                         request.first_token_s = now
-            if request._prompt_done and request._generated >= max(request.completion_tokens, 1):
+            if request._computed >= request._prompt and request._generated >= max(request.completion_tokens, 1):
                 finished.append(request)
         for request in finished:
             request.finish_s = now

@@ -114,15 +114,17 @@ def test_every_plan_prints_a_recovery_limit_below_its_claim():
         assert w.recovery_limit_rps == pytest.approx(expected, rel=1e-6)
 
 
-SHIPPED = sorted(p.stem for p in (REPO / "instances").glob("*.yaml"))
+# the shipped instances on up to eight A6000s (a few minutes each on two cores); the 16-GPU ones and
+# combined-8xh100 (up to ten minutes each) are measured by bench/burst_recovery.py (docs/evidence.md)
+BURST_CHECKED = ("beam-4xa6000", "beam-8xa6000", "ensemble-4xa6000", "rag-4xa6000", "rag-8xa6000")
 EVERY_RUN = "beam-4xa6000"  # the untagged-share run's instance (docs/evidence.md section 10)
 
 
 @pytest.mark.slow
-@pytest.mark.exhaustive  # every shipped plan; the test run has the one-A6000 burst above
-@pytest.mark.parametrize("name", SHIPPED)
-def test_every_shipped_plan_recovers_from_its_recovery_limit_after_the_standard_burst(name):
-    """Each shipped instance's own plan, every workflow at the recovery limit the plan prints, after
+@pytest.mark.exhaustive  # the test run has the one-A6000 burst above
+@pytest.mark.parametrize("name", BURST_CHECKED)
+def test_the_shipped_plans_recover_from_their_recovery_limit_after_the_standard_burst(name):
+    """Each shipped instance's own plan (BURST_CHECKED), every workflow at the recovery limit the plan prints, after
     two minutes at 150% of its claim: every workflow served and at its steady latency again within
     five minutes (the table of docs/evidence.md section 10, engines with priority scheduling)."""
     instance = load_instance(REPO / "instances" / f"{name}.yaml")

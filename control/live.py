@@ -34,7 +34,6 @@ tests order events without wall-clock bounds.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -57,33 +56,13 @@ from scepsy.control.gauges import DesiredGauges
 from scepsy.control.observe import missing_llms, missing_workflows, observation
 from scepsy.control.policy import ControllerState, Decision, PolicyContext, decide, make_context
 from scepsy.control.prometheus import Missing, PrometheusClient, WorkflowSamples, read_llms, read_workflows
+from scepsy.control.settings import LiveSettings
 from scepsy.k8s.manifests import ManifestSettings, build_objects
 from scepsy.k8s.plan_input import placed_plan
 from scepsy.models.errors import InputError
 from scepsy.models.instance.allocation import Allocation, Placement
 from scepsy.models.instance.instance import Instance
 from scepsy.models.plan.document import plan_document
-
-ACT_MODES = ("apply", "dry-run", "gauges")
-
-
-@dataclass(frozen=True)
-class LiveSettings:
-    """The live loop's knobs (the policy's are in ControlSettings); docs/control.md gives reasons."""
-
-    act: str = "apply"  # apply | dry-run | gauges
-    ready_timeout_s: float = 900.0  # a new replica not Ready after 15 minutes is stuck (a 70B model loads in 5-10)
-    retry_s: float = 30.0  # first wait after a failed apply: API server hiccups clear in seconds
-    max_retry_s: float = 600.0  # the longest wait between retries: ten minutes
-
-    def __post_init__(self) -> None:
-        if self.act not in ACT_MODES:
-            raise InputError(None, "act", f"unknown mode {self.act!r}", f"use one of: {', '.join(ACT_MODES)}")
-        for name in ("ready_timeout_s", "retry_s", "max_retry_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise InputError(None, name, f"{value!r} is not a positive number of seconds", "give e.g. 60")
-
 
 def _replicas(allocation: Allocation) -> dict[str, int]:
     return {c.llm: c.replicas for c in allocation.llms}

@@ -3,9 +3,15 @@ each mistake is an InputError naming the argument (`field`, as the API spells it
 
 from __future__ import annotations
 
-from typing import Iterable
+import dataclasses
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, TypeVar
 
 from scepsy.models.errors import InputError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 MAX_NUMBER = 1e9  # rates, load factors, seconds: beyond it lies no real workload, only overflow
 
@@ -35,3 +41,15 @@ def check_choice(value: str, choices: Iterable[str], field: str, what: str) -> N
     listed = tuple(choices)
     if value not in listed:
         raise InputError(None, field, f"unknown {what} {value!r}", f"use one of: {', '.join(listed)}")
+
+
+def settings_with(kind: type[T], settings: T | None, overrides: Mapping[str, Any], what: str) -> T:
+    """`settings` (default: `kind()`, every default of that frozen dataclass) with `overrides` of
+    its fields, checked by the settings themselves; an override that is no field is an InputError
+    naming it and the fields there are."""
+    fields = {f.name for f in dataclasses.fields(kind)}
+    for name in sorted(set(overrides) - fields):
+        raise InputError(None, name, f"is not a {what}", f"use one of: {', '.join(sorted(fields))}", argument=True)
+    if settings is None:
+        return kind(**overrides)
+    return dataclasses.replace(settings, **overrides) if overrides else settings

@@ -63,6 +63,7 @@ HELPERS = {
     "control_simulation_view",
     "placement_settings", "simulation_settings", "replay_settings", "emulator_config", "control_settings",
     "SimulationSettings", "SynthesisSettings", "ManifestSettings", "manifest_settings", "controller_settings",
+    "live_control_settings",
 }
 ADD_A_COMMAND = ("add it to COMMANDS in tests/test_cli_api.py: the one scepsy.api function it calls and arguments "
                  "that reach that call")

@@ -455,8 +455,8 @@ def test_api_control_dry_run_prints_the_diff_logs_each_period_and_writes_nothing
 
     log = tmp_path / "decisions.jsonl"
     run = scepsy_api.control(INSTANCE_FILE, _plan_file(tmp_path, instance, running), prometheus_url=prometheus.url,
-                             kubeconfig=api.kubeconfig(tmp_path), act="dry-run", log=log, periods=2, predictor="constant",
-                             show=shown.append, clock=clock, sleep=sleep)
+                             kubeconfig=api.kubeconfig(tmp_path), act="dry-run", log=log, periods=2,
+                             policy=scepsy_api.control_settings(predictor="constant"), show=shown.append, clock=clock, sleep=sleep)
     records = [json.loads(line) for line in log.read_text().splitlines()]
     assert run.periods == 2 and [r["event"] for r in records] == ["start", "period", "period"]
     assert [r["time_s"] for r in records[1:]] == [0.0, ControlSettings().period_s]  # one period every period_s of the injected clock
@@ -833,7 +833,8 @@ def test_every_act_mode_serves_metrics_and_healthz_while_it_runs(api, tmp_path, 
             seen["base"] = httpx.Response(200, text=base)
 
     run = scepsy_api.control(INSTANCE_FILE, plan, prometheus_url=prometheus.url, kubeconfig=api.kubeconfig(tmp_path), act=act,
-                             log=tmp_path / "log.jsonl", metrics_port=0, periods=1, predictor="constant", say=say)
+                             log=tmp_path / "log.jsonl", metrics_port=0, periods=1,
+                             policy=scepsy_api.control_settings(predictor="constant"), say=say)
     assert run.periods == 1
     assert (seen["healthz"].status_code, seen["healthz"].text) == (200, "ok\n")
     assert seen["metrics"].status_code == 200 and "scepsy_leader 1.0" in seen["metrics"].text

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from scepsy.api.control import (
         ControlRun, ControlSimulation, control, control_knobs, control_run_document, control_settings,
-        control_simulation_document, control_simulation_view, simulate_control,
+        control_simulation_document, control_simulation_view, live_control_settings, simulate_control,
     )
     from scepsy.api.deploy import (
         Deployed, Manifests, Status, controller_settings, deploy, deployed_document, deployed_view, manifest_settings, manifests,
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
 # Each name's module: imported on first use (`scepsy emulate` and `scepsy proxy` start without the
 # planner's, the simulator's and the cluster client's imports); type checkers read the imports below
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "scepsy.api.control": ("ControlRun", "ControlSimulation", "control", "control_knobs", "control_run_document", "control_settings", "control_simulation_document", "control_simulation_view", "simulate_control",),
+    "scepsy.api.control": ("ControlRun", "ControlSimulation", "control", "control_knobs", "control_run_document", "control_settings", "control_simulation_document", "control_simulation_view", "live_control_settings", "simulate_control",),
     "scepsy.api.deploy": ("Deployed", "Manifests", "Status", "controller_settings", "manifest_settings", "deploy", "deployed_document", "deployed_view", "manifests", "manifests_document", "manifests_view", "status", "status_document", "status_view",),
     "scepsy.api.plan": ("AllocationLike", "InstanceLike", "PathLike", "PlacementLike", "allocation_of", "load", "place", "placement_document", "placement_settings", "plan", "plan_document", "predict", "prediction_document",),
     "scepsy.api.profile": ("ImportedProfile", "ReplayProfile", "SynthesizedProfile", "import_profile", "replay_document", "replay_profile", "replay_settings", "replay_view", "synthesis_document", "synthesize_profile", "write_profile_rows",),
@@ -90,7 +90,7 @@ __all__ = [
     "manifests", "deploy", "status", "control", "simulate_control",
     # their inputs
     "load", "allocation_of", "placement_settings", "simulation_settings", "replay_settings", "emulator_config",
-    "control_settings", "control_knobs", "SimulationSettings", "SynthesisSettings", "ManifestSettings", "manifest_settings",
+    "control_settings", "live_control_settings", "control_knobs", "SimulationSettings", "SynthesisSettings", "ManifestSettings", "manifest_settings",
     "controller_settings",
     # what the commands print: a document (--json) and a view of each result
     "plan_document", "placement_document", "prediction_document", "simulation_document", "stats_document",

@@ -3,13 +3,12 @@ watched."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from scepsy.api.plan import PathLike
-from scepsy.models.arguments import check_choice
+from scepsy.models.arguments import check_choice, settings_with
 from scepsy.models.errors import InputError
 from scepsy.models.output import check_output_dir, writing
 
@@ -49,11 +48,7 @@ def manifest_settings(settings: ManifestSettings | None = None, **overrides) -> 
     its fields, checked (InputError naming the field)."""
     from scepsy.k8s.manifests import ManifestSettings
 
-    base = ManifestSettings() if settings is None else settings
-    fields = {f.name for f in dataclasses.fields(ManifestSettings)}
-    for name in sorted(set(overrides) - fields):
-        raise InputError(None, name, "is not a manifest setting", f"use one of: {', '.join(sorted(fields))}", argument=True)
-    return dataclasses.replace(base, **overrides) if overrides else base
+    return settings_with(ManifestSettings, settings, overrides, "manifest setting")
 
 
 def controller_settings(image: str | None, prometheus_url: str | None, prometheus_selector: str = "",

@@ -48,6 +48,7 @@ FLAGS: dict[str, str] = {
     "period_s": "--period-s",
     "prometheus_url": "--prometheus-url",
     "selector": "--prometheus-selector",
+    "prometheus_selector": "--prometheus-selector",
     "act": "--act",
     "controller_image": "--controller-image",
     "metrics_port": "--metrics-port",

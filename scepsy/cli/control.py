@@ -95,19 +95,21 @@ def control(
 
     with errors():
         check_out(out, [instance, plan, arrivals, settings_file])
+        policy = api.control_settings(settings_file, setting or [], period_s=period_s, startup_s=startup_s, predictor=predictor)
         if not simulate:
             if prometheus_url is None:
                 raise InputError(None, "prometheus_url", "the live controller reads the engines' rates from Prometheus",
                                  "pass --prometheus-url, or --simulate with --arrivals")
-            run = api.control(
-                instance, plan, prometheus_url=prometheus_url, namespace=namespace, kubeconfig=kubeconfig, context=context,
-                act=act, log=log, period_s=period_s, startup_s=startup_s, predictor=predictor, ready_timeout_s=ready_timeout_s,
-                selector=prometheus_selector, engine=engine, gpu_sharing=gpu_sharing, router=router, image=image,
-                metrics_port=metrics_port, metrics_host=metrics_host, settings_file=settings_file, setting=setting or [],
+            settings = api.live_control_settings(
+                prometheus_url=prometheus_url, prometheus_selector=prometheus_selector, namespace=namespace,
+                kubeconfig=kubeconfig, context=context, act=act, log=log,
+                ready_timeout_s=ready_timeout_s, engine=engine, gpu_sharing=gpu_sharing, router=router, image=image,
+                metrics_port=metrics_port, metrics_host=metrics_host,
                 prometheus_bearer_token_file=prometheus_bearer_token_file, prometheus_ca_file=prometheus_ca_file,
-                prometheus_verify_tls=prometheus_verify_tls, prometheus_headers=prometheus_header or [],
-                leader_identity=leader_identity, periods=periods,
-                say=say,
+                prometheus_verify_tls=prometheus_verify_tls, prometheus_headers=tuple(prometheus_header or ()),
+                leader_identity=leader_identity, periods=periods)
+            run = api.control(
+                instance, plan, settings, policy=policy, say=say,
                 show=lambda line: stdout.print(line, markup=False, highlight=False, soft_wrap=True),
             )
             emit_json(api.control_run_document(run), out, json_output)
@@ -119,9 +121,8 @@ def control(
             raise InputError(None, "arrivals", "the simulation needs arrivals", "pass --arrivals FILE (JSONL or an Azure-format CSV)")
         systems = split_list(baselines)
         with progress("simulating", len(systems) + 1) as advance:
-            result = api.simulate_control(instance, plan, arrivals, startup_s=startup_s, period_s=period_s, baselines=systems,
-                                          predictor=predictor, seed=seed, plot=plot, progress=advance,
-                                          settings_file=settings_file, setting=setting or [])
+            result = api.simulate_control(instance, plan, arrivals, policy, baselines=systems, seed=seed, plot=plot,
+                                          progress=advance)
         emit_json(api.control_simulation_document(result), out, json_output)
         if not json_output:
             stdout.print(api.control_simulation_view(result))

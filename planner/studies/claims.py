@@ -99,10 +99,13 @@ class Checked:
         return (self.predicted_s - self.simulated_s) / self.simulated_s
 
     @property
+    def sustained(self) -> bool:
+        """At least COMPLETED_SHARE of the offered requests completed."""
+        return self.completed_share >= COMPLETED_SHARE
+
+    @property
     def holds(self) -> bool:
-        if self.completed_share < COMPLETED_SHARE:
-            return False
-        return self.load > LATENCY_LOAD + 1e-9 or abs(self.latency_error) <= LATENCY_TOLERANCE
+        return self.sustained and (self.load > LATENCY_LOAD + 1e-9 or abs(self.latency_error) <= LATENCY_TOLERANCE)
 
     def row(self) -> dict:
         return {

@@ -36,7 +36,7 @@ SMALLER = ("rag-4xa6000", "beam-4xa6000", "ensemble-4xa6000")
 # the prediction by more than the tolerance); that the gap stays is asserted, so closing it
 # updates this set and the docs.
 OVER_PREDICTED = {"beam-4xa6000"}
-SEEDS = (0, 1, 2)
+SEEDS = (0, 1)  # bench/capacity_holds.py --seeds 0,1,2 gives docs/evidence.md its third
 
 
 @pytest.mark.slow
@@ -44,7 +44,7 @@ SEEDS = (0, 1, 2)
 @pytest.mark.parametrize("name, seed", [(name, seed) for name in SMALLER for seed in SEEDS])
 def test_every_claim_of_the_smaller_instances_holds_at_and_below_its_capacity(name, seed):
     """The max_throughput plan, the reported capacity, the min_gpus plan and the what-if study's
-    capacity, at 90% and 100% of their load, with three seeds (in the exhaustive run)."""
+    capacity, at 90% and 100% of their load, with two seeds (in the exhaustive run)."""
     instance = load_instance(INSTANCES / f"{name}.yaml")
     found = claims(instance, name)
     assert {c.kind for c in found} == {"max_throughput", "reported", "min_gpus", "whatif"}  # no prices: no min_cost

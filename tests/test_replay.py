@@ -97,6 +97,21 @@ def test_sweep_finds_saturation_of_a_serial_engine(tmp_path):
     assert profile.curves[("cpu", 1)][0].capacity_rps == pytest.approx(capacity, rel=1e-5)
 
 
+def test_a_sweep_started_above_capacity_halves_its_rate_to_a_stable_point():
+    """A start the engine cannot take (the service-time probe met a slow moment): the sweep goes
+    down until a point is stable, then bisects, so the profile has a capacity."""
+    engine = ScriptedEngine(token_delay_s=0.01, serial=True)  # 30 ms per call -> ~33 calls/s
+    calls = [record(i, "gen", 10.0 * i, 10.0 * i + 0.03, f"r{i}") for i in range(20)]
+    with ServerThread(engine.app()) as server:
+        sweep = Sweep(replay_requests(calls, "gen"), server.url, SweepSettings(duration_s=0.5, min_requests=8), 200.0)
+        points = asyncio.run(sweep.run())
+    rates = [p.target_rate_rps for p in points]
+    assert points[0].saturated and rates[:2] == [200.0, 100.0]
+    stable = [p for p in points if not p.saturated]
+    assert stable and max(p.arrival_rate_rps for p in stable) < 40
+    assert min(p.target_rate_rps for p in points if p.saturated) > max(p.target_rate_rps for p in stable)
+
+
 def test_merge_keeps_other_configurations():
     import pandas as pd
 

@@ -28,9 +28,10 @@ therefore does not look like lost throughput, while a backlog still does. Latenc
 to last byte): mean, p50, p90, p99 of the completed calls.
 
 Sweep. `rates="auto"` first probes the idle engine's service time S (`probe_service_time`: a dozen
-calls one at a time), starts at 0.2 / S, doubles the rate until saturation, then bisects twice
-between the last stable and the first saturated rate (a batching engine takes many times 1 / S,
-which the doubling finds). A point is saturated when
+calls one at a time), starts at 0.2 / S, doubles the rate until saturation (or, where that start
+is already saturated, halves it until a point is stable), then bisects twice between the highest
+stable and the lowest saturated rate (a batching engine takes many times 1 / S, which the doubling
+finds). A point is saturated when
 throughput < 0.95 * arrival_rate or its mean latency exceeds ten times the lightest point's; an
 explicit rate list stops at the first saturated point too. Each row of the result is one point in
 the core profile format (models/instance/profile.py), labelled with the given gpu_type, tp and fraction.
@@ -364,7 +365,8 @@ class Sweep:
         return int(round(count * n_mean))
 
     async def _point(self, rate: float, on_call) -> PointResult:
-        light = self.points[0] if self.points else None
+        # the reference: the lightest stable point so far (none while every point is saturated)
+        light = min((p for p in self.points if not p.saturated), key=lambda p: p.target_rate_rps, default=None)
         point = await _run_point(
             self.requests, self.endpoint, rate, self.settings.duration_s, self.settings.min_requests,
             self.settings.seed + len(self.points), light.tails_s if light else None, self.settings.timeout_s, on_call,
@@ -383,11 +385,18 @@ class Sweep:
             yield from sorted(self.settings.rates_rps)
             return
         rate = self.start_rate_rps
+        # down from a start the engine cannot take (the probe met a slow moment) to a stable rate
         while len(self.points) < MAX_AUTO_POINTS:
             yield rate
-            if self.points[-1].saturated:
+            if not self.points[-1].saturated:
                 break
-            rate *= 2
+            rate /= 2
+        if len(self.points) == 1:  # the start was stable: up to saturation
+            while len(self.points) < MAX_AUTO_POINTS:
+                rate *= 2
+                yield rate
+                if self.points[-1].saturated:
+                    break
         stable = [p.target_rate_rps for p in self.points if not p.saturated]
         saturated = [p.target_rate_rps for p in self.points if p.saturated]
         if not stable or not saturated:
